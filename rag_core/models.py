@@ -1,0 +1,101 @@
+"""Data shapes shared by ingestion, the stores and the lookup pipeline.
+
+These are plain dataclasses (no I/O) so every stage can be tested with small inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DocumentIssue:
+    """A problem with one knowledge document: the document is skipped, the batch goes on.
+
+    ``path`` is the doc id (POSIX path relative to the knowledge root) or the absolute path
+    when the file is outside the root; ``line`` is 1-based when known.
+    """
+
+    path: str
+    reason: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class KnowledgeDocument:
+    """One Markdown document after frontmatter parsing.
+
+    ``body`` is the Markdown after the frontmatter block, with ``\\r\\n`` normalised to
+    ``\\n`` and any BOM removed; chunk offsets index into it. ``body_line_offset`` is the
+    number of source lines before the body (to report 1-based source lines).
+    """
+
+    doc_id: str
+    title: str
+    category: str
+    body: str
+    keywords: tuple[str, ...] = ()
+    entities: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    h1: str | None = None
+    priority: float | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    body_line_offset: int = 0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A heading-delimited piece of one document.
+
+    ``start``/``end`` are character offsets into ``KnowledgeDocument.body`` (end exclusive);
+    ``text`` is exactly ``body[start:end]``. ``breadcrumb`` is the heading path joined with
+    ``" > "`` and starts with the document title. ``chunk_id`` is stable across runs:
+    ``sha1(doc_id, heading path, ordinal)``. ``content_hash`` covers everything that is
+    embedded or stored, so a change in title, breadcrumb, category or text re-embeds.
+    """
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    breadcrumb: str
+    category: str
+    text: str
+    start: int
+    end: int
+    ordinal: int
+    content_hash: str
+
+    @property
+    def embed_text(self) -> str:
+        """Text given to the embedding model: title and breadcrumb as a header, then the text."""
+        return f"{self.breadcrumb}\n\n{self.text}"
+
+
+@dataclass(frozen=True)
+class StoreHit:
+    """One chunk returned by a store search.
+
+    ``raw_score`` is the store's own number and ``score_label`` says what it means
+    (``"milvus_cosine_similarity[-1,1]"``, ``"pgvector_cosine_distance[0,2]"``). ``similarity``
+    is the normalised cosine similarity in [0, 1] (negative cosines clipped to 0), the only
+    number thresholds and reports compare across paths. ``channel`` is ``"dense"`` for a
+    vector search hit and ``"lexical"`` for a full-text (BM25 / ts_rank) hit; ``lexical_score``
+    is that channel's own score when it is a lexical hit.
+    """
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    breadcrumb: str
+    category: str
+    text: str
+    raw_score: float
+    score_label: str
+    similarity: float
+    channel: str = "dense"
+    lexical_score: float | None = None

@@ -1,0 +1,103 @@
+"""One settings object for the library, the CLI and the Dagster resources.
+
+Read from the environment (prefix ``RAG_``) and an optional ``.env`` file. Invalid values fail
+at construction with pydantic's message, which names the setting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_KNOWLEDGE_DIR = PROJECT_ROOT / "golden" / "knowledge"
+SAMPLE_GOLDEN_CASES = PROJECT_ROOT / "golden" / "cases.yaml"
+
+
+class RagSettings(BaseSettings):
+    """Configuration of ingestion, retrieval, the stores and tracing.
+
+    Thresholds are normalised cosine similarities in [0, 1] (see ``rag_core.stores.base``).
+    Their defaults were read off all-MiniLM-L6-v2 on the runbook corpora: relevant runbook
+    chunks score about 0.45-0.75 against user phrasings, unrelated ones below 0.25.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RAG_", env_file=".env", extra="ignore")
+
+    data_dir: Path = Field(Path(".rag"), description="Local state: Milvus Lite file, L0 index, PostgreSQL data, spool")
+    knowledge_dir: Path = Field(SAMPLE_KNOWLEDGE_DIR, description="Root of the Markdown knowledge base")
+    golden_cases: Path = Field(SAMPLE_GOLDEN_CASES, description="Golden case file (YAML or JSONL)")
+
+    milvus_uri: str = Field("", description="Milvus URI; empty = Milvus Lite file <data_dir>/milvus.db")
+    milvus_token: SecretStr | None = Field(None, description="Milvus token (user:password or API key)")
+    collection: str = Field("knowledge_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
+    milvus_index: str = Field("FLAT", pattern=r"^(FLAT|HNSW|IVF_FLAT|AUTOINDEX)$", description="Milvus dense index type")
+
+    embedding_model: str = Field("all-MiniLM-L6-v2", min_length=1)
+    embedding_batch_size: int = Field(64, ge=1, le=4096)
+    chunk_max_tokens: int = Field(240, ge=32, le=512, description="Word pieces per chunk incl. header (model window 256)")
+    chunk_min_chars: int = Field(1, ge=1)
+
+    pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
+    sidecar_enabled: bool = Field(False, description="Also query the pgvector sidecar beside Milvus")
+    pg_table: str = Field("knowledge_chunks", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+
+    l1_enabled: bool = True
+    top_k: int = Field(10, ge=1, le=200, description="Candidates fetched per retrieval channel")
+    max_evidence_blocks: int = Field(5, ge=1, le=50)
+    reference_threshold: float = Field(0.30, ge=0.0, le=1.0, description="Below this top similarity, attempt 1 is low quality")
+    high_relevance_threshold: float = Field(0.50, ge=0.0, le=1.0, description="Similarity for PRECISE")
+    relevant_threshold: float = Field(0.35, ge=0.0, le=1.0, description="Similarity for RELEVANT")
+    min_block_similarity: float = Field(0.15, ge=0.0, le=1.0, description="Evidence below this is dropped")
+    context_char_budget: int = Field(4000, ge=200, le=200_000)
+    max_query_chars: int = Field(2000, ge=16, description="Longer queries are truncated for embedding")
+    session_max: int = Field(10_000, ge=1)
+    session_ttl_seconds: int = Field(3600, ge=1)
+    trace_enabled: bool = True
+
+    @field_validator("data_dir", "knowledge_dir", "golden_cases", mode="after")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @model_validator(mode="after")
+    def _ordered_thresholds(self) -> "RagSettings":
+        if not self.relevant_threshold <= self.high_relevance_threshold:
+            raise ValueError("relevant_threshold must not exceed high_relevance_threshold")
+        return self
+
+    @property
+    def milvus_target(self) -> str:
+        """The URI MilvusClient gets: the configured one or the Milvus Lite file in data_dir."""
+        return self.milvus_uri or str((self.data_dir / "milvus.db").resolve())
+
+    @property
+    def l0_index_path(self) -> Path:
+        return self.data_dir / "l0_index.json"
+
+    @property
+    def ingest_state_path(self) -> Path:
+        return self.data_dir / "ingest_state.json"
+
+    @property
+    def pg_data_dir(self) -> Path:
+        return self.data_dir / "pgdata"
+
+    @property
+    def trace_spool_path(self) -> Path:
+        return self.data_dir / "trace_spool.jsonl"
+
+
+def redact_dsn(dsn: str) -> str:
+    """A DSN/URI with any password replaced by ``***`` (safe to log)."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "<unparseable DSN>"
+    if parts.password is None:
+        return dsn if "password=" not in dsn else "<DSN with password>"
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))

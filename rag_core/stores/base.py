@@ -1,0 +1,93 @@
+"""The interface both vector stores (Milvus main path, pgvector sidecar) implement."""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from rag_core.models import Chunk, StoreHit
+
+
+class StoreError(RuntimeError):
+    """A store could not be reached or refused an operation (message never holds secrets)."""
+
+
+class DimensionMismatchError(StoreError):
+    """The embedding dimension differs from the one the collection/table was created with."""
+
+    def __init__(self, where: str, store_dim: int, model_dim: int):
+        super().__init__(
+            f"{where} holds {store_dim}-dimensional vectors but the embedding model gives "
+            f"{model_dim}; rebuild the index (rag ingest --rebuild) or use the original model"
+        )
+        self.store_dim = store_dim
+        self.model_dim = model_dim
+
+
+def cosine_to_similarity(cosine: float) -> float:
+    """Normalised similarity in [0, 1] from a cosine similarity in [-1, 1] (negatives -> 0)."""
+    return float(min(1.0, max(0.0, cosine)))
+
+
+def check_vectors(chunk_ids: Sequence[str], vectors: np.ndarray, dim: int) -> None:
+    """Reject NaN/inf or all-zero vectors and wrong shapes before any write.
+
+    Raises ValueError naming the first offending chunk id.
+    """
+    if vectors.ndim != 2 or vectors.shape[0] != len(chunk_ids):
+        raise ValueError(f"expected {len(chunk_ids)} vectors of shape (n, {dim}), got {vectors.shape}")
+    if vectors.shape[1] != dim:
+        raise DimensionMismatchError("the batch", vectors.shape[1], dim)
+    finite = np.isfinite(vectors).all(axis=1)
+    nonzero = np.abs(vectors).sum(axis=1) > 0
+    for i in np.flatnonzero(~(finite & nonzero)):
+        kind = "non-finite" if not finite[i] else "all-zero"
+        raise ValueError(f"chunk {chunk_ids[i]}: {kind} embedding vector rejected")
+
+
+class VectorStore(Protocol):
+    """A chunk store with dense (cosine) and lexical search.
+
+    ``name`` is ``"milvus"`` or ``"pgvector"``; ``score_label`` describes ``raw_score`` of
+    dense hits. All methods raise ``StoreError`` when the store is unreachable.
+    """
+
+    name: str
+    score_label: str
+
+    def ensure_schema(self, dim: int) -> None:
+        """Create the collection/table if missing, load it; DimensionMismatchError if dims differ."""
+
+    def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
+        """Insert or replace chunks by chunk id; vectors are (n, dim) float32, L2-normalised."""
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> None:
+        """Remove every chunk of the given documents."""
+
+    def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
+        """Remove chunks by id."""
+
+    def chunk_hashes(self) -> dict[str, tuple[str, str]]:
+        """``{chunk_id: (doc_id, content_hash)}`` of everything stored."""
+
+    def count(self) -> int:
+        """Number of stored chunks."""
+
+    def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
+        """Top-k chunks by cosine similarity, optionally only of one category; best first."""
+
+    def search_lexical(
+        self, terms: Sequence[str], vector: np.ndarray, top_k: int, category: str | None = None
+    ) -> list[StoreHit]:
+        """Top-k chunks by full-text score over pre-tokenised ``terms`` (see rag_core.text).
+
+        Each hit also carries the cosine similarity to ``vector`` so the two channels can be
+        fused and thresholded on one scale.
+        """
+
+    def drop(self) -> None:
+        """Delete the collection/table (for --rebuild)."""
+
+    def close(self) -> None:
+        """Release connections."""

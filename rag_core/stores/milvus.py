@@ -1,0 +1,290 @@
+"""Main-path store: Milvus (Lite file by default, or a server URI) with dense + BM25 search.
+
+The collection has an explicit schema, a COSINE dense index (type from settings) and a BM25
+sparse function over a pre-tokenised ``lexical`` column (see ``rag_core.text.lexical_string``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from rag_core.models import Chunk, StoreHit
+from rag_core.settings import RagSettings, redact_dsn
+from rag_core.stores.base import DimensionMismatchError, StoreError, check_vectors, cosine_to_similarity
+from rag_core.text import lexical_string
+
+log = logging.getLogger(__name__)
+
+SCORE_LABEL = "milvus_cosine_similarity[-1,1]"
+# VARCHAR max_length in Milvus counts UTF-8 bytes, not characters.
+VARCHAR_LIMITS = {
+    "chunk_id": 64, "doc_id": 1024, "title": 1024, "breadcrumb": 4096,
+    "category": 512, "text": 65535, "content_hash": 64, "lexical": 65535,
+}
+_OUTPUT = ["chunk_id", "doc_id", "title", "breadcrumb", "category", "text"]
+
+
+def escape_filter_value(value: str) -> str:
+    """A Milvus filter string literal for ``value``: double-quoted, ``\\`` and ``"`` escaped.
+
+    Milvus' expression grammar reads backslash escapes inside double-quoted strings, so a value
+    holding quotes or backslashes matches only itself and cannot end the literal early.
+    """
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def check_varchar_limits(chunk: Chunk, lexical: str) -> None:
+    """ValueError naming the chunk and field when a value exceeds its VARCHAR limit in UTF-8 bytes."""
+    values = {"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "title": chunk.title,
+              "breadcrumb": chunk.breadcrumb, "category": chunk.category, "text": chunk.text,
+              "content_hash": chunk.content_hash, "lexical": lexical}
+    for field, value in values.items():
+        size = len(value.encode("utf-8"))
+        if size > VARCHAR_LIMITS[field]:
+            raise ValueError(
+                f"chunk {chunk.chunk_id} ({chunk.doc_id}): field {field} is {size} UTF-8 bytes, "
+                f"over the Milvus VARCHAR limit of {VARCHAR_LIMITS[field]}"
+            )
+
+
+class MilvusStore:
+    """Chunks in one Milvus collection. Thread-safe (pymilvus clients are).
+
+    ``uri`` is a Milvus Lite file path or ``http(s)://host:port``; ``token`` is optional.
+    Raises StoreError (with the URI's password redacted) when Milvus cannot be reached.
+    """
+
+    name = "milvus"
+    score_label = SCORE_LABEL
+
+    def __init__(self, uri: str, collection: str, token: str | None = None,
+                 index_type: str = "FLAT", timeout: float = 10.0):
+        self.uri = uri
+        self.collection = collection
+        self.index_type = index_type
+        self._token = token
+        self._timeout = timeout
+        self._client = None
+        self._lock = threading.Lock()
+        self._loaded = False
+
+    @classmethod
+    def from_settings(cls, settings: RagSettings) -> "MilvusStore":
+        token = settings.milvus_token.get_secret_value() if settings.milvus_token else None
+        return cls(settings.milvus_target, settings.collection, token, settings.milvus_index)
+
+    @property
+    def is_lite(self) -> bool:
+        return not self.uri.startswith(("http://", "https://", "tcp://", "grpc://"))
+
+    def _connect(self):
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            from pymilvus import MilvusClient
+
+            if self.is_lite:
+                Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                kwargs = {"uri": self.uri, "timeout": self._timeout}
+                if self._token:
+                    kwargs["token"] = self._token
+                self._client = MilvusClient(**kwargs)
+            except Exception as exc:  # pymilvus raises many types; all mean "unreachable"
+                raise StoreError(f"cannot connect to Milvus at {redact_dsn(self.uri)}: {_brief(exc)}") from None
+            return self._client
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        client = self._connect()
+        try:
+            return fn(client, *args, **kwargs)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"Milvus {what} failed on {self.collection!r}: {_brief(exc)}") from None
+
+    # --- schema -----------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        return self._call("has_collection", lambda c: c.has_collection(self.collection))
+
+    def ensure_schema(self, dim: int) -> None:
+        """Create the collection if missing, else check its dimension; then load it.
+
+        Raises DimensionMismatchError before any write when the stored dimension differs.
+        """
+        if self.exists():
+            stored = self.dimension()
+            if stored != dim:
+                raise DimensionMismatchError(f"Milvus collection {self.collection!r}", stored, dim)
+        else:
+            self._call("create_collection", self._create, dim)
+        self._ensure_loaded()
+
+    def dimension(self) -> int | None:
+        """Dimension of the stored vector field, or None when the collection does not exist."""
+        if not self.exists():
+            return None
+        info = self._call("describe_collection", lambda c: c.describe_collection(self.collection))
+        for field in info["fields"]:
+            if field["name"] == "vector":
+                return int(field["params"]["dim"])
+        return None
+
+    def _create(self, client, dim: int) -> None:
+        from pymilvus import DataType, Function, FunctionType
+
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=VARCHAR_LIMITS["chunk_id"])
+        for name in ("doc_id", "title", "breadcrumb", "category", "text", "content_hash"):
+            schema.add_field(name, DataType.VARCHAR, max_length=VARCHAR_LIMITS[name])
+        schema.add_field("lexical", DataType.VARCHAR, max_length=VARCHAR_LIMITS["lexical"],
+                         enable_analyzer=True, analyzer_params={"tokenizer": "standard"})
+        schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+        schema.add_function(Function(name="bm25", function_type=FunctionType.BM25,
+                                     input_field_names=["lexical"], output_field_names=["sparse"]))
+        index = client.prepare_index_params()
+        params = {"M": 16, "efConstruction": 200} if self.index_type == "HNSW" else {}
+        index.add_index("vector", index_type=self.index_type, metric_type="COSINE", params=params)
+        index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
+        index.add_index("doc_id", index_type="INVERTED")
+        index.add_index("category", index_type="INVERTED")
+        client.create_collection(self.collection, schema=schema, index_params=index)
+
+    def _ensure_loaded(self) -> None:
+        # A collection reopened from a Milvus Lite file is "released" until loaded.
+        if self._loaded:
+            return
+        state = self._call("get_load_state", lambda c: c.get_load_state(self.collection))
+        if "Loaded" not in str(state.get("state")):
+            self._call("load_collection", lambda c: c.load_collection(self.collection))
+        self._loaded = True
+
+    def _ready(self) -> None:
+        if not self._loaded:
+            if not self.exists():
+                raise StoreError(f"Milvus collection {self.collection!r} does not exist at "
+                                 f"{redact_dsn(self.uri)}: run `rag ingest` first")
+            self._ensure_loaded()
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
+        """Insert or replace ``chunks`` by chunk id. ValueError names a bad chunk before any write."""
+        if not chunks:
+            return
+        check_vectors([c.chunk_id for c in chunks], vectors, vectors.shape[1])
+        rows = []
+        for chunk, vector in zip(chunks, vectors):
+            lexical = lexical_string(chunk.embed_text)
+            check_varchar_limits(chunk, lexical)
+            rows.append({"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "title": chunk.title,
+                         "breadcrumb": chunk.breadcrumb, "category": chunk.category,
+                         "text": chunk.text, "content_hash": chunk.content_hash,
+                         "lexical": lexical, "vector": vector.tolist()})
+        self._ready()
+        self._call("upsert", lambda c: c.upsert(self.collection, rows))
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> None:
+        if not doc_ids:
+            return
+        self._ready()
+        expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
+        self._call("delete", lambda c: c.delete(self.collection, filter=expr))
+
+    def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
+        if not chunk_ids:
+            return
+        self._ready()
+        self._call("delete", lambda c: c.delete(self.collection, ids=list(chunk_ids)))
+
+    def drop(self) -> None:
+        if self.exists():
+            self._call("drop_collection", lambda c: c.drop_collection(self.collection))
+        self._loaded = False
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def chunk_hashes(self) -> dict[str, tuple[str, str]]:
+        if not self.exists():
+            return {}
+        self._ready()
+
+        def scan(client):
+            out: dict[str, tuple[str, str]] = {}
+            it = client.query_iterator(self.collection, batch_size=1000, filter='chunk_id != ""',
+                                       output_fields=["chunk_id", "doc_id", "content_hash"])
+            while batch := it.next():
+                for row in batch:
+                    out[row["chunk_id"]] = (row["doc_id"], row["content_hash"])
+            it.close()
+            return out
+
+        return self._call("query", scan)
+
+    def count(self) -> int:
+        if not self.exists():
+            return 0
+        self._ready()
+        rows = self._call("count", lambda c: c.query(self.collection, filter="", output_fields=["count(*)"]))
+        return int(rows[0]["count(*)"])
+
+    def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
+        """Top-k by COSINE similarity (raw score in [-1, 1]); ``category`` filters exactly."""
+        self._ready()
+        res = self._call("search", lambda c: c.search(
+            self.collection, data=[vector.tolist()], anns_field="vector", limit=top_k,
+            filter=_category_filter(category), output_fields=_OUTPUT,
+            search_params={"metric_type": "COSINE"}))
+        return [_hit(h, float(h["distance"]), "dense") for h in res[0]]
+
+    def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
+                       category: str | None = None) -> list[StoreHit]:
+        """Top-k by BM25 over the lexical column; each hit's cosine to ``vector`` is computed
+        from the stored vector so both channels share one similarity scale."""
+        if not terms:
+            return []
+        self._ready()
+        res = self._call("search", lambda c: c.search(
+            self.collection, data=[" ".join(terms)], anns_field="sparse", limit=top_k,
+            filter=_category_filter(category), output_fields=[*_OUTPUT, "vector"],
+            search_params={"metric_type": "BM25"}))
+        hits = []
+        for h in res[0]:
+            cosine = float(np.dot(np.asarray(h["entity"]["vector"], dtype=np.float32), vector))
+            hits.append(_hit(h, cosine, "lexical", lexical_score=abs(float(h["distance"]))))
+        return hits
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                try:
+                    self._client.close()
+                except Exception:  # closing a dead connection must not mask the real error
+                    log.debug("closing Milvus client failed", exc_info=True)
+                self._client = None
+                self._loaded = False
+
+
+def _category_filter(category: str | None) -> str:
+    return f"category == {escape_filter_value(category)}" if category else ""
+
+
+def _hit(h: dict, cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
+    e = h["entity"]
+    return StoreHit(chunk_id=e.get("chunk_id", h.get("chunk_id", h.get("id"))), doc_id=e["doc_id"],
+                    title=e["title"], breadcrumb=e["breadcrumb"], category=e["category"],
+                    text=e["text"], raw_score=cosine, score_label=SCORE_LABEL,
+                    similarity=cosine_to_similarity(cosine), channel=channel,
+                    lexical_score=lexical_score)
+
+
+def _brief(exc: Exception) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return redact_dsn(text)[:300]

@@ -1,0 +1,100 @@
+"""Text normalisation and tokenisation shared by the L0 index and the lexical search channel.
+
+English: NFKC (folds full-width forms), lower case, CamelCase and digit boundaries split
+(``KubePodCrashLooping`` -> ``kube pod crash looping``) with the joined form kept too, so an
+alert name matches whether it is written as one word or several. Chinese: runs of CJK
+characters are segmented with jieba (search mode, which also yields the shorter words inside
+long ones).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import unicodedata
+from functools import lru_cache
+
+import jieba
+import Stemmer
+
+jieba.setLogLevel(logging.WARNING)
+
+_CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
+_RUN = re.compile(rf"[{_CJK}]+|[A-Za-z0-9]+")
+_CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_IS_CJK = re.compile(rf"[{_CJK}]")
+
+# Function words that carry no retrieval signal; small on purpose (BM25's IDF does the rest).
+STOPWORDS = frozenset(
+    """a an and are as at be by can do does for from has have how i if in is it its my no not
+    of on or our so that the their there this to was we what when where which who why will
+    with you your 的 了 是 在 和 与 或 及 吗 呢 啊 吧 我 我们 你 怎么 如何 什么 为什么 一个 这个 那个
+    有 没有 会 要 就 都 也 还 被 把 对 从 到 时 时候""".split()
+)
+
+
+def normalize(text: str) -> str:
+    """NFKC-normalise (full-width -> ASCII, compatibility forms folded) and drop control chars."""
+    text = unicodedata.normalize("NFKC", text)
+    return "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch)[0] != "C")
+
+
+_STEMMER = Stemmer.Stemmer("english")
+_stem_lock = __import__("threading").Lock()
+
+
+@lru_cache(maxsize=65536)
+def stem(word: str) -> str:
+    """Snowball (Porter 2) English stem of a lower-case word: ``failing``/``failed`` -> ``fail``."""
+    with _stem_lock:  # PyStemmer objects are not thread-safe
+        return _STEMMER.stemWord(word)
+
+
+def split_camel(word: str) -> list[str]:
+    """``KubePodCrashLooping`` -> ``['Kube', 'Pod', 'Crash', 'Looping']``; ``etcdGRPC`` -> ``['etcd', 'GRPC']``."""
+    return _CAMEL.findall(word) or [word]
+
+
+@lru_cache(maxsize=4096)
+def _cjk_words(run: str) -> tuple[str, ...]:
+    return tuple(w for w in jieba.cut_for_search(run) if w.strip())
+
+
+def tokenize(text: str, *, keep_stopwords: bool = False) -> list[str]:
+    """Lower-case retrieval tokens of ``text`` in order (duplicates kept).
+
+    English words are Snowball-stemmed; a CamelCase or mixed word yields its stemmed parts
+    and, when it has more than one part, the joined lower-case word unstemmed (the exact
+    alert name). Stop words are dropped unless ``keep_stopwords``.
+    """
+    out: list[str] = []
+    for run in _RUN.findall(normalize(text)):
+        if _IS_CJK.match(run):
+            out.extend(w for w in _cjk_words(run) if keep_stopwords or w not in STOPWORDS)
+            continue
+        parts = [p.lower() for p in split_camel(run)]
+        out.extend(stem(p) for p in parts if keep_stopwords or p not in STOPWORDS)
+        if len(parts) > 1:
+            out.append(run.lower())
+    return out
+
+
+def is_cjk(text: str) -> bool:
+    """True when ``text`` contains at least one CJK ideograph."""
+    return bool(_IS_CJK.search(text))
+
+
+def lexical_terms(tokens: list[str]) -> list[str]:
+    """Tokens in the form the stores' full-text indexes hold: ASCII words only.
+
+    Milvus' analyzers ("standard", "jieba") and PostgreSQL's ``simple`` text search would
+    re-segment Chinese words their own way; encoding each CJK token as ``zh`` + UTF-8 hex
+    makes both stores index exactly the tokens of :func:`tokenize`, so the lexical channel
+    behaves the same on the main path and the sidecar.
+    """
+    return [("zh" + t.encode("utf-8").hex()) if _IS_CJK.search(t) else t for t in tokens]
+
+
+def lexical_string(text: str) -> str:
+    """Space-joined :func:`lexical_terms` of ``text`` (what the stores' lexical column holds)."""
+    return " ".join(lexical_terms(tokenize(text)))
