@@ -30,6 +30,7 @@ from rag_core.models import KnowledgeDocument
 from rag_core.text import normalize, tokenize
 
 NAME_COVERAGE = 0.75
+SUMMARY_CHARS = 600
 _COMPACT = re.compile(r"[\W_]+", re.UNICODE)
 # Compact names shorter than this match only as whole tokens (avoid "api" inside "rapid").
 _MIN_COMPACT = 6
@@ -50,6 +51,8 @@ class L0Entry:
     names: list[str]
     keywords: list[str] = field(default_factory=list)
     entities: list[str] = field(default_factory=list)
+    priority: float | None = None
+    summary: str = ""
 
 
 @dataclass
@@ -110,7 +113,8 @@ class L0Index:
             stem = Path(doc.doc_id).stem
             names = _unique([doc.title, doc.h1 or "", stem, *doc.aliases])
             entries.append(L0Entry(doc.doc_id, doc.title, doc.category, names,
-                                   list(doc.keywords), list(doc.entities)))
+                                   list(doc.keywords), list(doc.entities), doc.priority,
+                                   summarize(doc.body)))
         return cls(entries)
 
     def save(self, path: Path) -> None:
@@ -192,6 +196,14 @@ class L0Index:
             return True  # Chinese (no spaces): substring of the query
         toks = set(tokenize(term))
         return bool(toks) and toks <= q_tokens
+
+
+def summarize(body: str, limit: int = SUMMARY_CHARS) -> str:
+    """The first ``limit`` characters of a body without heading lines (L0 fallback evidence)."""
+    lines = [ln for ln in body.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+             and not set(ln.strip()) <= set("=-")]
+    text = "\n".join(lines)
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
 
 
 def _unique(items: Iterable[str]) -> list[str]:

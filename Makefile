@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine:
+#   make run   - build everything on the embedded defaults (Dagster job) and print where reports are
+#   make test  - run the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test ui bench lint
+
+setup: $(STAMP)
+
+# torch: constraints.txt pins the CPU build that lies in the local wheel folder.
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q -U pip
+	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+run: setup
+	$(PY) -m rag_assets.run
+
+test: setup
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+ui: setup
+	DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} $(VENV)/bin/dagster dev -w workspace.yaml
+
+bench: setup
+	$(PY) -m bench.run
+
+lint: setup
+	$(VENV)/bin/ruff check rag_core rag_assets tests bench

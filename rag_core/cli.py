@@ -1,0 +1,124 @@
+"""The ``rag`` command line: ingest, lookup, traces, compare and eval."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from rag_core.settings import RagSettings
+
+app = typer.Typer(help="Knowledge retrieval for agents (lookup_knowledge).", no_args_is_help=True)
+console = Console()
+
+
+def settings_or_exit(**overrides) -> RagSettings:
+    """Settings from the environment; an invalid value exits 2 with the setting named."""
+    try:
+        return RagSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            console.print(f"[red]invalid setting RAG_{field.upper()}: {err['msg']}[/red]")
+        raise typer.Exit(2) from None
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level")) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def ingest(knowledge_dir: Optional[Path] = typer.Option(None, help="Knowledge root (default RAG_KNOWLEDGE_DIR)"),
+           rebuild: bool = typer.Option(False, help="Drop and rebuild the indexes"),
+           sidecar: Optional[bool] = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
+           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+    """Ingest Markdown knowledge into Milvus (and pgvector) incrementally; print a report."""
+    from rag_core.components import make_embedder, make_stores
+    from rag_core.ingest.pipeline import ingest as run_ingest
+    from rag_core.stores.base import StoreError
+
+    settings = settings_or_exit(knowledge_dir=knowledge_dir)
+    stores = make_stores(settings, sidecar)
+    try:
+        report = run_ingest(settings, make_embedder(settings), stores, rebuild=rebuild,
+                            progress=sys.stderr.isatty())
+    except (FileNotFoundError, NotADirectoryError, StoreError) as exc:
+        console.print(f"[red]ingest failed: {exc}[/red]")
+        raise typer.Exit(1) from None
+    finally:
+        for s in stores:
+            s.close()
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
+        return
+    from rag_core.cli_views import print_ingest_report
+
+    print_ingest_report(console, report)
+
+
+@app.command()
+def lookup(query: str = typer.Argument(..., help="Question or alert text"),
+           session: Optional[str] = typer.Option(None, help="Session id"),
+           as_json: bool = typer.Option(False, "--json", help="Print the exact JSON contract")) -> None:
+    """Run lookup_knowledge and print the evidence (or the JSON contract)."""
+    from rag_core.cli_views import print_lookup
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
+    tool = LookupKnowledgeTool(settings_or_exit())
+    try:
+        result = tool.lookup(query, session_id=session)
+    finally:
+        tool.close()
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
+    else:
+        print_lookup(console, result)
+
+
+@app.command()
+def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent invocations")) -> None:
+    """Show the most recent tool_invocation rows."""
+    from rag_core.stores.pgserver import resolve_dsn
+    from rag_core.traces.store import TraceStore
+
+    settings = settings_or_exit()
+    store = TraceStore(resolve_dsn(settings))
+    store.ensure_schema()
+    rows = store.recent(last)
+    table = Table("created_at", "session", "layer", "status", "latency ms", "input", "error")
+    for r in rows:
+        table.add_row(str(r["created_at"])[:19], r["session_id"] or "", r["retrieval_layer"] or "",
+                      r["status"], f"{r['latency_ms']:.1f}", (r["input"] or "")[:60], (r["error"] or "")[:60])
+    console.print(table)
+
+
+@app.command()
+def compare(query: str = typer.Argument(..., help="Question or alert text")) -> None:
+    """Query the Milvus main path and the pgvector sidecar side by side."""
+    from rag_core.cli_views import print_compare
+    from rag_core.compare import compare_paths
+
+    print_compare(console, compare_paths(settings_or_exit(), query))
+
+
+def _mount_eval() -> None:
+    try:
+        from rag_core.evaluation.cli import eval_app
+    except ImportError:  # evaluation package not importable: the rest of the CLI still works
+        return
+    from rag_core.evaluation.record import register_record
+
+    register_record(eval_app)
+    app.add_typer(eval_app, name="eval", help="Golden retrieval evaluation")
+
+
+_mount_eval()

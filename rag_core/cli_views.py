@@ -1,0 +1,76 @@
+"""Rich renderings of ingest reports, lookup results and path comparisons for the CLI."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from rag_core.ingest.pipeline import IngestReport
+from rag_core.lookup.contracts import LookupResult
+
+
+def print_ingest_report(console: Console, report: IngestReport) -> None:
+    console.print(f"[bold]Ingested {report.knowledge_dir}[/bold]: {report.documents_ingested} of "
+                  f"{report.documents_seen} documents, {report.chunks_total} chunks, "
+                  f"{report.chunks_embedded} embedded")
+    t = Table("store", "added", "updated", "removed", "unchanged")
+    for name, c in report.stores.items():
+        t.add_row(name, str(c.added), str(c.updated), str(c.removed), str(c.unchanged))
+    console.print(t)
+    if report.skipped:
+        s = Table("skipped document", "line", "reason", title="Skipped")
+        for issue in report.skipped:
+            s.add_row(issue.path, str(issue.line or ""), issue.reason)
+        console.print(s)
+    stages = ", ".join(f"{k} {v:.2f}s" for k, v in report.stage_seconds.items())
+    console.print(f"seconds per stage: {stages} (total {sum(report.stage_seconds.values()):.2f}s)")
+
+
+def print_lookup(console: Console, result: LookupResult) -> None:
+    rt = result.retrieval_trace
+    console.print(f"[bold]{result.relevance_level.value}[/bold] layer={rt.layer} "
+                  f"found={result.found} semanticSupport={result.semantic_support} — {result.message}")
+    for a in rt.attempts:
+        console.print(f"  attempt {a.attempt}: filter={a.filter!r} candidates={a.candidate_count} "
+                      f"top={a.top_score} {a.duration_ms:.1f} ms"
+                      + (f" low quality: {a.low_quality_reason}" if a.low_quality_reason else "")
+                      + (f" error: {a.error}" if a.error else ""))
+    if rt.fallback_reason:
+        console.print(f"  fallback: {rt.fallback_reason}")
+    if rt.sidecar.status != "disabled":
+        console.print(f"  sidecar: {rt.sidecar.status} {rt.sidecar.reason or ''} {rt.sidecar.top_sources}")
+    rerank = {r.source: r for r in result.rerank_trace}
+    t = Table("#", "source", "breadcrumb", "layer", "score", "final", "hit reasons / rerank")
+    for b in result.evidence_blocks:
+        r = rerank.get(b.source)
+        contrib = ", ".join(f"{k}+{v:.3f}" for k, v in r.contributions.items()) if r else ""
+        moved = f" (rank {r.rank_before}->{r.rank_after})" if r else ""
+        t.add_row(str(b.rank), b.source, b.breadcrumb, b.retrieval_layer,
+                  f"{b.score:.3f}", f"{b.final_score:.3f}",
+                  ", ".join(b.hit_reasons) + (f"\n{contrib}{moved}" if contrib or moved else ""))
+    console.print(t)
+    pack = result.context_pack
+    console.print(Panel(pack.packed_text or "(empty)", title=f"context pack {pack.used_chars}/{pack.char_budget} chars",
+                        subtitle=result.completeness_hint))
+
+
+def print_compare(console: Console, comparison: dict) -> None:
+    console.print(f"[bold]{comparison['query']}[/bold]  sidecar: {comparison['sidecar_status']}"
+                  + (f" ({comparison['sidecar_reason']})" if comparison.get("sidecar_reason") else ""))
+    t = Table("rank", "milvus source", "breadcrumb", "score", "pgvector source", "breadcrumb", "score", "same")
+    for row in comparison["rows"]:
+        m, p = row.get("main") or {}, row.get("sidecar") or {}
+        same = row["same_source"]
+        style = None if same else "bold yellow"
+        t.add_row(str(row["rank"]), m.get("doc_id", ""), m.get("breadcrumb", ""), _score(m),
+                  p.get("doc_id", ""), p.get("breadcrumb", ""), _score(p), "=" if same else "≠", style=style)
+    console.print(t)
+    console.print(f"top-5 source overlap: {comparison['overlap_at_5']:.2f}  "
+                  f"(raw scores are not comparable: {comparison['score_labels']})")
+
+
+def _score(c: dict) -> str:
+    if not c:
+        return ""
+    return f"{c['normalized_score']:.3f} ({c['raw_score']:.3f} {c['score_label'].split('[')[0]})"

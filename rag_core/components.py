@@ -1,0 +1,35 @@
+"""Builds the real components from settings (one place, used by the CLI and Dagster)."""
+
+from __future__ import annotations
+
+from rag_core.settings import RagSettings
+
+
+def make_embedder(settings: RagSettings):
+    """The process-wide sentence-transformers embedder of ``settings.embedding_model``."""
+    from rag_core.embedding import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder(settings.embedding_model, settings.embedding_batch_size)
+
+
+def make_main_store(settings: RagSettings):
+    """The Milvus store (Lite file in the data dir unless ``RAG_MILVUS_URI`` is set)."""
+    from rag_core.stores.milvus import MilvusStore
+
+    return MilvusStore.from_settings(settings)
+
+
+def make_sidecar_store(settings: RagSettings):
+    """The pgvector store on ``RAG_PG_DSN`` or the embedded PostgreSQL under the data dir."""
+    from rag_core.stores.pgserver import resolve_dsn
+    from rag_core.stores.pgvector import PgVectorStore
+
+    return PgVectorStore(resolve_dsn(settings), settings.pg_table)
+
+
+def make_stores(settings: RagSettings, with_sidecar: bool | None = None) -> list:
+    """``[main]`` or ``[main, sidecar]`` (sidecar when enabled in settings or asked for)."""
+    stores = [make_main_store(settings)]
+    if settings.sidecar_enabled if with_sidecar is None else with_sidecar:
+        stores.append(make_sidecar_store(settings))
+    return stores

@@ -1,0 +1,160 @@
+"""``rag eval``: evaluate recorded fixtures, compare paths, gate against the baseline.
+
+Exit codes: 0 ok; 1 the gate failed; 2 unusable input (case file, fixtures dir, report).
+Fixtures are recorded by ``rag eval record`` (mounted by ``rag_core.cli``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
+from rag_core.evaluation.evaluator import EvaluationReport, evaluate
+from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
+from rag_core.evaluation.gate import compare as gate_compare
+from rag_core.evaluation.reports import (
+    load_report,
+    summary_rows,
+    write_baseline_report,
+    write_comparison_report,
+)
+
+__all__ = ["eval_app"]
+
+eval_app = typer.Typer(
+    help="Golden retrieval evaluation over recorded fixtures (no stores, no model).",
+    no_args_is_help=True,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+CasesOpt = Annotated[
+    Path, typer.Option("--cases", help="Golden case file (YAML or JSONL).", show_default=False)
+]
+OutOpt = Annotated[Path, typer.Option("--out", help="Directory for the reports.")]
+KOpt = Annotated[str, typer.Option("--k", help="Comma-separated cut-offs for recall@K.")]
+StrongKOpt = Annotated[int, typer.Option("--strong-k", min=1, help="Depth for strong/medium hits.")]
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code=2)
+
+
+def _parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise _fail(f"--k must be comma-separated integers, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise _fail(f"--k must list positive integers, got {text!r}")
+    return ks
+
+
+def _cases(path: Path) -> list[GoldenCase]:
+    try:
+        return load_cases(path)
+    except CaseFileError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _fixtures(directory: Path, cases: list[GoldenCase], *, required: bool) -> FixtureSet:
+    if required and not directory.is_dir():
+        raise _fail(f"fixtures directory {directory} not found (record it with `rag eval record`)")
+    return load_fixtures(directory, [c.id for c in cases])
+
+
+def _print_warnings(report: EvaluationReport) -> None:
+    for warning in report.warnings:
+        err_console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+
+
+def _print_summary(columns: list[tuple[str, EvaluationReport]]) -> None:
+    first = columns[0][1]
+    table = Table(title="Golden retrieval evaluation")
+    table.add_column("metric")
+    for name, _ in columns:
+        table.add_column(name, justify="right")
+    table.add_column("what it means", style="dim")
+    for row in summary_rows([r.summary for _, r in columns], first.ks, first.strong_k):
+        table.add_row(*row)
+    console.print(table)
+
+
+@eval_app.command("run")
+def run(
+    cases: CasesOpt,
+    fixtures: Annotated[Path, typer.Option("--fixtures", help="Fixture directory of one path.")],
+    out: OutOpt,
+    k: KOpt = "1,3,5,10",
+    name: Annotated[str, typer.Option("--name", help="Report file stem.")] = "baseline",
+    strong_k: StrongKOpt = 5,
+) -> None:
+    """Evaluate one path's fixtures; write <name>.json, <name>.md and a recall@K chart."""
+    golden = _cases(cases)
+    report = evaluate(golden, _fixtures(fixtures, golden, required=True), _parse_ks(k), strong_k)
+    json_path, md_path = write_baseline_report(report, out, name)
+    _print_warnings(report)
+    _print_summary([(report.path or "value", report)])
+    console.print(f"Reports: {json_path}, {md_path}", highlight=False)
+
+
+@eval_app.command("compare")
+def compare(
+    cases: CasesOpt,
+    main: Annotated[Path, typer.Option("--main", help="Fixture directory of the main path.")],
+    sidecar: Annotated[Path, typer.Option("--sidecar", help="Fixture directory of the sidecar.")],
+    out: OutOpt,
+    k: KOpt = "1,3,5,10",
+    strong_k: StrongKOpt = 5,
+) -> None:
+    """Main path and sidecar side by side; works when the sidecar is missing or unavailable."""
+    golden = _cases(cases)
+    ks = _parse_ks(k)
+    main_fx = _fixtures(main, golden, required=True)
+    side_fx = _fixtures(sidecar, golden, required=False)
+    main_report = evaluate(golden, main_fx, ks, strong_k)
+    side_report = evaluate(golden, side_fx, ks, strong_k)
+    status = side_fx.path_status.model_dump()
+    json_path, md_path = write_comparison_report(
+        main_report, side_report, main_fx, side_fx, status, out
+    )
+    _print_warnings(main_report)
+    columns = [(f"main {main_report.path or ''}".strip(), main_report)]
+    if side_fx.path_status.available:
+        columns.append((f"sidecar {side_report.path or ''}".strip(), side_report))
+    else:
+        err_console.print(
+            f"[yellow]sidecar unavailable:[/yellow] {side_fx.path_status.reason}", highlight=False
+        )
+    _print_summary(columns)
+    console.print(f"Reports: {json_path}, {md_path}", highlight=False)
+
+
+@eval_app.command("gate")
+def gate(
+    baseline: Annotated[Path, typer.Option("--baseline", help="Baseline report JSON.")],
+    current: Annotated[Path, typer.Option("--current", help="Current report JSON.")],
+    recall_tolerance: Annotated[
+        float, typer.Option("--recall-tolerance", help="Allowed absolute recall@5 drop.")
+    ] = 0.02,
+    mrr_tolerance: Annotated[
+        float, typer.Option("--mrr-tolerance", help="Allowed absolute MRR drop.")
+    ] = 0.02,
+) -> None:
+    """Compare a current report with the baseline; exit 1 when the gate fails."""
+    reports = []
+    for path in (baseline, current):
+        try:
+            reports.append(load_report(path))
+        except (OSError, ValueError) as exc:
+            raise _fail(f"cannot read report {path}: {exc}") from None
+    result = gate_compare(reports[0], reports[1], recall_tolerance, mrr_tolerance)
+    console.print(result.to_markdown(), highlight=False, markup=False)
+    if not result.passed:
+        raise typer.Exit(code=1)

@@ -1,0 +1,315 @@
+"""Regression gate: compare a current evaluation against the stored baseline.
+
+The gate fails when, over the cases run in both reports, recall@5 or MRR drops by more than
+its (absolute) tolerance, when any case goes from strong to miss, when a case that ran in the
+baseline is not run now, or when no case ran in both. A paired randomization test on the
+per-case reciprocal ranks says how likely the MRR change is under "no difference"; it is
+reported, not gated on (16 cases rarely reach significance, and a blocking check should not
+depend on a p-value threshold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from rag_core.evaluation.evaluator import CaseResult, EvaluationReport, HitLevel
+
+__all__ = [
+    "GATE_K",
+    "PERMUTATIONS",
+    "SEED",
+    "CaseChange",
+    "GateResult",
+    "PairedTest",
+    "compare",
+    "paired_randomization_test",
+]
+
+GATE_K = 5
+PERMUTATIONS = 10_000
+SEED = 20_021_129
+# Float noise in means over identical inputs must not count as a drop.
+_EPS = 1e-9
+
+ChangeKind = Literal[
+    "newly_missed", "newly_found", "level_changed", "rank_changed", "newly_not_run", "newly_run"
+]
+
+
+class CaseChange(BaseModel):
+    """One case whose hit level or first expected-doc rank differs between the reports."""
+
+    case_id: str
+    scenario: str
+    baseline_level: HitLevel
+    current_level: HitLevel
+    baseline_first_hit_rank: int | None
+    current_first_hit_rank: int | None
+    kinds: list[ChangeKind]
+
+
+class PairedTest(BaseModel):
+    """Paired randomization (permutation) test on per-case reciprocal rank.
+
+    Statistic: mean of (current RR − baseline RR) over ``n_cases`` paired cases. Null: the two
+    reports are exchangeable per case (sign flips of the differences). Two-sided p-value from
+    ``n_permutations`` random sign assignments (``seed`` fixed, so the result is
+    reproducible), or from all 2^n assignments when that is fewer (exact test). See Smucker,
+    Allan & Carterette, CIKM 2007, for this test in IR evaluation.
+    """
+
+    n_cases: int
+    baseline_mrr: float
+    current_mrr: float
+    mean_difference: float
+    p_value: float
+    n_permutations: int = PERMUTATIONS
+    seed: int = SEED
+
+
+class GateResult(BaseModel):
+    """Outcome of ``compare``: pass/fail with reasons, metric deltas, per-case changes.
+
+    Metrics are over the ``compared_cases`` cases run in both reports (so adding or dropping
+    golden cases does not move them). ``str(result)`` / ``to_markdown()`` renders it.
+    """
+
+    passed: bool
+    reasons: list[str]
+    recall_tolerance: float
+    mrr_tolerance: float
+    compared_cases: int
+    baseline_recall_at_5: float | None
+    current_recall_at_5: float | None
+    baseline_mrr: float | None
+    current_mrr: float | None
+    newly_missed: list[str] = Field(default_factory=list)
+    newly_found: list[str] = Field(default_factory=list)
+    strong_to_miss: list[str] = Field(default_factory=list)
+    newly_not_run: list[str] = Field(default_factory=list)
+    changes: list[CaseChange] = Field(default_factory=list)
+    significance: PairedTest | None = None
+
+    def to_markdown(self) -> str:
+        """Markdown summary: verdict, metric deltas, p-value, reasons, changed cases."""
+        return _render(self)
+
+    def __str__(self) -> str:
+        return self.to_markdown()
+
+
+def _ran(case: CaseResult | None) -> bool:
+    return case is not None and case.hit_level != "not_run"
+
+
+def _found(case: CaseResult) -> bool:
+    return case.hit_level in ("strong", "medium")
+
+
+def _recall(cases: Sequence[CaseResult], k: int) -> float | None:
+    if not cases:
+        return None
+    return sum(c.first_hit_rank is not None and c.first_hit_rank <= k for c in cases) / len(cases)
+
+
+def _mrr(cases: Sequence[CaseResult]) -> float | None:
+    return sum(c.reciprocal_rank or 0.0 for c in cases) / len(cases) if cases else None
+
+
+def _change(base: CaseResult, cur: CaseResult) -> CaseChange | None:
+    kinds: list[ChangeKind] = []
+    if _ran(base) and not _ran(cur):
+        kinds.append("newly_not_run")
+    elif not _ran(base) and _ran(cur):
+        kinds.append("newly_run")
+    elif _ran(base):
+        if _found(base) and cur.hit_level == "miss":
+            kinds.append("newly_missed")
+        elif base.hit_level == "miss" and _found(cur):
+            kinds.append("newly_found")
+        elif base.hit_level != cur.hit_level:
+            kinds.append("level_changed")
+        if base.first_hit_rank != cur.first_hit_rank:
+            kinds.append("rank_changed")
+    if not kinds:
+        return None
+    return CaseChange(
+        case_id=cur.case_id,
+        scenario=cur.scenario,
+        baseline_level=base.hit_level,
+        current_level=cur.hit_level,
+        baseline_first_hit_rank=base.first_hit_rank,
+        current_first_hit_rank=cur.first_hit_rank,
+        kinds=kinds,
+    )
+
+
+def paired_randomization_test(
+    baseline_rr: Sequence[float], current_rr: Sequence[float], seed: int = SEED
+) -> PairedTest:
+    """Two-sided paired randomization test of mean(current − baseline); see ``PairedTest``."""
+    import numpy as np
+    from scipy.stats import permutation_test
+
+    base = np.asarray(baseline_rr, dtype=float)
+    cur = np.asarray(current_rr, dtype=float)
+    if np.allclose(base, cur):
+        p_value = 1.0  # every sign flip gives the same statistic
+    else:
+        result = permutation_test(
+            (cur, base),
+            lambda x, y, axis: np.mean(x - y, axis=axis),
+            permutation_type="samples",
+            vectorized=True,
+            n_resamples=PERMUTATIONS,
+            alternative="two-sided",
+            rng=np.random.default_rng(seed),
+        )
+        p_value = float(min(1.0, result.pvalue))
+    return PairedTest(
+        n_cases=len(base),
+        baseline_mrr=float(base.mean()),
+        current_mrr=float(cur.mean()),
+        mean_difference=float((cur - base).mean()),
+        p_value=p_value,
+        seed=seed,
+    )
+
+
+def compare(
+    baseline: EvaluationReport,
+    current: EvaluationReport,
+    recall_tolerance: float = 0.02,
+    mrr_tolerance: float = 0.02,
+    *,
+    fail_on_not_run: bool = True,
+) -> GateResult:
+    """Gate ``current`` against ``baseline`` (see module docstring for the rules).
+
+    Tolerances are absolute drops in recall@5 / MRR (0.02 = two points). Cases are matched
+    by id; cases in only one report are ignored. ``fail_on_not_run=False`` lets a case that
+    ran in the baseline be not run now without failing (it is still listed).
+    """
+    base_by_id = {c.case_id: c for c in baseline.cases}
+    pairs = [(base_by_id[c.case_id], c) for c in current.cases if c.case_id in base_by_id]
+    both = [(b, c) for b, c in pairs if _ran(b) and _ran(c)]
+    changes = [ch for b, c in pairs if (ch := _change(b, c)) is not None]
+
+    def ids(kind: ChangeKind) -> list[str]:
+        return [ch.case_id for ch in changes if kind in ch.kinds]
+
+    base_cases = [b for b, _ in both]
+    cur_cases = [c for _, c in both]
+    result = GateResult(
+        passed=True,
+        reasons=[],
+        recall_tolerance=recall_tolerance,
+        mrr_tolerance=mrr_tolerance,
+        compared_cases=len(both),
+        baseline_recall_at_5=_recall(base_cases, GATE_K),
+        current_recall_at_5=_recall(cur_cases, GATE_K),
+        baseline_mrr=_mrr(base_cases),
+        current_mrr=_mrr(cur_cases),
+        newly_missed=ids("newly_missed"),
+        newly_found=ids("newly_found"),
+        strong_to_miss=[
+            ch.case_id
+            for ch in changes
+            if ch.baseline_level == "strong" and ch.current_level == "miss"
+        ],
+        newly_not_run=ids("newly_not_run"),
+        changes=changes,
+    )
+    if both:
+        result.significance = paired_randomization_test(
+            [b.reciprocal_rank or 0.0 for b in base_cases],
+            [c.reciprocal_rank or 0.0 for c in cur_cases],
+        )
+    result.reasons = _reasons(result, fail_on_not_run)
+    result.passed = not result.reasons
+    return result
+
+
+def _drop(name: str, before: float | None, after: float | None, tolerance: float) -> list[str]:
+    if before is None or after is None or before - after <= tolerance + _EPS:
+        return []
+    return [
+        (
+            f"{name} dropped {before:.3f} -> {after:.3f} ({after - before:+.3f}, "
+            f"tolerance {tolerance:.3f})"
+        )
+    ]
+
+
+def _reasons(result: GateResult, fail_on_not_run: bool) -> list[str]:
+    if result.compared_cases == 0:
+        return ["no case ran in both the baseline and the current evaluation"]
+    reasons = _drop(
+        f"recall@{GATE_K}",
+        result.baseline_recall_at_5,
+        result.current_recall_at_5,
+        result.recall_tolerance,
+    )
+    reasons += _drop("MRR", result.baseline_mrr, result.current_mrr, result.mrr_tolerance)
+    if result.strong_to_miss:
+        reasons.append(f"strong -> miss: {', '.join(result.strong_to_miss)}")
+    if fail_on_not_run and result.newly_not_run:
+        reasons.append(f"ran in the baseline, not run now: {', '.join(result.newly_not_run)}")
+    return reasons
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _rank(value: int | None) -> str:
+    return "—" if value is None else str(value)
+
+
+def _render(result: GateResult) -> str:
+    verdict = "PASS" if result.passed else "FAIL"
+    lines = [
+        f"## Retrieval regression gate: {verdict}",
+        "",
+        f"- Cases run in both reports: {result.compared_cases}",
+        (
+            f"- recall@{GATE_K}: {_fmt(result.baseline_recall_at_5)} -> "
+            f"{_fmt(result.current_recall_at_5)} (allowed drop {result.recall_tolerance:.3f})"
+        ),
+        (
+            f"- MRR: {_fmt(result.baseline_mrr)} -> {_fmt(result.current_mrr)} "
+            f"(allowed drop {result.mrr_tolerance:.3f})"
+        ),
+    ]
+    sig = result.significance
+    if sig is not None:
+        lines.append(
+            f"- Paired randomization test on per-case reciprocal rank: mean difference "
+            f"{sig.mean_difference:+.3f}, two-sided p = {sig.p_value:.4f} "
+            f"({sig.n_cases} cases, {sig.n_permutations:,} permutations, seed {sig.seed})"
+        )
+    if result.reasons:
+        lines += ["", "Failed because:", *(f"- {r}" for r in result.reasons)]
+    lines += [
+        "",
+        f"Newly missed: {', '.join(result.newly_missed) or 'none'}",
+        f"Newly found: {', '.join(result.newly_found) or 'none'}",
+    ]
+    if result.changes:
+        lines += [
+            "",
+            "| case | scenario | hit level | first-hit rank | change |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{c.case_id}` | {c.scenario} | {c.baseline_level} -> {c.current_level} | "
+            f"{_rank(c.baseline_first_hit_rank)} -> {_rank(c.current_first_hit_rank)} | "
+            f"{', '.join(k.replace('_', ' ') for k in c.kinds)} |"
+            for c in result.changes
+        ]
+    else:
+        lines += ["", "No case changed hit level or first-hit rank."]
+    return "\n".join(lines) + "\n"

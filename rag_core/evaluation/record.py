@@ -1,0 +1,123 @@
+"""Recording fixtures: run the real lookup pipeline per golden case on one path.
+
+This module runs the stores and the model (it is the only evaluation module that does); the
+evaluator itself reads the JSON it writes and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import typer
+from tqdm.auto import tqdm
+
+from rag_core.compare import candidate_row
+from rag_core.evaluation.cases import load_cases
+from rag_core.evaluation.fixtures import write_fixture, write_manifest
+from rag_core.settings import PROJECT_ROOT, RagSettings
+
+PathName = Literal["milvus", "pgvector"]
+
+
+def corpus_hash(root: Path) -> str:
+    """sha256 over the sorted (relative path, bytes) of every Markdown file under ``root``."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.suffix.lower() in (".md", ".markdown") and p.is_file() and not p.is_symlink():
+            h.update(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def make_tool_for_path(settings: RagSettings, path: PathName, embedder=None):
+    """A LookupKnowledgeTool whose L1 store is ``path``'s store (no sidecar beside it).
+
+    Raises StoreError (or what the store raises) when that path cannot be opened.
+    """
+    from rag_core.components import make_main_store, make_sidecar_store
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
+    store = make_main_store(settings) if path == "milvus" else make_sidecar_store(settings)
+    quiet = settings.model_copy(update={"sidecar_enabled": False})
+    return LookupKnowledgeTool(quiet, store=store, embedder=embedder)
+
+
+def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out_dir: Path,
+                    embedder=None, progress: bool = True) -> dict:
+    """Write ``<out_dir>/<case_id>.json`` for every case and ``manifest.json``.
+
+    When the path cannot be opened, only a manifest with ``path_status.status="unavailable"``
+    and the reason is written (the evaluator then reports every case not_run). Returns the
+    manifest dict.
+    """
+    cases = load_cases(cases_file)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob("*.json"):
+        old.unlink()
+    manifest = {
+        "path": path, "corpus_hash": corpus_hash(Path(settings.knowledge_dir)),
+        "model_id": settings.embedding_model,
+        "index_params": {"milvus_index": settings.milvus_index, "metric": "COSINE",
+                         "top_k": settings.top_k, "pg_index": "hnsw(vector_cosine_ops)",
+                         "lexical": "bm25" if path == "milvus" else "ts_rank_cd"},
+        "git_commit": git_commit(), "recorded_at": datetime.now(timezone.utc).isoformat(),
+        "cases_file": str(cases_file), "case_count": len(cases),
+        "path_status": {"status": "available", "reason": None},
+    }
+    try:
+        tool = make_tool_for_path(settings, path, embedder)
+        tool.store.ensure_schema(tool.embedder.dimension)
+        if tool.store.count() == 0:
+            raise RuntimeError(f"the {path} index is empty: run `rag ingest` first")
+    except Exception as exc:
+        manifest["path_status"] = {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        write_manifest(out_dir, manifest)
+        return manifest
+    session = f"eval-{path}-{datetime.now(timezone.utc):%Y%m%d}"
+    try:
+        for case in tqdm(cases, desc=f"recording {path}", unit="case", disable=not progress):
+            result, candidates = tool.lookup_with_candidates(case.query, session_id=session)
+            write_fixture(out_dir, {
+                "case_id": case.id, "path": path, "query": case.query, "status": result.status,
+                "error": result.retrieval_trace.error, "retrieval_layer": result.retrieval_trace.layer,
+                "candidates": [candidate_row(i, c) for i, c in enumerate(candidates, start=1)],
+                "evidence_blocks": [{**b.model_dump(by_alias=False), "doc_id": b.source,
+                                     "content_preview": b.content[:300],
+                                     "normalized_score": b.score} for b in result.evidence_blocks],
+                "context_pack_sources": result.context_pack.included_sources,
+            })
+    finally:
+        tool.close()
+    manifest["session"] = session
+    write_manifest(out_dir, manifest)
+    return manifest
+
+
+def register_record(eval_app: typer.Typer) -> None:
+    """Adds ``rag eval record`` to the evaluation CLI."""
+
+    @eval_app.command("record")
+    def record(path: str = typer.Option("milvus", "--path", help="milvus or pgvector"),
+               cases: Path = typer.Option(..., "--cases", help="Golden case file"),
+               out: Path = typer.Option(..., "--out", help="Fixture directory to (re)write")) -> None:
+        """Run the real lookup pipeline per case on one path and write JSON fixtures."""
+        from rag_core.cli import settings_or_exit
+
+        if path not in ("milvus", "pgvector"):
+            raise typer.BadParameter("must be milvus or pgvector", param_hint="--path")
+        m = record_fixtures(settings_or_exit(), path, cases, out)  # type: ignore[arg-type]
+        status = m["path_status"]
+        typer.echo(f"{path}: {status['status']}" + (f" ({status['reason']})" if status["reason"] else "")
+                   + f"; fixtures in {out}")

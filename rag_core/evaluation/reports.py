@@ -1,0 +1,637 @@
+"""Baseline and comparison reports: JSON (the models), Markdown for people, recall@K chart.
+
+``write_baseline_report`` writes one path's ``EvaluationReport``; ``write_comparison_report``
+puts the main path (Milvus) and the sidecar (pgvector) side by side per case and keeps the
+main-path results when the sidecar is unavailable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from rag_core.evaluation.evaluator import (
+    CaseResult,
+    EvaluationReport,
+    HitLevel,
+    MetricSummary,
+)
+from rag_core.evaluation.fixtures import FixtureCandidate, FixtureSet, PathStatus
+from rag_core.evaluation.metrics import normalize_doc_id, rank_overlap_at_k, ranked_sources
+
+__all__ = [
+    "OVERLAP_KS",
+    "CaseComparison",
+    "ComparisonReport",
+    "SideBySideEntry",
+    "build_comparison",
+    "load_report",
+    "render_baseline_markdown",
+    "render_comparison_markdown",
+    "summary_rows",
+    "write_baseline_report",
+    "write_comparison_report",
+    "write_recall_chart",
+]
+
+OVERLAP_KS: tuple[int, ...] = (5, 10)
+SIDE_BY_SIDE_DEPTH = 5
+_LEVEL_MARK = {"strong": "strong", "medium": "medium", "miss": "**MISS**", "not_run": "_not run_"}
+
+
+# --------------------------------------------------------------------------- models
+
+
+class SideBySideEntry(BaseModel):
+    """One position of a path's doc ranking, as shown side by side (rank 1 = top)."""
+
+    rank: int
+    doc_id: str | None
+    breadcrumb: str
+    category: str
+    score_label: str
+    raw_score: float | None
+    normalized_score: float | None
+
+
+class CaseComparison(BaseModel):
+    """One case on both paths: hit levels, first-hit ranks, top-5 docs, rank overlap.
+
+    ``differing_ranks`` are the ranks (1..5) whose doc differs between the paths;
+    ``rank_overlap`` maps K -> |top-K main ∩ top-K sidecar| / K (``None`` unless both ran).
+    """
+
+    case_id: str
+    scenario: str
+    query: str
+    expected_docs: list[str]
+    main_hit_level: HitLevel
+    sidecar_hit_level: HitLevel | None
+    main_first_hit_rank: int | None
+    sidecar_first_hit_rank: int | None
+    main_top: list[SideBySideEntry]
+    sidecar_top: list[SideBySideEntry]
+    differing_ranks: list[int]
+    rank_overlap: dict[int, float | None]
+
+
+class ComparisonReport(BaseModel):
+    """Main path vs sidecar: both evaluations in full, per-case comparison, mean overlap.
+
+    ``sidecar`` is ``None`` when no sidecar evaluation exists; ``sidecar_status`` then says
+    why. ``mean_rank_overlap`` maps K -> mean over cases run on both paths (``None`` if none).
+    """
+
+    schema_version: Literal[1] = 1
+    main_path: str | None
+    sidecar_path: str | None
+    sidecar_status: PathStatus
+    overlap_ks: list[int]
+    mean_rank_overlap: dict[int, float | None]
+    cases: list[CaseComparison]
+    main: EvaluationReport
+    sidecar: EvaluationReport | None = None
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _cell(value: Any) -> str:
+    """Text safe inside a Markdown table cell."""
+    text = "—" if value is None or value == "" else str(value)
+    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |"]
+    lines.append("|" + "|".join("---" for _ in headers) + "|")
+    lines.extend("| " + " | ".join(_cell(v) for v in row) + " |" for row in rows)
+    return lines
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _share(count: int, total: int) -> str:
+    return f"{count}" if total == 0 else f"{count} ({100 * count / total:.0f}%)"
+
+
+def _short_hash(value: str | None) -> str:
+    if not value:
+        return "unknown"
+    algo, _, digest = value.rpartition(":")
+    return f"{algo + ':' if algo else ''}{digest[:12]}"
+
+
+def _path_name(report: EvaluationReport | None, fallback: str) -> str:
+    return (report.path if report else None) or fallback
+
+
+# One summary row: (metric, value formatter, numeric value for deltas, meaning).
+_Row = tuple[str, Callable[[MetricSummary], str], Callable[[MetricSummary], float | None], str]
+
+
+def _summary_row_specs(ks: Sequence[int], strong_k: int) -> list[_Row]:
+    rows: list[_Row] = [
+        (
+            "cases",
+            lambda s: f"{s.case_count} ({s.run_count} run)",
+            lambda s: s.case_count,
+            "golden cases; rates below are over run cases",
+        ),
+        (
+            "strong",
+            lambda s: _share(s.strong, s.run_count),
+            lambda s: s.strong,
+            f"expected doc in top {strong_k} and keyword/breadcrumb coverage met",
+        ),
+        (
+            "medium",
+            lambda s: _share(s.medium, s.run_count),
+            lambda s: s.medium,
+            f"expected doc in top {strong_k}, coverage not met",
+        ),
+        (
+            "miss",
+            lambda s: _share(s.miss, s.run_count),
+            lambda s: s.miss,
+            f"no expected doc in top {strong_k}",
+        ),
+        (
+            "not run",
+            lambda s: str(s.not_run),
+            lambda s: s.not_run,
+            "no usable fixture (see reasons); not in the rates",
+        ),
+    ]
+    for k in ks:
+        rows.append(
+            (
+                f"recall@{k}",
+                lambda s, k=k: _num(s.recall_at_k.get(k)),
+                lambda s, k=k: s.recall_at_k.get(k),
+                f"share of run cases with an expected doc in the top {k} docs (hit rate, 0–1)",
+            )
+        )
+    rows += [
+        (
+            "MRR",
+            lambda s: _num(s.mrr),
+            lambda s: s.mrr,
+            "mean of 1/rank of the first expected doc (0 when not retrieved; 0–1)",
+        ),
+        (
+            "nDCG@10",
+            lambda s: _num(s.ndcg_at_10),
+            lambda s: s.ndcg_at_10,
+            "binary relevance, log2 discount (Järvelin & Kekäläinen 2002; 0–1)",
+        ),
+        (
+            "avg first-hit rank",
+            lambda s: _num(s.avg_first_hit_rank, 2),
+            lambda s: s.avg_first_hit_rank,
+            "mean rank (1 = top) of the first expected doc, over the cases where it was found",
+        ),
+        (
+            "context-pack survival",
+            lambda s: _num(s.context_pack_survival_rate),
+            lambda s: s.context_pack_survival_rate,
+            "share of cases with an expected doc in the evidence whose context pack kept it (0–1)",
+        ),
+    ]
+    return rows
+
+
+def summary_rows(
+    summaries: Sequence[MetricSummary], ks: Sequence[int], strong_k: int = 5
+) -> list[list[str]]:
+    """Rows ``[metric, value per summary..., meaning]`` of the summary table (CLI, Markdown)."""
+    return [
+        [name, *(fmt(s) for s in summaries), meaning]
+        for name, fmt, _, meaning in _summary_row_specs(ks, strong_k)
+    ]
+
+
+def _summary_table(
+    columns: Sequence[tuple[str, MetricSummary | None]],
+    ks: Sequence[int],
+    strong_k: int,
+    with_delta: bool = False,
+) -> list[str]:
+    headers = ["metric", *(name for name, _ in columns)]
+    if with_delta:
+        headers.append("Δ (sidecar − main)")
+    headers.append("what it means")
+    rows = []
+    for name, fmt, value, meaning in _summary_row_specs(ks, strong_k):
+        row = [name, *(fmt(s) if s else "n/a" for _, s in columns)]
+        if with_delta:
+            a, b = (value(s) if s else None for _, s in columns)
+            row.append("n/a" if a is None or b is None else f"{b - a:+.3g}")
+        rows.append([*row, meaning])
+    return _table(headers, rows)
+
+
+def _manifest_lines(report: EvaluationReport, label: str = "") -> list[str]:
+    m = report.manifest
+    status = report.path_status
+    state = "available" if status.available else f"**unavailable**: {status.reason}"
+    lines = [f"- {label}Path: `{report.path or 'unknown'}` ({state})"]
+    if m is None:
+        lines.append(f"- {label}Manifest: missing (fixtures in `{report.fixtures_dir}`)")
+        return lines
+    lines += [
+        f"- {label}Recorded: {m.recorded_at or 'unknown'} at commit `{m.git_commit or 'unknown'}`",
+        f"- {label}Corpus: `{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`"
+        + (f" · index `{json.dumps(m.index_params, sort_keys=True)}`" if m.index_params else ""),
+        f"- {label}Cases: `{m.cases_file or 'unknown'}` · fixtures `{report.fixtures_dir}`",
+    ]
+    return lines
+
+
+def _regenerate_line(report: EvaluationReport, name: str, out_dir: Path) -> str:
+    cases = (report.manifest.cases_file if report.manifest else None) or "<cases file>"
+    ks = ",".join(str(k) for k in report.ks)
+    return (
+        f"Regenerate: `rag eval run --cases {cases} --fixtures {report.fixtures_dir} "
+        f"--k {ks} --out {out_dir} --name {name}` (fixtures from `rag eval record`)."
+    )
+
+
+def _case_rows(cases: Sequence[CaseResult]) -> list[list[str]]:
+    return [
+        [
+            f"`{c.case_id}`",
+            c.scenario,
+            _LEVEL_MARK[c.hit_level],
+            "—" if c.first_hit_rank is None else str(c.first_hit_rank),
+            "<br>".join(_cell(label) for label in c.top_candidates[:3]),
+            "<br>".join(_cell(f) for f in c.failed_checks)
+            or ("" if c.hit_level != "not_run" else "not run"),
+        ]
+        for c in cases
+    ]
+
+
+def _not_run_lines(report: EvaluationReport) -> list[str]:
+    not_run = [c for c in report.cases if c.hit_level == "not_run"]
+    if not not_run:
+        return []
+    return ["", "## Not run", "", *(f"- `{c.case_id}`: {c.not_run_reason}" for c in not_run)]
+
+
+def _warning_lines(warnings: Sequence[str], title: str = "Warnings") -> list[str]:
+    if not warnings:
+        return []
+    return ["", f"## {title}", "", *(f"- {w}" for w in warnings)]
+
+
+# --------------------------------------------------------------------------- baseline
+
+
+def render_baseline_markdown(
+    report: EvaluationReport,
+    *,
+    name: str = "baseline",
+    other_paths: Sequence[EvaluationReport] = (),
+    chart_file: str | None = None,
+    out_dir: Path | None = None,
+) -> str:
+    """Markdown for people: what was evaluated, summary table, per scenario, per case."""
+    k = report.strong_k
+    lines = [f"# Retrieval evaluation {name}: path `{report.path or 'unknown'}`", ""]
+    lines += _manifest_lines(report)
+    lines += [
+        (
+            f"- Strong hit: an expected doc in the top {k} docs and every expected keyword in "
+            f"the top-{k} evidence (and an expected breadcrumb, when given). Ranks are "
+            "positions in the doc ranking: evidence blocks first, then the remaining "
+            "retrieved candidates."
+        ),
+        f"- {_regenerate_line(report, name, out_dir or Path('.'))}",
+        "",
+        "## Summary",
+        "",
+    ]
+    columns = [(f"`{report.path or 'value'}`", report.summary)]
+    columns += [(f"`{o.path or '?'}`", o.summary) for o in other_paths]
+    lines += _summary_table(columns, report.ks, k)
+    if chart_file:
+        lines += ["", f"![recall@K per path]({chart_file})"]
+
+    lines += ["", "## By scenario", ""]
+    headers = ["scenario", "cases", "strong", "medium", "miss", "not run"]
+    headers += [f"recall@{k_}" for k_ in report.ks] + ["MRR", "nDCG@10", "avg first-hit rank"]
+    rows = [
+        [
+            f"`{scenario}`",
+            s.case_count,
+            s.strong,
+            s.medium,
+            s.miss,
+            s.not_run,
+            *(_num(s.recall_at_k.get(k_)) for k_ in report.ks),
+            _num(s.mrr),
+            _num(s.ndcg_at_10),
+            _num(s.avg_first_hit_rank, 2),
+        ]
+        for scenario, s in report.by_scenario.items()
+    ]
+    lines += _table(headers, rows)
+
+    lines += ["", "## Per case", ""]
+    lines += _table(
+        ["case", "scenario", "hit", "first-hit rank", "top 3 (raw score, label)", "failed checks"],
+        _case_rows(report.cases),
+    )
+    lines += _not_run_lines(report)
+    lines += _warning_lines(report.warnings)
+    return "\n".join(lines) + "\n"
+
+
+def write_recall_chart(reports: Sequence[EvaluationReport], png_path: str | Path) -> Path:
+    """PNG line chart of recall@K (y, 0–1) against K (x), one line per path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless; also keeps pyplot from picking a GUI backend
+    import matplotlib.pyplot as plt
+
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    try:
+        for report in reports:
+            ks = [k for k in report.ks if report.summary.recall_at_k.get(k) is not None]
+            values = [report.summary.recall_at_k[k] for k in ks]
+            label = f"{report.path or 'unknown'} ({report.summary.run_count} cases run)"
+            ax.plot(ks, values, marker="o", label=label)
+        ax.set_xlabel("K (top-K documents)")
+        ax.set_ylabel("recall@K (hit rate)")
+        ax.set_ylim(0, 1.05)
+        ax.set_xticks(sorted({k for r in reports for k in r.ks}))
+        ax.grid(True, alpha=0.3)
+        ax.set_title("Golden retrieval recall@K per path")
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+        # No software/date metadata, so an unchanged chart is byte-identical.
+        fig.savefig(png_path, format="png", metadata={"Software": None})
+    finally:
+        plt.close(fig)
+    return png_path
+
+
+def _write_text(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_baseline_report(
+    report: EvaluationReport,
+    out_dir: str | Path,
+    name: str = "baseline",
+    *,
+    other_paths: Sequence[EvaluationReport] = (),
+) -> tuple[Path, Path]:
+    """Write ``<name>.json`` (the report model), ``<name>.md`` and ``<name>-recall.png``.
+
+    ``other_paths`` (reports of other paths) add columns to the Markdown summary and lines
+    to the recall@K chart; the JSON holds ``report`` only. Returns ``(json_path, md_path)``.
+    """
+    out_dir = Path(out_dir)
+    chart = write_recall_chart([report, *other_paths], out_dir / f"{name}-recall.png")
+    json_path = _write_text(out_dir / f"{name}.json", report.model_dump_json(indent=2) + "\n")
+    md = render_baseline_markdown(
+        report, name=name, other_paths=other_paths, chart_file=chart.name, out_dir=out_dir
+    )
+    return json_path, _write_text(out_dir / f"{name}.md", md)
+
+
+def load_report(path: str | Path) -> EvaluationReport:
+    """Read an ``EvaluationReport`` JSON written by ``write_baseline_report``."""
+    return EvaluationReport.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def _side_entries(fixtures: FixtureSet | None, case_id: str) -> list[SideBySideEntry]:
+    fixture = fixtures.fixtures.get(case_id) if fixtures else None
+    if fixture is None:
+        return []
+    items: list[FixtureCandidate] = ranked_sources(fixture.evidence_blocks, fixture.candidates)
+    return [
+        SideBySideEntry(
+            rank=position,
+            doc_id=normalize_doc_id(item.doc_id),
+            breadcrumb=item.breadcrumb or item.title,
+            category=item.category,
+            score_label=item.score_label,
+            raw_score=item.raw_score,
+            normalized_score=item.normalized_score,
+        )
+        for position, item in enumerate(items[:SIDE_BY_SIDE_DEPTH], start=1)
+    ]
+
+
+def _compare_case(
+    main: CaseResult,
+    side: CaseResult | None,
+    main_fixtures: FixtureSet,
+    sidecar_fixtures: FixtureSet | None,
+) -> CaseComparison:
+    main_top = _side_entries(main_fixtures, main.case_id)
+    side_top = _side_entries(sidecar_fixtures, main.case_id) if side else []
+    both_ran = side is not None and "not_run" not in (main.hit_level, side.hit_level)
+    differing = []
+    if both_ran:
+        depth = max(len(main_top), len(side_top))
+        docs_a = [e.doc_id for e in main_top] + [None] * (depth - len(main_top))
+        docs_b = [e.doc_id for e in side_top] + [None] * (depth - len(side_top))
+        differing = [i for i, (a, b) in enumerate(zip(docs_a, docs_b), 1) if a != b or a is None]
+    return CaseComparison(
+        case_id=main.case_id,
+        scenario=main.scenario,
+        query=main.query,
+        expected_docs=main.expected_docs,
+        main_hit_level=main.hit_level,
+        sidecar_hit_level=side.hit_level if side else None,
+        main_first_hit_rank=main.first_hit_rank,
+        sidecar_first_hit_rank=side.first_hit_rank if side else None,
+        main_top=main_top,
+        sidecar_top=side_top,
+        differing_ranks=differing,
+        rank_overlap={
+            k: rank_overlap_at_k(main.top_docs, side.top_docs, k) if both_ran else None
+            for k in OVERLAP_KS
+        },
+    )
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def build_comparison(
+    main: EvaluationReport,
+    sidecar: EvaluationReport | None,
+    main_fixtures: FixtureSet,
+    sidecar_fixtures: FixtureSet | None,
+    sidecar_status: dict[str, Any] | PathStatus | None = None,
+) -> ComparisonReport:
+    """Assemble the ``ComparisonReport`` (cases in the main report's order).
+
+    ``sidecar_status`` (``{"status": "available"|"unavailable", "reason": ...}``) defaults
+    to the sidecar report's own status; a missing sidecar report is always unavailable.
+    """
+    if sidecar_status is None:
+        sidecar_status = sidecar.path_status if sidecar else {"status": "unavailable"}
+    status = PathStatus.model_validate(sidecar_status)
+    if sidecar is None and status.available:
+        status = PathStatus(status="unavailable", reason="no sidecar evaluation was provided")
+    side_by_id = {c.case_id: c for c in sidecar.cases} if sidecar else {}
+    cases = [
+        _compare_case(c, side_by_id.get(c.case_id), main_fixtures, sidecar_fixtures)
+        for c in main.cases
+    ]
+    return ComparisonReport(
+        main_path=main.path,
+        sidecar_path=sidecar.path if sidecar else None,
+        sidecar_status=status,
+        overlap_ks=list(OVERLAP_KS),
+        mean_rank_overlap={
+            k: _mean([c.rank_overlap[k] for c in cases if c.rank_overlap[k] is not None])
+            for k in OVERLAP_KS
+        },
+        cases=cases,
+        main=main,
+        sidecar=sidecar,
+    )
+
+
+def _entry_cells(entry: SideBySideEntry | None, highlight: bool) -> list[str]:
+    if entry is None:
+        return ["—", "—", "—", "—"]
+    source = _cell(entry.doc_id or "(no doc id)")
+    source = f"**{source}**" if highlight else source
+    raw = (
+        f" (raw {entry.raw_score:.3f} {entry.score_label})".rstrip()
+        if entry.raw_score is not None
+        else ""
+    )
+    score = f"{_num(entry.normalized_score)}{raw}"
+    return [source, entry.breadcrumb, entry.category, score]
+
+
+def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str]:
+    head = f"### `{case.case_id}` ({case.scenario}): main {_LEVEL_MARK[case.main_hit_level]}"
+    if with_sidecar:
+        side_level = _LEVEL_MARK[case.sidecar_hit_level or "not_run"]
+        head += f", sidecar {side_level}"
+        overlap = ", ".join(f"@{k} {_num(v, 2)}" for k, v in case.rank_overlap.items())
+        head += f" · overlap {overlap}"
+    lines = [
+        head,
+        "",
+        f"Query: {case.query} · expected: {', '.join(f'`{d}`' for d in case.expected_docs)}"
+        f" · first-hit rank main {case.main_first_hit_rank or '—'}"
+        + (f", sidecar {case.sidecar_first_hit_rank or '—'}" if with_sidecar else ""),
+        "",
+    ]
+    depth = max(len(case.main_top), len(case.sidecar_top) if with_sidecar else 0)
+    if depth == 0:
+        return [*lines, "_No ranked documents._", ""]
+    headers = ["rank", "main source", "breadcrumb", "category", "normalized (raw, label)"]
+    if with_sidecar:
+        headers += ["", "sidecar source", "breadcrumb", "category", "normalized (raw, label)"]
+    rows = []
+    for rank in range(1, depth + 1):
+        differs = rank in case.differing_ranks
+        main_entry = case.main_top[rank - 1] if rank <= len(case.main_top) else None
+        row = [str(rank), *_entry_cells(main_entry, differs)]
+        if with_sidecar:
+            side_entry = case.sidecar_top[rank - 1] if rank <= len(case.sidecar_top) else None
+            row += ["≠" if differs else "=", *_entry_cells(side_entry, differs)]
+        rows.append(row)
+    return [*lines, *_table(headers, rows), ""]
+
+
+def render_comparison_markdown(comparison: ComparisonReport, chart_file: str | None = None) -> str:
+    """Markdown: sidecar status, manifests, summary side by side, per-case top-5 tables."""
+    main, side, status = comparison.main, comparison.sidecar, comparison.sidecar_status
+    with_sidecar = side is not None and status.available
+    main_name = _path_name(main, "main")
+    side_name = _path_name(side, "sidecar")
+    lines = [f"# Retrieval comparison: main `{main_name}` vs sidecar `{side_name}`", ""]
+    if with_sidecar:
+        lines.append(f"**Sidecar status: available** (`{side_name}`).")
+    else:
+        lines.append(
+            f"**Sidecar status: unavailable**: {status.reason or 'no reason given'}. "
+            "The main-path results are reported below on their own."
+        )
+    lines += ["", *_manifest_lines(main, "Main "), ""]
+    if side is not None:
+        lines += [*_manifest_lines(side, "Sidecar "), ""]
+    lines += [
+        (
+            "Ranks are positions in each path's doc ranking (evidence blocks, then the "
+            "remaining candidates). Normalized scores are similarities in [0, 1] and comparable "
+            "across paths; raw scores are in each path's own unit (see the label) and are not. "
+            "`≠` (and **bold** sources) mark ranks whose documents differ."
+        ),
+        "",
+        "## Summary",
+        "",
+    ]
+    columns: list[tuple[str, MetricSummary | None]] = [(f"main `{main_name}`", main.summary)]
+    if with_sidecar and side is not None:
+        columns.append((f"sidecar `{side_name}`", side.summary))
+    lines += _summary_table(columns, main.ks, main.strong_k, with_delta=len(columns) == 2)
+    if with_sidecar:
+        lines += [""]
+        lines += [
+            f"- Mean rank overlap@{k} (|top-{k} main ∩ top-{k} sidecar| / {k}, cases run on "
+            f"both paths): {_num(v)}"
+            for k, v in comparison.mean_rank_overlap.items()
+        ]
+    if chart_file:
+        lines += ["", f"![recall@K per path]({chart_file})"]
+    lines += ["", "## Per case", ""]
+    for case in comparison.cases:
+        lines += _case_comparison_lines(case, with_sidecar)
+    lines += _not_run_lines(main)
+    lines += _warning_lines(main.warnings, "Main-path warnings")
+    if side is not None:
+        lines += _warning_lines(side.warnings, "Sidecar warnings")
+    return "\n".join(lines) + "\n"
+
+
+def write_comparison_report(
+    main: EvaluationReport,
+    sidecar: EvaluationReport | None,
+    main_fixtures: FixtureSet,
+    sidecar_fixtures: FixtureSet | None,
+    sidecar_status: dict[str, Any] | PathStatus | None,
+    out_dir: str | Path,
+    name: str = "comparison",
+) -> tuple[Path, Path]:
+    """Write ``<name>.json`` (``ComparisonReport``), ``<name>.md`` and ``<name>-recall.png``.
+
+    Works with the sidecar missing (``sidecar=None`` or status unavailable): the report says
+    so, with the reason, and still holds the main-path results. Returns ``(json, md)``.
+    """
+    out_dir = Path(out_dir)
+    comparison = build_comparison(main, sidecar, main_fixtures, sidecar_fixtures, sidecar_status)
+    charted = [main] + ([sidecar] if sidecar and comparison.sidecar_status.available else [])
+    chart = write_recall_chart(charted, out_dir / f"{name}-recall.png")
+    json_path = _write_text(out_dir / f"{name}.json", comparison.model_dump_json(indent=2) + "\n")
+    md_path = _write_text(
+        out_dir / f"{name}.md", render_comparison_markdown(comparison, chart.name)
+    )
+    return json_path, md_path

@@ -1,0 +1,175 @@
+"""Incremental ingestion: scan -> chunk -> L0 index -> embed what changed -> upsert/delete.
+
+Content hashes decide what is embedded: a chunk whose id and hash are already in a store is
+left alone, so re-ingesting an unchanged knowledge base embeds nothing. Every store (Milvus,
+and pgvector when the sidecar is enabled) is diffed on its own, so a store that missed a run
+catches up on the next one; vectors needed by several stores are embedded once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from rag_core.embedding import Embedder, token_counter
+from rag_core.ingest.chunking import chunk_document
+from rag_core.ingest.documents import scan_documents
+from rag_core.l0 import L0Index
+from rag_core.models import Chunk, DocumentIssue, KnowledgeDocument
+from rag_core.settings import RagSettings
+from rag_core.stores.base import VectorStore
+from rag_core.stores.milvus import check_varchar_limits
+from rag_core.text import lexical_string
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StoreChanges:
+    """Chunk counts of one store after an ingest run."""
+
+    added: int = 0
+    updated: int = 0
+    removed: int = 0
+    unchanged: int = 0
+
+
+@dataclass
+class IngestReport:
+    """What one ``ingest`` run did. ``stage_seconds`` maps stage name -> wall seconds."""
+
+    knowledge_dir: str
+    documents_seen: int = 0
+    documents_ingested: int = 0
+    skipped: list[DocumentIssue] = field(default_factory=list)
+    chunks_total: int = 0
+    chunks_embedded: int = 0
+    stores: dict[str, StoreChanges] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def main(self) -> StoreChanges:
+        return next(iter(self.stores.values()), StoreChanges())
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["skipped"] = [asdict(s) for s in self.skipped]
+        return d
+
+
+@contextmanager
+def _stage(report: IngestReport, name: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        report.stage_seconds[name] = round(report.stage_seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
+
+
+def chunk_documents(docs: Sequence[KnowledgeDocument], settings: RagSettings,
+                    report: IngestReport) -> tuple[list[KnowledgeDocument], list[Chunk]]:
+    """Chunk every document; a document whose chunking fails is skipped and reported."""
+    count = token_counter(settings.embedding_model)
+    kept, chunks = [], []
+    for doc in docs:
+        try:
+            doc_chunks = chunk_document(doc, count, settings.chunk_max_tokens)
+            for chunk in doc_chunks:
+                check_varchar_limits(chunk, lexical_string(chunk.embed_text))
+        except Exception as exc:  # one bad document never stops the batch
+            report.skipped.append(DocumentIssue(doc.doc_id, f"cannot be chunked: {exc}"))
+            continue
+        kept.append(doc)
+        chunks.extend(doc_chunks)
+    return kept, chunks
+
+
+def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorStore],
+           knowledge_dir: Path | None = None, rebuild: bool = False,
+           progress: bool = True) -> IngestReport:
+    """Bring ``stores`` and the L0 index in step with the Markdown files under ``knowledge_dir``.
+
+    ``stores[0]`` is the main path. ``rebuild`` drops and recreates every store first.
+    Raises FileNotFoundError / NotADirectoryError for a missing root and StoreError when a
+    store is unreachable; bad documents are reported in ``report.skipped`` and skipped.
+    """
+    root = Path(knowledge_dir or settings.knowledge_dir)
+    report = IngestReport(knowledge_dir=str(root))
+    with _stage(report, "scan"):
+        docs, issues = scan_documents(root)
+    report.documents_seen = len(docs) + len(issues)
+    report.skipped.extend(issues)
+    with _stage(report, "chunk"):
+        docs, chunks = chunk_documents(docs, settings, report)
+    report.documents_ingested = len(docs)
+    report.chunks_total = len(chunks)
+    with _stage(report, "l0_index"):
+        L0Index.build(docs).save(settings.l0_index_path)
+
+    # Documents that failed this run keep their old chunks: skipping must not delete knowledge.
+    protected = {i.path for i in report.skipped}
+    current = {c.chunk_id for c in chunks}
+    vectors: dict[str, np.ndarray] = {}
+    for store in stores:
+        with _stage(report, f"{store.name}_prepare"):
+            if rebuild:
+                store.drop()
+            store.ensure_schema(embedder.dimension)
+            stored = store.chunk_hashes()
+        todo, changes = _diff(chunks, stored, protected)
+        _embed_missing(todo, vectors, embedder, settings.embedding_batch_size, report, progress)
+        with _stage(report, f"{store.name}_write"):
+            _upsert_in_batches(store, todo, vectors)
+            stale = [cid for cid, (doc_id, _) in stored.items()
+                     if cid not in current and doc_id not in protected]
+            store.delete_chunks(stale)
+        changes.removed = len(stale)
+        report.stores[store.name] = changes
+    report.chunks_embedded = len(vectors)
+    log.info("ingested %s: %s", root, report.stores)
+    return report
+
+
+def _diff(chunks: list[Chunk], stored: dict[str, tuple[str, str]],
+          protected: set[str]) -> tuple[list[Chunk], StoreChanges]:
+    changes, todo = StoreChanges(), []
+    for chunk in chunks:
+        old = stored.get(chunk.chunk_id)
+        if old is None:
+            changes.added += 1
+            todo.append(chunk)
+        elif old[1] != chunk.content_hash:
+            changes.updated += 1
+            todo.append(chunk)
+        else:
+            changes.unchanged += 1
+    return todo, changes
+
+
+def _embed_missing(todo: list[Chunk], vectors: dict[str, np.ndarray], embedder: Embedder,
+                   batch_size: int, report: IngestReport, progress: bool) -> None:
+    missing = [c for c in todo if c.chunk_id not in vectors]
+    if not missing:
+        return
+    with _stage(report, "embed"), tqdm(total=len(missing), desc="embedding chunks", unit="chunk",
+                                       disable=not progress) as bar:
+        step = max(batch_size, 256)
+        for i in range(0, len(missing), step):
+            batch = missing[i:i + step]
+            out = embedder.embed_documents([c.embed_text for c in batch], ids=[c.chunk_id for c in batch])
+            vectors.update(zip((c.chunk_id for c in batch), out))
+            bar.update(len(batch))
+
+
+def _upsert_in_batches(store: VectorStore, todo: list[Chunk], vectors: dict[str, np.ndarray],
+                       batch: int = 512) -> None:
+    for i in range(0, len(todo), batch):
+        part = todo[i:i + batch]
+        store.upsert(part, np.stack([vectors[c.chunk_id] for c in part]))

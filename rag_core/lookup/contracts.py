@@ -1,0 +1,135 @@
+"""The lookup_knowledge result contract (pydantic; JSON keys are camelCase).
+
+``LookupResult.model_dump(by_alias=True)`` is what the agent receives. ``primary`` and
+``supplement`` are derived compatibility views (top evidence block / the rest).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic.alias_generators import to_camel
+
+Layer = Literal["L1", "L0+L1", "L0", "none"]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+
+
+class RelevanceLevel(str, Enum):
+    """How well the evidence answers the query (thresholds: see ``assess_relevance``)."""
+
+    PRECISE = "PRECISE"
+    RELEVANT = "RELEVANT"
+    WEAK = "WEAK"
+    NONE = "NONE"
+
+
+class EvidenceBlock(_Camel):
+    """One source document's best evidence. ``score`` is the normalised similarity in [0, 1];
+    ``rawScore`` is the store's own number, meaning given by ``scoreLabel``."""
+
+    rank: int
+    source: str
+    chunk_id: str | None = None
+    title: str
+    breadcrumb: str
+    category: str
+    retrieval_layer: Layer
+    content: str
+    score: float
+    raw_score: float | None = None
+    score_label: str | None = None
+    final_score: float
+    hit_reasons: list[str] = Field(default_factory=list)
+
+
+class ContextPack(_Camel):
+    """Evidence packed into one text under a character budget."""
+
+    packed_text: str
+    strategy: str
+    char_budget: int
+    used_chars: int
+    included_sources: list[str]
+    omitted_sources: list[str]
+
+
+class RetrievalAttempt(_Camel):
+    """One L1 attempt. ``filter`` is the category filter (None = unfiltered); ``topScore`` is
+    the best normalised similarity; ``durationMs`` in milliseconds."""
+
+    attempt: int
+    query: str
+    filter: str | None
+    top_k: int
+    candidate_count: int
+    top_score: float | None
+    duration_ms: float
+    error: str | None = None
+    low_quality_reason: str | None = None
+
+
+class SidecarStatus(_Camel):
+    """Outcome of the pgvector sidecar query beside the main path (never affects the result)."""
+
+    status: Literal["disabled", "available", "unavailable", "error"]
+    reason: str | None = None
+    top_sources: list[str] = Field(default_factory=list)
+    duration_ms: float | None = None
+
+
+class RetrievalTrace(_Camel):
+    path: str
+    layer: Layer
+    attempts: list[RetrievalAttempt]
+    fallback_reason: str | None = None
+    error: str | None = None
+    query_truncated: bool = False
+    l0_hints: dict[str, Any] = Field(default_factory=dict)
+    sidecar: SidecarStatus = Field(default_factory=lambda: SidecarStatus(status="disabled"))
+
+
+class RerankEntry(_Camel):
+    """Why a block got its rank: ``finalScore = baseScore + sum(contributions)``."""
+
+    source: str
+    base_score: float
+    contributions: dict[str, float]
+    final_score: float
+    rank_before: int
+    rank_after: int
+
+
+class LookupResult(_Camel):
+    """What ``lookup_knowledge`` returns to the agent."""
+
+    query: str
+    session_id: str | None = None
+    found: bool
+    evidence_blocks: list[EvidenceBlock]
+    context_pack: ContextPack
+    retrieval_trace: RetrievalTrace
+    rerank_trace: list[RerankEntry]
+    relevance_level: RelevanceLevel
+    semantic_support: bool
+    completeness_hint: str
+    retrieved_domains_this_session: list[str]
+    message: str
+    status: Literal["ok", "error"] = "ok"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def primary(self) -> EvidenceBlock | None:
+        return self.evidence_blocks[0] if self.evidence_blocks else None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def supplement(self) -> list[EvidenceBlock]:
+        return self.evidence_blocks[1:]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)

@@ -1,0 +1,142 @@
+"""KnowledgeEvidencePostProcessor: candidates -> ranked, deduplicated evidence blocks.
+
+Steps: drop candidates below ``min_block_similarity``; score every candidate with the
+rule-based rerank (``RerankWeights``); collapse candidates of one source document into one
+block (best-scoring chunk, hit reasons of all of them); keep the top ``max_evidence_blocks``.
+Every block gets a ``RerankEntry`` saying how its final score was built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rag_core.l0 import L0Hints, L0Index
+from rag_core.lookup.contracts import EvidenceBlock, RerankEntry
+from rag_core.lookup.retriever import Candidate
+
+
+@dataclass(frozen=True)
+class RerankWeights:
+    """Additive rerank signals on top of the normalised cosine similarity (the base score).
+
+    ``lexical``: times the candidate's BM25 score divided by the best BM25 score of the
+    result set (0 when found by the dense channel only). ``doc_support``: per further chunk
+    of the same document among the candidates, up to ``doc_support_cap``. ``title``: L0
+    matched the document's title/H1/alias. ``keyword``/``entity``: per L0 keyword/entity
+    match of that document, up to ``term_cap``. ``domain``: the block's category is an L0
+    domain hint. ``priority``: times the document's frontmatter ``priority``, clamped to
+    [-5, 5]. ``filtered_attempt``: found by the category-filtered attempt; kept small so an
+    in-domain hit never beats a clearly stronger unfiltered one.
+    """
+
+    lexical: float = 0.20
+    doc_support: float = 0.02
+    doc_support_cap: float = 0.06
+    title: float = 0.15
+    keyword: float = 0.05
+    entity: float = 0.05
+    term_cap: float = 0.10
+    domain: float = 0.03
+    priority: float = 0.01
+    filtered_attempt: float = 0.02
+
+
+def candidate_reasons(c: Candidate) -> list[str]:
+    reasons = []
+    if "dense" in c.channels:
+        reasons.append("vector_similarity")
+    if "lexical" in c.channels:
+        reasons.append("bm25_match")
+    reasons.append("filtered_attempt" if c.filtered else "unfiltered_attempt")
+    return reasons
+
+
+class KnowledgeEvidencePostProcessor:
+    """Turns L1 candidates (and L0 hints) into ranked evidence blocks."""
+
+    def __init__(self, l0: L0Index | None, min_similarity: float, max_blocks: int,
+                 weights: RerankWeights = RerankWeights()):
+        self.l0 = l0
+        self.min_similarity = min_similarity
+        self.max_blocks = max_blocks
+        self.weights = weights
+
+    def process(self, candidates: list[Candidate], hints: L0Hints,
+                ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
+        """Blocks best first (ranks from 1) and their rerank entries, same order."""
+        kept = [c for c in candidates if c.similarity >= self.min_similarity]
+        if not kept:
+            return [], []
+        best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
+        per_doc: dict[str, list[Candidate]] = {}
+        for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
+            per_doc.setdefault(c.hit.doc_id, []).append(c)
+        scored = []
+        for before, (doc_id, group) in enumerate(per_doc.items(), start=1):
+            scores = [(self._contributions(c, group, hints, best_lex), c) for c in group]
+            contrib, best = max(scores, key=lambda s: (s[1].similarity + sum(s[0].values()), s[1].rrf))
+            reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
+            scored.append((best.similarity + sum(contrib.values()), before, best, contrib, reasons))
+        scored.sort(key=lambda s: (-s[0], s[1]))
+        blocks, entries = [], []
+        for after, (final, before, c, contrib, reasons) in enumerate(scored[: self.max_blocks], start=1):
+            match = hints.match_for(c.hit.doc_id)
+            reasons = reasons + _l0_reasons(match, c.hit.category, hints)
+            blocks.append(EvidenceBlock(
+                rank=after, source=c.hit.doc_id, chunk_id=c.hit.chunk_id, title=c.hit.title,
+                breadcrumb=c.hit.breadcrumb, category=c.hit.category,
+                retrieval_layer="L0+L1" if match else "L1", content=c.hit.text,
+                score=round(c.similarity, 4), raw_score=round(c.hit.raw_score, 4),
+                score_label=c.hit.score_label, final_score=round(final, 4), hit_reasons=reasons))
+            entries.append(RerankEntry(
+                source=c.hit.doc_id, base_score=round(c.similarity, 4),
+                contributions={k: round(v, 4) for k, v in contrib.items() if v},
+                final_score=round(final, 4), rank_before=before, rank_after=after))
+        return blocks, entries
+
+    def _contributions(self, c: Candidate, group: list[Candidate], hints: L0Hints,
+                       best_lex: float) -> dict[str, float]:
+        w = self.weights
+        match = hints.match_for(c.hit.doc_id)
+        reasons = match.reasons if match else []
+        n_kw = sum(r.startswith("keyword:") for r in reasons)
+        n_ent = sum(r.startswith("entity:") for r in reasons)
+        entry = self.l0.entries.get(c.hit.doc_id) if self.l0 else None
+        priority = max(-5.0, min(5.0, entry.priority)) if entry and entry.priority is not None else 0.0
+        return {
+            "lexical": w.lexical * (c.lexical_score or 0.0) / best_lex,
+            "doc_support": min(w.doc_support_cap, w.doc_support * (len(group) - 1)),
+            "title_match": w.title if "title" in reasons else 0.0,
+            "keyword_match": min(w.term_cap, w.keyword * n_kw),
+            "entity_match": min(w.term_cap, w.entity * n_ent),
+            "domain_match": w.domain if c.hit.category and c.hit.category in hints.domains else 0.0,
+            "priority": w.priority * priority,
+            "filtered_attempt": w.filtered_attempt if c.filtered else 0.0,
+        }
+
+
+def l0_fallback_blocks(hints: L0Hints, l0: L0Index | None, max_blocks: int) -> list[EvidenceBlock]:
+    """Evidence from L0 alone (L1 failed or found nothing): document summaries, no semantic score."""
+    blocks = []
+    for rank, m in enumerate(hints.matches[:max_blocks], start=1):
+        entry = l0.entries.get(m.doc_id) if l0 else None
+        blocks.append(EvidenceBlock(
+            rank=rank, source=m.doc_id, title=m.title, breadcrumb=m.title, category=m.category,
+            retrieval_layer="L0", content=entry.summary if entry else "", score=0.0,
+            raw_score=m.score, score_label="l0_match_score", final_score=m.score,
+            hit_reasons=["l0_fallback", *_l0_reasons(m, m.category, hints)]))
+    return blocks
+
+
+def _l0_reasons(match, category: str, hints: L0Hints) -> list[str]:
+    out = []
+    if match:
+        out += ["l0_title_match" if r == "title" else f"l0_{r}" for r in match.reasons]
+    if category and category in hints.domains:
+        out.append("domain_match")
+    return out
+
+
+def _reason_order(reason: str) -> tuple[int, str]:
+    order = ["vector_similarity", "bm25_match", "filtered_attempt", "unfiltered_attempt"]
+    return (order.index(reason) if reason in order else len(order), reason)

