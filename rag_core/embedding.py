@@ -65,6 +65,16 @@ def token_counter(model: str = DEFAULT_MODEL) -> TokenCounter:
     return TokenCounter(model)
 
 
+def _pooling_dimension(model: str) -> int | None:
+    import json
+
+    cfg = Path(model_path(model)) / "1_Pooling" / "config.json"
+    try:
+        return int(json.loads(cfg.read_text())["word_embedding_dimension"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def _check_rows(vectors: np.ndarray, ids: Sequence[str]) -> None:
     norms = np.linalg.norm(vectors, axis=1)
     for i, norm in enumerate(norms):
@@ -73,7 +83,8 @@ def _check_rows(vectors: np.ndarray, ids: Sequence[str]) -> None:
 
 
 class SentenceTransformerEmbedder:
-    """sentence-transformers on CPU; the model loads once per process and per model id.
+    """sentence-transformers on CPU; the model loads once per process and per model id, on
+    first use (an unchanged re-ingest never pays for loading torch).
 
     ``embed_documents`` batches by ``batch_size``. Calls from several threads are serialised
     by a lock (torch on 2 cores gains nothing from concurrent forward passes and the tokenizer
@@ -86,9 +97,19 @@ class SentenceTransformerEmbedder:
     def __init__(self, model: str = DEFAULT_MODEL, batch_size: int = 64):
         self.model_id = model
         self.batch_size = batch_size
-        self._model = self._load(model)
-        self.dimension = int(self._model.get_embedding_dimension())
         self._lock = threading.Lock()
+        self._dimension: int | None = _pooling_dimension(model)
+
+    @property
+    def _model(self):
+        return self._load(self.model_id)
+
+    @property
+    def dimension(self) -> int:
+        """Output dimension (from the model's pooling config, else by loading the model)."""
+        if self._dimension is None:
+            self._dimension = int(self._model.get_embedding_dimension())
+        return self._dimension
 
     @classmethod
     def _load(cls, model: str):

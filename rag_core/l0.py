@@ -70,7 +70,8 @@ class DocMatch:
 class L0Hints:
     """Structured L0 hints for one query (JSON-ready with ``asdict``).
 
-    ``domains`` are the nonblank categories of the matched documents (sorted);
+    ``domains`` are the nonblank categories of the documents matched by name, or of all
+    matched documents when none matched by name (sorted);
     ``matched_doc_ids`` are ordered by match score, best first.
     """
 
@@ -165,11 +166,14 @@ class L0Index:
             if reasons:
                 matches.append(DocMatch(e.doc_id, e.title, e.category, round(score, 4), reasons))
         matches.sort(key=lambda m: (-m.score, m.doc_id))
+        # A matched name is a far stronger signal than a shared keyword: when any document
+        # matched by name, only those documents' categories are domain hints.
+        named = [m for m in matches if "title" in m.reasons] or matches
         return L0Hints(
             matched_doc_ids=[m.doc_id for m in matches],
             matched_titles=_unique(m.title for m in matches if "title" in m.reasons),
             matched_keywords=_unique(keywords),
-            domains=sorted({m.category for m in matches if m.category.strip()}),
+            domains=sorted({m.category for m in named if m.category.strip()}),
             entities=_unique(entities),
             matches=matches,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Literal
 
@@ -232,26 +233,40 @@ def _summary_table(
         row = [name, *(fmt(s) if s else "n/a" for _, s in columns)]
         if with_delta:
             a, b = (value(s) if s else None for _, s in columns)
-            row.append("n/a" if a is None or b is None else f"{b - a:+.3g}")
+            row.append(_delta(a, b))
         rows.append([*row, meaning])
     return _table(headers, rows)
 
 
+def _delta(before: float | None, after: float | None) -> str:
+    if before is None or after is None:
+        return "n/a"
+    if isinstance(before, int) and isinstance(after, int):
+        return f"{after - before:+d}"
+    return f"{after - before:+.3f}"
+
+
 def _manifest_lines(report: EvaluationReport, label: str = "") -> list[str]:
+    """Bullets saying what was evaluated; ``label`` (e.g. "main") prefixes each bullet."""
     m = report.manifest
     status = report.path_status
     state = "available" if status.available else f"**unavailable**: {status.reason}"
-    lines = [f"- {label}Path: `{report.path or 'unknown'}` ({state})"]
+
+    def bullet(word: str, text: str) -> str:
+        return f"- {label} {word}: {text}" if label else f"- {word.capitalize()}: {text}"
+
+    lines = [bullet("path", f"`{report.path or 'unknown'}` ({state})")]
     if m is None:
-        lines.append(f"- {label}Manifest: missing (fixtures in `{report.fixtures_dir}`)")
-        return lines
-    lines += [
-        f"- {label}Recorded: {m.recorded_at or 'unknown'} at commit `{m.git_commit or 'unknown'}`",
-        f"- {label}Corpus: `{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`"
-        + (f" · index `{json.dumps(m.index_params, sort_keys=True)}`" if m.index_params else ""),
-        f"- {label}Cases: `{m.cases_file or 'unknown'}` · fixtures `{report.fixtures_dir}`",
+        return [*lines, bullet("manifest", f"missing (fixtures in `{report.fixtures_dir}`)")]
+    index = f" · index `{json.dumps(m.index_params, sort_keys=True)}`" if m.index_params else ""
+    return [
+        *lines,
+        bullet("recorded", f"{m.recorded_at or 'unknown'} at commit `{m.git_commit or 'unknown'}`"),
+        bullet(
+            "corpus", f"`{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`{index}"
+        ),
+        bullet("cases", f"`{m.cases_file or 'unknown'}` · fixtures `{report.fixtures_dir}`"),
     ]
-    return lines
 
 
 def _regenerate_line(report: EvaluationReport, name: str, out_dir: Path) -> str:
@@ -270,9 +285,9 @@ def _case_rows(cases: Sequence[CaseResult]) -> list[list[str]]:
             c.scenario,
             _LEVEL_MARK[c.hit_level],
             "—" if c.first_hit_rank is None else str(c.first_hit_rank),
-            "<br>".join(_cell(label) for label in c.top_candidates[:3]),
-            "<br>".join(_cell(f) for f in c.failed_checks)
-            or ("" if c.hit_level != "not_run" else "not run"),
+            # Cells are escaped once, by _table.
+            "<br>".join(c.top_candidates[:3]),
+            "<br>".join(c.failed_checks) or c.not_run_reason,
         ]
         for c in cases
     ]
@@ -448,12 +463,10 @@ def _compare_case(
     main_top = _side_entries(main_fixtures, main.case_id)
     side_top = _side_entries(sidecar_fixtures, main.case_id) if side else []
     both_ran = side is not None and "not_run" not in (main.hit_level, side.hit_level)
-    differing = []
+    differing: list[int] = []
     if both_ran:
-        depth = max(len(main_top), len(side_top))
-        docs_a = [e.doc_id for e in main_top] + [None] * (depth - len(main_top))
-        docs_b = [e.doc_id for e in side_top] + [None] * (depth - len(side_top))
-        differing = [i for i, (a, b) in enumerate(zip(docs_a, docs_b), 1) if a != b or a is None]
+        pairs = zip_longest((e.doc_id for e in main_top), (e.doc_id for e in side_top))
+        differing = [rank for rank, (a, b) in enumerate(pairs, 1) if a is None or a != b]
     return CaseComparison(
         case_id=main.case_id,
         scenario=main.scenario,
@@ -548,7 +561,7 @@ def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str
         return [*lines, "_No ranked documents._", ""]
     headers = ["rank", "main source", "breadcrumb", "category", "normalized (raw, label)"]
     if with_sidecar:
-        headers += ["", "sidecar source", "breadcrumb", "category", "normalized (raw, label)"]
+        headers += ["≠", "sidecar source", "breadcrumb", "category", "normalized (raw, label)"]
     rows = []
     for rank in range(1, depth + 1):
         differs = rank in case.differing_ranks
@@ -575,9 +588,9 @@ def render_comparison_markdown(comparison: ComparisonReport, chart_file: str | N
             f"**Sidecar status: unavailable**: {status.reason or 'no reason given'}. "
             "The main-path results are reported below on their own."
         )
-    lines += ["", *_manifest_lines(main, "Main "), ""]
+    lines += ["", *_manifest_lines(main, "Main"), ""]
     if side is not None:
-        lines += [*_manifest_lines(side, "Sidecar "), ""]
+        lines += [*_manifest_lines(side, "Sidecar"), ""]
     lines += [
         (
             "Ranks are positions in each path's doc ranking (evidence blocks, then the "

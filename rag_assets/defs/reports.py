@@ -1,0 +1,121 @@
+"""Reports group: the main path's baseline report, the main-vs-sidecar comparison, publishing.
+
+Reports are JSON + Markdown (+ a recall@K chart) in the reports dir (``<data_dir>/reports`` by
+default). ``publish_reports`` copies them to the published dir; it sits downstream of the
+blocking ``baseline_regression`` check, so a regression keeps the last good reports published.
+"""
+
+import json
+from pathlib import Path
+
+import dagster as dg
+
+from rag_assets.defs.evaluation import load_evaluation, metric_values, summary_json
+from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
+from rag_assets.files import copy_atomic
+from rag_assets.layout import AssetFiles
+from rag_assets.metadata import floats, md_table
+from rag_assets.timing import NIGHTLY_FRESHNESS
+
+REPORT_NAMES = ("baseline", "comparison")
+REPORT_SUFFIXES = (".json", ".md", "-recall.png")
+
+
+def _report_files(md_path: Path, json_path: Path) -> dict:
+    return {"json_path": dg.MetadataValue.path(str(json_path)),
+            "markdown_path": dg.MetadataValue.path(str(md_path))}
+
+
+@dg.asset(group_name="reports", deps=["golden_evaluation_milvus"], kinds={"json", "markdown"},
+          freshness_policy=NIGHTLY_FRESHNESS)
+def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
+    """The main path's (Milvus) evaluation as ``baseline.json`` / ``baseline.md`` in the reports dir.
+
+    Metadata: the Markdown report, the summary JSON, recall@K and MRR as numbers (charted by
+    the UI over runs). Fails when the main-path evaluation has not been written.
+    """
+    from rag_core.evaluation.reports import write_baseline_report
+
+    settings = rag.get_settings()
+    report = load_evaluation(settings, "milvus")
+    if report is None:
+        raise dg.Failure("no main-path evaluation to report: materialize golden_evaluation_milvus")
+    files = evaluation.files(settings)
+    json_path, md_path = write_baseline_report(report, files.reports_dir, "baseline")
+    return dg.MaterializeResult(metadata={
+        "report": dg.MetadataValue.md(md_path.read_text(encoding="utf-8")),
+        "summary": dg.MetadataValue.json(summary_json(report)),
+        "status": report.path_status.status,
+        **floats(metric_values(report)),
+        **_report_files(md_path, json_path),
+    })
+
+
+@dg.asset(group_name="reports",
+          deps=["golden_evaluation_milvus", "golden_evaluation_pgvector",
+                "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector"],
+          kinds={"json", "markdown"}, freshness_policy=NIGHTLY_FRESHNESS)
+def comparison_report(context: dg.AssetExecutionContext, rag: RagSettingsResource,
+                      evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
+    """Milvus and pgvector side by side per case (source, breadcrumb, category, rank, score label).
+
+    Materializes with the main-path results when the sidecar is unavailable and says why.
+    """
+    from rag_core.evaluation.fixtures import load_fixtures
+    from rag_core.evaluation.reports import write_comparison_report
+
+    settings = rag.get_settings()
+    main = load_evaluation(settings, "milvus")
+    if main is None:
+        raise dg.Failure("no main-path evaluation to compare: materialize golden_evaluation_milvus")
+    sidecar = load_evaluation(settings, "pgvector")
+    data = AssetFiles.under(settings.data_dir)
+    case_ids = [c.case_id for c in main.cases]
+    main_fx = load_fixtures(data.fixtures_dir("milvus"), case_ids)
+    side_fx = load_fixtures(data.fixtures_dir("pgvector"), case_ids) if sidecar else None
+    status = sidecar.path_status if sidecar else {"status": "unavailable",
+                                                  "reason": "no sidecar evaluation was written"}
+    files = evaluation.files(settings)
+    json_path, md_path = write_comparison_report(main, sidecar, main_fx, side_fx, status,
+                                                 files.reports_dir)
+    comparison = json.loads(json_path.read_text(encoding="utf-8"))
+    side_status = comparison["sidecar_status"]
+    if side_status["status"] != "available":
+        context.log.warning("sidecar unavailable: %s", side_status.get("reason"))
+    overlap = comparison["mean_rank_overlap"]
+    return dg.MaterializeResult(metadata={
+        "report": dg.MetadataValue.md(md_path.read_text(encoding="utf-8")),
+        "summary": dg.MetadataValue.json({
+            "sidecar_status": side_status, "mean_rank_overlap": overlap,
+            "main": comparison["main"]["summary"],
+            "sidecar": (comparison.get("sidecar") or {}).get("summary"),
+        }),
+        "sidecar_status": side_status["status"],
+        "sidecar_reason": side_status.get("reason") or "",
+        **floats({f"top{k}_overlap": v for k, v in overlap.items()}),
+        **_report_files(md_path, json_path),
+    })
+
+
+@dg.asset(group_name="reports", deps=["baseline_report", "comparison_report"], kinds={"markdown"})
+def publish_reports(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
+    """Copies the baseline and comparison reports to the published dir (``<data_dir>/published``).
+
+    Skipped in a run whose ``baseline_regression`` check failed (the check is blocking).
+    """
+    settings = rag.get_settings()
+    files = evaluation.files(settings)
+    copied = []
+    for name in REPORT_NAMES:
+        for suffix in REPORT_SUFFIXES:
+            source = files.reports_dir / f"{name}{suffix}"
+            if source.is_file():
+                copied.append(copy_atomic(source, files.published_dir / source.name))
+    if not copied:
+        raise dg.Failure(f"no report in {files.reports_dir} to publish")
+    return dg.MaterializeResult(metadata={
+        "published_dir": dg.MetadataValue.path(str(files.published_dir)),
+        "files": dg.MetadataValue.md(md_table(["file", "bytes"],
+                                              [[p.name, p.stat().st_size] for p in copied])),
+        "file_count": len(copied),
+    })

@@ -1,0 +1,75 @@
+"""Jobs, the nightly evaluation schedule and the knowledge-change sensor.
+
+- ``ingest_job``: the ingest and index groups (documents -> chunks, L0 -> Milvus, pgvector).
+- ``nightly_evaluation_job``: fixtures, evaluations, reports and the trace export of one day;
+  the ``nightly_evaluation`` schedule runs it at 02:00 UTC for the day that has just ended.
+- ``refresh_job`` / ``trace_export_job``: everything but the traces / the traces only; what
+  ``python -m rag_assets.run`` runs (in that order, so today's export holds its lookups).
+- ``knowledge_change_sensor`` requests ``ingest_job`` when the Markdown content changes.
+"""
+
+from datetime import UTC, datetime
+
+import dagster as dg
+
+from rag_assets.defs.resources import RagSettingsResource
+from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_CRON, TIMEZONE, previous_day_key
+
+INGEST_GROUPS = ("ingest", "index")
+EVALUATION_GROUPS = ("evaluation", "reports", "traces")
+TRACE_ASSETS = dg.AssetSelection.assets("trace_tables")
+EXECUTABLE = dg.AssetSelection.all() - dg.AssetSelection.assets("tool_invocation")
+#: Every job touches the shared stores; dagster.production.yaml limits runs with this tag to one.
+STORE_TAGS = {"rag/stores": "shared"}
+
+ingest_job = dg.define_asset_job(
+    "ingest_job", selection=dg.AssetSelection.groups(*INGEST_GROUPS),
+    tags=STORE_TAGS, description="Scan, chunk and index the knowledge directory (incremental).")
+
+nightly_evaluation_job = dg.define_asset_job(
+    "nightly_evaluation_job",
+    selection=dg.AssetSelection.groups(*EVALUATION_GROUPS) - dg.AssetSelection.assets("tool_invocation"),
+    partitions_def=DAILY_PARTITIONS, tags=STORE_TAGS,
+    description="Record fixtures on both paths, evaluate, report, gate, publish; export one day of traces.")
+
+refresh_job = dg.define_asset_job(
+    "refresh_job", selection=EXECUTABLE - TRACE_ASSETS, tags=STORE_TAGS,
+    description="Every unpartitioned asset: ingest, index, evaluate, report, publish.")
+
+trace_export_job = dg.define_asset_job(
+    "trace_export_job", selection=TRACE_ASSETS, partitions_def=DAILY_PARTITIONS, tags=STORE_TAGS,
+    description="Export one day of tool_invocation rows to Parquet.")
+
+
+@dg.schedule(cron_schedule=NIGHTLY_CRON, execution_timezone=TIMEZONE, job=nightly_evaluation_job,
+             default_status=dg.DefaultScheduleStatus.RUNNING)
+def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+    """At 02:00 UTC: the nightly evaluation, exporting the traces of the previous UTC day."""
+    tick = context.scheduled_execution_time or datetime.now(UTC)
+    key = previous_day_key(tick)
+    return dg.RunRequest(run_key=key, partition_key=key, tags={"rag/trigger": "nightly"})
+
+
+@dg.sensor(job=ingest_job, minimum_interval_seconds=60,
+           default_status=dg.DefaultSensorStatus.RUNNING)
+def knowledge_change_sensor(context: dg.SensorEvaluationContext,
+                            rag: RagSettingsResource) -> dg.RunRequest | dg.SkipReason:
+    """Requests an ingest when the content hash of the Markdown files differs from the cursor.
+
+    The first evaluation (no cursor) requests one too: the index may predate the sensor.
+    A missing or Markdown-free knowledge directory is skipped with the reason.
+    """
+    from rag_core.evaluation.record import corpus_hash
+
+    root = rag.get_settings().knowledge_dir
+    if not root.is_dir():
+        return dg.SkipReason(f"knowledge directory {root} does not exist")
+    if not any(p.suffix.lower() in (".md", ".markdown") for p in root.rglob("*") if p.is_file()):
+        return dg.SkipReason(f"no Markdown files under {root}")
+    digest = corpus_hash(root)
+    if digest == context.cursor:
+        return dg.SkipReason("knowledge unchanged")
+    previous = context.cursor
+    context.update_cursor(digest)
+    return dg.RunRequest(tags={"rag/trigger": "knowledge_change", "rag/corpus_hash": digest[:16],
+                               "rag/previous_hash": (previous or "none")[:16]})

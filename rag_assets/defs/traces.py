@@ -1,0 +1,150 @@
+"""Traces group: daily exports of the ``tool_invocation`` table to Parquet.
+
+A partition is one UTC day; its file is ``<data_dir>/traces/tool_invocation/day=<key>/
+part-0.parquet`` (hive layout, so ``pl.scan_parquet(".../tool_invocation/**/*.parquet")``
+reads them all). Rows spooled locally while PostgreSQL was down are replayed first, so an
+export holds every lookup of the day, the nightly evaluation's own lookups included.
+"""
+
+import json
+from collections import Counter
+from typing import Any
+
+import dagster as dg
+import polars as pl
+
+from rag_assets.defs.resources import RagSettingsResource, TraceStoreResource
+from rag_assets.files import write_parquet_atomic
+from rag_assets.layout import AssetFiles
+from rag_assets.metadata import floats, md_table, table_schema
+from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
+
+TRACE_SCHEMA: dict[str, Any] = {
+    "id": pl.Utf8, "session_id": pl.Utf8, "tool_name": pl.Utf8, "input": pl.Utf8,
+    "output_preview": pl.Utf8, "retrieval_layer": pl.Utf8, "status": pl.Utf8, "error": pl.Utf8,
+    "latency_ms": pl.Float64, "created_at": pl.Datetime("us", "UTC"),
+    "fallback_reason": pl.Utf8, "candidate_count": pl.Int64, "final_block_count": pl.Int64,
+    "relevance_level": pl.Utf8, "retrieval_details": pl.Utf8,
+}
+TRACE_DESCRIPTIONS = {
+    "retrieval_layer": "L1, L0+L1, L0 (fallback) or none",
+    "latency_ms": "lookup wall time in milliseconds",
+    "fallback_reason": "why attempt 2 or the L0 fallback ran (null: attempt 1 sufficed)",
+    "retrieval_details": "the row's retrieval_details JSON, as text",
+}
+
+#: The table the agent service's lookups (and the nightly evaluation's) write; not built here.
+tool_invocation = dg.AssetSpec(
+    "tool_invocation", group_name="traces", kinds={"postgres"},
+    description="PostgreSQL table with one row per lookup_knowledge call (agent service and "
+                "the evaluation's fixture recording), written by rag_core's recorder.",
+)
+
+
+def _details(row: dict[str, Any]) -> dict[str, Any]:
+    details = row.get("retrieval_details")
+    if isinstance(details, str):
+        try:
+            details = json.loads(details)
+        except ValueError:
+            details = None
+    return details if isinstance(details, dict) else {}
+
+
+def trace_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+    """Trace rows as a frame of ``TRACE_SCHEMA`` (details flattened where reports need them)."""
+    records = []
+    for row in rows:
+        details = _details(row)
+        records.append({
+            **{k: row.get(k) for k in ("id", "session_id", "tool_name", "input", "output_preview",
+                                       "retrieval_layer", "status", "error", "latency_ms",
+                                       "created_at")},
+            "fallback_reason": details.get("fallback_reason"),
+            "candidate_count": details.get("candidate_count"),
+            "final_block_count": details.get("final_block_count"),
+            "relevance_level": details.get("relevance_level"),
+            "retrieval_details": json.dumps(details, ensure_ascii=False, default=str),
+        })
+    return pl.DataFrame(records, schema=TRACE_SCHEMA)
+
+
+def trace_stats(frame: pl.DataFrame) -> dict[str, Any]:
+    """Row count, retrieval-layer counts, fallback / L0-fallback / error rates (shares in
+    [0, 1], None without rows) and latency p50/p95/p99 in milliseconds (None without rows)."""
+    n = frame.height
+    layers = Counter(frame["retrieval_layer"].fill_null("none").to_list())
+    latency = frame["latency_ms"].drop_nulls()
+
+    def share(mask: pl.Series) -> float | None:
+        return float(mask.sum()) / n if n else None
+
+    def pct(q: float) -> float | None:
+        return float(latency.quantile(q, interpolation="linear")) if latency.len() else None
+
+    return {
+        "row_count": n,
+        "layers": dict(sorted(layers.items())),
+        "fallback_rate": share(frame["fallback_reason"].is_not_null()),
+        "l0_fallback_rate": share(frame["retrieval_layer"] == "L0"),
+        "error_rate": share(frame["status"] == "error"),
+        "latency_p50_ms": pct(0.50), "latency_p95_ms": pct(0.95), "latency_p99_ms": pct(0.99),
+    }
+
+
+def replay_spool(settings, log) -> bool:
+    """Push rows spooled while PostgreSQL was down into the trace table (best effort).
+
+    Returns True when the spool was drained (or empty) within 30 s.
+    """
+    if not settings.trace_spool_path.exists():
+        return True
+    from rag_core.stores.pgserver import resolve_dsn
+    from rag_core.traces.recorder import ToolInvocationRecorder
+    from rag_core.traces.store import TraceStore
+
+    def factory() -> TraceStore:
+        store = TraceStore(resolve_dsn(settings))
+        store.ensure_schema()
+        return store
+
+    recorder = ToolInvocationRecorder(factory, settings.trace_spool_path)
+    try:
+        drained = recorder.flush(30.0)
+    finally:
+        recorder.close()
+    if not drained:
+        log.warning("trace spool %s not fully replayed; rows may be missing", settings.trace_spool_path)
+    return drained
+
+
+@dg.asset(group_name="traces", partitions_def=DAILY_PARTITIONS, deps=[tool_invocation],
+          kinds={"polars", "parquet"}, freshness_policy=NIGHTLY_FRESHNESS)
+def trace_tables(context: dg.AssetExecutionContext, rag: RagSettingsResource,
+                 traces: TraceStoreResource) -> dg.MaterializeResult:
+    """The ``tool_invocation`` rows of one UTC day as Parquet, with row count, retrieval-layer
+    distribution, fallback rate and latency percentiles (ms) in metadata.
+
+    Fails (StoreError) when the trace store is unreachable: an empty export would claim a day
+    without lookups. Re-materializing a partition rewrites its file.
+    """
+    settings = rag.get_settings()
+    window = context.partition_time_window
+    with traces.open() as store:  # fails fast when PostgreSQL is down, before any replay wait
+        replayed = replay_spool(settings, context.log)
+        rows = store.rows_between(window.start, window.end)
+    frame = trace_frame(rows)
+    path = write_parquet_atomic(frame, AssetFiles.under(settings.data_dir).trace_parquet(context.partition_key))
+    stats = trace_stats(frame)
+    layer_rows = [[layer, count, f"{count / frame.height:.1%}"] for layer, count in stats["layers"].items()]
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": stats["row_count"],
+        "dagster/column_schema": table_schema(frame, TRACE_DESCRIPTIONS),
+        "retrieval_layers": dg.MetadataValue.md(md_table(["layer", "rows", "share"], layer_rows)),
+        "retrieval_layer_counts": dg.MetadataValue.json(stats["layers"]),
+        **floats({k: stats[k] for k in ("fallback_rate", "l0_fallback_rate", "error_rate",
+                                        "latency_p50_ms", "latency_p95_ms", "latency_p99_ms")}),
+        "window": f"[{window.start.isoformat()}, {window.end.isoformat()})",
+        "spool_replayed": replayed,
+        "path": dg.MetadataValue.path(str(path)),
+    })

@@ -1,0 +1,154 @@
+"""``python -m rag_assets.run`` (``make run``): build everything on the embedded defaults.
+
+Runs two Dagster jobs in this process against the instance in ``DAGSTER_HOME`` (default
+``<repo>/.dagster_home``, given the repo's ``dagster.yaml`` when it has none), so the runs and
+materializations show up in the UI (``make ui``) afterwards:
+
+1. ``refresh_job``: documents -> chunks -> L0 / Milvus / pgvector -> fixtures -> evaluations ->
+   baseline and comparison reports -> regression gate -> publish;
+2. ``trace_export_job`` for today's UTC partition (after 1., so it holds 1.'s lookups).
+
+Then prints what was built and where the reports are. Exit status: 0 when both runs succeeded,
+1 otherwise (a failed step, or the regression gate blocking publication), 2 for bad arguments.
+Settings come from the environment only (RAG_KNOWLEDGE_DIR, RAG_GOLDEN_CASES, RAG_DATA_DIR, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+from datetime import date
+from pathlib import Path
+
+from rag_assets.layout import DEFAULT_DAGSTER_HOME, LOCAL_INSTANCE_YAML
+from rag_assets.timing import today_key
+
+QUIET_LOGGERS = ("pymilvus", "grpc")
+RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+
+
+def prepare_dagster_home() -> Path:
+    """Set DAGSTER_HOME (default ``<repo>/.dagster_home``), create it, and copy the repo's
+    ``dagster.yaml`` into it when it has none. Returns the absolute path."""
+    home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_DAGSTER_HOME).expanduser().resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists() and LOCAL_INSTANCE_YAML.is_file():
+        shutil.copyfile(LOCAL_INSTANCE_YAML, home / "dagster.yaml")
+    os.environ["DAGSTER_HOME"] = str(home)
+    return home
+
+
+def _failure_text(event) -> str:
+    data = event.step_failure_data
+    user = getattr(data, "user_failure_data", None)
+    if user is not None and user.description:
+        return user.description
+    if data.error is not None:
+        return (data.error.message or "").strip().splitlines()[0] if data.error.message else data.error.cls_name
+    return "failed"
+
+
+def _metadata_value(value) -> object:
+    return getattr(value, "value", value)
+
+
+HEADLINE_KEYS = ("status", "reason", "dagster/row_count", "entries", "domains", "added", "updated",
+                 "removed", "unchanged", "fixture_count", "recall@5", "mrr", "top5_overlap",
+                 "fallback_rate", "latency_p95_ms", "file_count")
+
+
+def _headline(metadata: dict) -> str:
+    parts = []
+    for key in HEADLINE_KEYS:
+        if key in metadata:
+            value = _metadata_value(metadata[key])
+            if value in ("", None):
+                continue
+            shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+            parts.append(f"{key.removeprefix('dagster/')}={shown}")
+    return ", ".join(parts)
+
+
+def print_result(title: str, result, out=None) -> dict[str, dict]:
+    """Print one run's materializations, check results, failures and skips; return metadata by asset."""
+    out = out or sys.stdout
+    print(f"\n== {title}: {'succeeded' if result.success else 'FAILED'} (run {result.run_id})", file=out)
+    materialized: dict[str, dict] = {}
+    for event in result.get_asset_materialization_events():
+        mat = event.event_specific_data.materialization
+        key = mat.asset_key.to_user_string()
+        materialized[key] = dict(mat.metadata)
+        print(f"  materialized {key}: {_headline(materialized[key])}", file=out)
+    for check in result.get_asset_check_evaluations():
+        verdict = "passed" if check.passed else f"FAILED ({check.severity.value})"
+        print(f"  check {check.asset_check_key.to_user_string()}: {verdict} - {check.description}", file=out)
+    for event in result.get_step_failure_events():
+        print(f"  step {event.step_key} failed: {_failure_text(event)}", file=out)
+    for event in result.get_step_skipped_events():
+        print(f"  step {event.step_key} skipped (an upstream step or blocking check failed)", file=out)
+    return materialized
+
+
+def _path_of(metadata: dict | None, key: str) -> str | None:
+    if not metadata or key not in metadata:
+        return None
+    return str(_metadata_value(metadata[key]))
+
+
+def print_locations(materialized: dict[str, dict], home: Path, out=None) -> None:
+    """Print where the reports, the published copies and the trace export are."""
+    out = out or sys.stdout
+    print("\nWhere things are:", file=out)
+    for asset, key, label in (("baseline_report", "markdown_path", "baseline report (Markdown)"),
+                              ("baseline_report", "json_path", "baseline report (JSON)"),
+                              ("comparison_report", "markdown_path", "comparison report (Markdown)"),
+                              ("comparison_report", "json_path", "comparison report (JSON)"),
+                              ("publish_reports", "published_dir", "published reports"),
+                              ("trace_tables", "path", "trace export (Parquet)")):
+        path = _path_of(materialized.get(asset), key)
+        print(f"  {label:30} {path or '(not materialized in this run)'}", file=out)
+    print(f"  {'Dagster instance':30} {home}  (browse it with `make ui`)", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; see the module docstring. Returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m rag_assets.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--trace-day", default=None, metavar="YYYY-MM-DD",
+                        help="UTC day of tool_invocation rows to export (default: today)")
+    args = parser.parse_args(argv)
+    day = args.trace_day or today_key()
+    try:
+        date.fromisoformat(day)
+    except ValueError:
+        parser.print_usage(sys.stderr)
+        print(f"--trace-day must be YYYY-MM-DD, got {day!r}", file=sys.stderr)
+        return 2
+
+    home = prepare_dagster_home()
+    for name in QUIET_LOGGERS:  # reconnect chatter of the embedded Milvus Lite, not errors
+        logging.getLogger(name).setLevel(logging.ERROR)
+    import dagster as dg
+
+    from rag_assets.definitions import defs
+
+    instance = dg.DagsterInstance.get()
+    tags = {"rag/trigger": "rag_assets.run"}
+    refresh = defs.resolve_job_def("refresh_job").execute_in_process(
+        instance=instance, run_config=RUN_CONFIG, raise_on_error=False, tags=tags)
+    materialized = print_result("refresh_job", refresh)
+    traces = defs.resolve_job_def("trace_export_job").execute_in_process(
+        instance=instance, run_config=RUN_CONFIG, partition_key=day, raise_on_error=False, tags=tags)
+    materialized.update(print_result(f"trace_export_job [{day}]", traces))
+    print_locations(materialized, home)
+    ok = refresh.success and traces.success
+    if not ok:
+        print("\nFAILED: see the failed steps and checks above (details: `make ui`, Runs).",
+              file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Shared pytest fixtures (PostgreSQL ones are defined in conftest_pg.py)."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest_pg import pg_dsn, pg_scratch_dir, pg_settings, pg_table  # noqa: F401
+
+from rag_core.settings import SAMPLE_KNOWLEDGE_DIR, RagSettings
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
+RUNBOOKS_ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
+VISIBLE_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
+
+
+def need_shared(path: Path) -> Path:
+    """Skip (with the reason) when ../shared is not beside the repo."""
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the shared corpora live in ../shared beside the repo")
+    return path
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    """The real all-MiniLM-L6-v2 embedder (loaded once per test session)."""
+    from rag_core.embedding import SentenceTransformerEmbedder
+
+    return SentenceTransformerEmbedder()
+
+
+def make_settings(data_dir: Path, knowledge_dir: Path = SAMPLE_KNOWLEDGE_DIR, **kw) -> RagSettings:
+    return RagSettings(data_dir=data_dir, knowledge_dir=knowledge_dir, trace_enabled=False,
+                       _env_file=None, **kw)
+
+
+@pytest.fixture(scope="session")
+def sample_kb(tmp_path_factory, embedder):
+    """The sample knowledge base ingested into Milvus Lite once: returns its settings."""
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.stores.milvus import MilvusStore
+
+    data = tmp_path_factory.mktemp("sample_rag")
+    settings = make_settings(data)
+    store = MilvusStore.from_settings(settings)
+    ingest(settings, embedder, [store], progress=False)
+    store.close()
+    return settings
+
+
+@pytest.fixture
+def kb_copy(tmp_path):
+    """A writable copy of part of the sample knowledge base (two folders: fast to embed)."""
+    dst = tmp_path / "kb"
+    for folder in ("cache", "queues"):
+        shutil.copytree(SAMPLE_KNOWLEDGE_DIR / folder, dst / folder)
+    return dst

@@ -1,0 +1,127 @@
+"""Incremental ingestion on real Milvus Lite with the real model over the sample knowledge base."""
+
+import pytest
+
+from conftest import RUNBOOKS, make_settings, need_shared
+from rag_core.ingest.pipeline import ingest
+from rag_core.stores.milvus import MilvusStore
+
+
+class CountingEmbedder:
+    """Wraps the real embedder and counts embedded texts."""
+
+    def __init__(self, inner):
+        self.inner, self.count = inner, 0
+        self.model_id, self.dimension = inner.model_id, inner.dimension
+
+    def embed_documents(self, texts, ids=None, show_progress=False):
+        self.count += len(texts)
+        return self.inner.embed_documents(texts, ids=ids)
+
+
+class FailingAfter:
+    """A real store whose upsert fails after ``n`` successful calls (an interrupted run)."""
+
+    def __init__(self, inner, n):
+        self.inner, self.n = inner, n
+        self.name, self.score_label = inner.name, inner.score_label
+
+    def upsert(self, chunks, vectors):
+        if self.n == 0:
+            raise KeyboardInterrupt("simulated interruption")
+        self.n -= 1
+        self.inner.upsert(chunks, vectors)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+@pytest.fixture
+def env(tmp_path, kb_copy, embedder):
+    settings = make_settings(tmp_path / "data", kb_copy, embedding_batch_size=32)
+    store = MilvusStore.from_settings(settings)
+    yield settings, store, CountingEmbedder(embedder), kb_copy
+    store.close()
+
+
+def test_unchanged_reingest_embeds_nothing(env):
+    settings, store, emb, kb = env
+    first = ingest(settings, emb, [store], progress=False)
+    assert first.documents_ingested >= 5 and first.main.added == first.chunks_total == store.count()
+    assert emb.count == first.chunks_total
+    second = ingest(settings, emb, [store], progress=False)
+    assert emb.count == first.chunks_total  # nothing re-embedded
+    assert second.main.unchanged == first.chunks_total
+    assert (second.main.added, second.main.updated, second.main.removed) == (0, 0, 0)
+    assert settings.l0_index_path.exists()
+
+
+def test_changed_and_deleted_documents(env):
+    settings, store, emb, kb = env
+    first = ingest(settings, emb, [store], progress=False)
+    target = next(kb.rglob("RedisMemoryHigh.md"))
+    doc_id = target.relative_to(kb).as_posix()
+    text = target.read_text()
+    target.write_text(text.replace("## Mitigation", "## Mitigation\n\nNew first step: page the cache owner.\n", 1))
+    gone = next(kb.rglob("RabbitMQQueueBacklog.md"))
+    gone_id = gone.relative_to(kb).as_posix()
+    gone_chunks = sum(1 for _, (d, _) in store.chunk_hashes().items() if d == gone_id)
+    gone.unlink()
+    before = emb.count
+    report = ingest(settings, emb, [store], progress=False)
+    assert report.main.updated >= 1 and report.main.removed >= gone_chunks > 0
+    assert emb.count - before == report.main.added + report.main.updated  # only changed chunks
+    docs = {d for d, _ in store.chunk_hashes().values()}
+    assert gone_id not in docs and doc_id in docs
+    assert store.count() == first.chunks_total - gone_chunks + report.main.added
+
+
+def test_interrupted_run_completes_without_duplicates(env, tmp_path):
+    settings, store, emb, kb = env
+    with pytest.raises(KeyboardInterrupt):
+        ingest(settings.model_copy(update={"embedding_batch_size": 8}), emb,
+               [FailingAfter(store, 0)], progress=False)
+    partial = store.count()
+    report = ingest(settings, emb, [store], progress=False)
+    assert store.count() == report.chunks_total > partial
+    assert len(store.chunk_hashes()) == report.chunks_total
+
+
+def test_bad_documents_are_reported_and_the_rest_ingested(env):
+    settings, store, emb, kb = env
+    (kb / "broken.md").write_bytes(b"---\ntitle: [unclosed\n---\n# Broken\nbody\n")
+    (kb / "binary.md").write_bytes(b"\x00\x01\x02binary")
+    (kb / "latin1.md").write_bytes("# Caf\xe9\n".encode("latin-1"))
+    report = ingest(settings, emb, [store], progress=False)
+    skipped = {i.path: i for i in report.skipped}
+    assert {"broken.md", "binary.md", "latin1.md"} <= set(skipped)
+    assert skipped["broken.md"].line is not None
+    assert report.documents_ingested >= 5 and store.count() == report.chunks_total
+
+
+def test_rebuild_starts_over(env):
+    settings, store, emb, kb = env
+    first = ingest(settings, emb, [store], progress=False)
+    again = ingest(settings, emb, [store], rebuild=True, progress=False)
+    assert again.main.added == first.chunks_total and store.count() == first.chunks_total
+
+
+def test_missing_knowledge_dir_is_a_clear_error(tmp_path, embedder):
+    settings = make_settings(tmp_path / "d", tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="nope"):
+        ingest(settings, embedder, [MilvusStore.from_settings(settings)], progress=False)
+
+
+@pytest.mark.integration
+def test_runbooks_corpus_crashloop_query_in_top3(tmp_path, embedder):
+    root = need_shared(RUNBOOKS)
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
+    settings = make_settings(tmp_path / "d", root)
+    store = MilvusStore.from_settings(settings)
+    report = ingest(settings, embedder, [store], progress=False)
+    assert report.documents_ingested == 108 and all(i.path.endswith("_index.md") for i in report.skipped)
+    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
+    result = tool.lookup("pod keeps restarting with back-off")
+    assert "kubernetes/KubePodCrashLooping.md" in [b.source for b in result.evidence_blocks[:3]]
+    tool.close()

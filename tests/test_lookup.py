@@ -1,0 +1,322 @@
+"""lookup_knowledge scenarios on real Milvus Lite and the real model (sample knowledge base).
+
+Faults are injected by wrapping the real store (the store is real; only its failure is made).
+"""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from rag_core.l0 import L0Index
+from rag_core.lookup.contracts import RelevanceLevel
+from rag_core.lookup.packer import KnowledgeContextPacker
+from rag_core.lookup.tool import LookupKnowledgeTool, tool_definition
+from rag_core.stores.base import StoreError
+from rag_core.stores.milvus import MilvusStore
+
+
+class CapturingRecorder:
+    def __init__(self):
+        self.rows = []
+        self._lock = threading.Lock()
+
+    def record(self, row):
+        with self._lock:
+            self.rows.append(json.loads(json.dumps(row, default=str)))
+
+    def flush(self, timeout=None):
+        return True
+
+    def close(self):
+        pass
+
+
+class Faulty:
+    """A real store with a switchable failure mode: ``down`` raises, ``empty_filtered``
+    returns nothing when a category filter is used."""
+
+    def __init__(self, inner, mode):
+        self.inner, self.mode = inner, mode
+        self.name, self.score_label = inner.name, inner.score_label
+        self.calls = []
+
+    def _maybe_fail(self, category):
+        self.calls.append(category)
+        if self.mode == "down":
+            raise StoreError("Milvus search failed: connection refused")
+        return self.mode == "empty_filtered" and category is not None
+
+    def search(self, vector, top_k, category=None):
+        return [] if self._maybe_fail(category) else self.inner.search(vector, top_k, category)
+
+    def search_lexical(self, terms, vector, top_k, category=None):
+        return [] if self._maybe_fail(category) else self.inner.search_lexical(terms, vector, top_k, category)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+@pytest.fixture(scope="module")
+def store(sample_kb):
+    s = MilvusStore.from_settings(sample_kb)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_tool(sample_kb, embedder, store):
+    tools = []
+
+    def make(store_override=None, **overrides):
+        settings = sample_kb.model_copy(update={"trace_enabled": True, **overrides})
+        rec = CapturingRecorder()
+        tool = LookupKnowledgeTool(settings, embedder=embedder, store=store_override or store,
+                                   recorder=rec)
+        tool.recorded = rec.rows
+        tools.append(tool)
+        return tool
+
+    yield make
+    for t in tools:
+        t._pool.shutdown(wait=False)
+
+
+def sources(result):
+    return [b.source for b in result.evidence_blocks]
+
+
+def test_l0_hints_are_structured(make_tool):
+    r = make_tool().lookup("RedisMemoryHigh fired on redis-main")
+    hints = r.retrieval_trace.l0_hints
+    assert "cache/RedisMemoryHigh.md" in hints["matched_doc_ids"]
+    assert hints["domains"] == ["cache"] and hints["matched_titles"]
+    assert isinstance(hints["matched_keywords"], list) and isinstance(hints["entities"], list)
+
+
+def test_single_l0_match_still_runs_l1(make_tool):
+    r = make_tool().lookup("RedisMemoryHigh")
+    assert len(r.retrieval_trace.attempts) >= 1 and r.retrieval_trace.layer == "L0+L1"
+    assert r.evidence_blocks[0].source == "cache/RedisMemoryHigh.md"
+    assert r.evidence_blocks[0].retrieval_layer == "L0+L1" and r.semantic_support
+
+
+def test_l1_disabled_answers_from_l0_only(make_tool):
+    r = make_tool(l1_enabled=False).lookup("RedisMemoryHigh")
+    assert r.retrieval_trace.attempts == [] and r.retrieval_trace.layer == "L0"
+    assert r.evidence_blocks[0].hit_reasons[0] == "l0_fallback" and not r.semantic_support
+
+
+def test_exactly_one_domain_becomes_the_filter(make_tool):
+    r = make_tool().lookup("RedisMemoryHigh on the cache cluster")
+    assert r.retrieval_trace.attempts[0].filter == "cache"
+    assert all(b.category == "cache" for b in r.evidence_blocks if "filtered_attempt" in b.hit_reasons)
+
+
+def test_zero_or_several_domains_mean_no_filter(make_tool):
+    tool = make_tool()
+    none = tool.lookup("the website feels slow today")
+    assert none.retrieval_trace.l0_hints["domains"] == [] or len(none.retrieval_trace.l0_hints["domains"]) != 1
+    assert none.retrieval_trace.attempts[0].filter is None
+    several = tool.lookup("RedisMemoryHigh and KafkaConsumerLagHigh at the same time")
+    assert len(several.retrieval_trace.l0_hints["domains"]) >= 2
+    assert several.retrieval_trace.attempts[0].filter is None
+
+
+def test_low_quality_filtered_attempt_retries_unfiltered(make_tool, store):
+    faulty = Faulty(store, "empty_filtered")
+    tool = make_tool(store_override=faulty)
+    r = tool.lookup("RedisMemoryHigh: what should I check first?")
+    first, second = r.retrieval_trace.attempts
+    assert first.filter == "cache" and first.candidate_count == 0 and first.low_quality_reason == "no_candidates"
+    assert second.filter is None and second.candidate_count > 0 and second.duration_ms >= 0
+    assert r.retrieval_trace.fallback_reason == "no_candidates"
+    assert r.evidence_blocks[0].source == "cache/RedisMemoryHigh.md"
+    details = tool.recorded[-1]["retrieval_details"]
+    assert [a["attempt"] for a in details["attempts"]] == [1, 2] and details["fallback_reason"] == "no_candidates"
+
+
+def test_low_similarity_threshold_triggers_retry(make_tool):
+    r = make_tool(reference_threshold=0.99).lookup("RedisMemoryHigh")
+    assert len(r.retrieval_trace.attempts) == 2
+    assert r.retrieval_trace.attempts[0].low_quality_reason.startswith("top_similarity_below_reference_threshold")
+
+
+def test_store_down_with_l0_match_gives_l0_fallback(make_tool, store):
+    tool = make_tool(store_override=Faulty(store, "down"))
+    r = tool.lookup("KafkaConsumerLagHigh is firing")
+    assert r.found and r.retrieval_trace.layer == "L0" and not r.semantic_support
+    assert r.evidence_blocks[0].source == "queues/KafkaConsumerLagHigh.md"
+    assert r.evidence_blocks[0].retrieval_layer == "L0" and "l0_fallback" in r.evidence_blocks[0].hit_reasons
+    assert r.evidence_blocks[0].content  # the document summary
+    assert "connection refused" in r.retrieval_trace.error
+    row = tool.recorded[-1]
+    assert row["retrieval_layer"] == "L0" and "connection refused" in row["error"]
+    assert row["retrieval_details"]["l0_hints"]["matched_doc_ids"]
+
+
+def test_store_down_without_l0_match_is_a_structured_failure(make_tool, store):
+    r = make_tool(store_override=Faulty(store, "down")).lookup("why is the sky blue")
+    assert not r.found and r.status == "error" and r.relevance_level == RelevanceLevel.NONE
+    assert "failed" in r.message
+
+
+def test_missing_milvus_file_gives_l0_fallback(sample_kb, embedder, tmp_path):
+    settings = sample_kb.model_copy(update={"milvus_uri": str(tmp_path / "gone.db"), "trace_enabled": True})
+    rec = CapturingRecorder()
+    tool = LookupKnowledgeTool(settings, embedder=embedder, recorder=rec)
+    r = tool.lookup("OrdersDBReplicationLag")
+    assert r.retrieval_trace.layer == "L0" and r.evidence_blocks[0].retrieval_layer == "L0"
+    assert rec.rows[-1]["error"] and tool.close() is None
+
+
+def test_evidence_block_fields_and_layer(make_tool):
+    r = make_tool().lookup("customers are asking how to get their money back")
+    b = r.evidence_blocks[0]
+    assert b.source.endswith("RefundPolicy.md")
+    assert b.title and b.breadcrumb.startswith(b.title) and b.category == "policy"
+    assert 0 <= b.score <= 1 and b.score_label == "milvus_cosine_similarity[-1,1]"
+    assert b.raw_score == pytest.approx(b.score, abs=1e-3) and b.hit_reasons
+    payload = r.to_json()
+    assert {"found", "evidenceBlocks", "contextPack", "retrievalTrace", "rerankTrace", "relevanceLevel",
+            "completenessHint", "retrievedDomainsThisSession", "message", "primary", "supplement"} <= set(payload)
+    assert payload["evidenceBlocks"][0]["scoreLabel"] and payload["contextPack"]["charBudget"] == 4000
+
+
+def test_duplicate_sources_collapse_with_merged_reasons(make_tool):
+    tool = make_tool()
+    r, candidates = tool.lookup_with_candidates("redis memory eviction maxmemory policy")
+    assert len(sources(r)) == len(set(sources(r)))
+    assert len(candidates) > len(r.evidence_blocks)
+    top = r.evidence_blocks[0]
+    assert {"vector_similarity", "bm25_match"} <= set(top.hit_reasons)
+    details = tool.recorded[-1]["retrieval_details"]
+    assert details["candidate_count"] == len(candidates) and details["final_block_count"] == len(r.evidence_blocks)
+
+
+def test_primary_and_supplement_views(make_tool):
+    r = make_tool().lookup("kafka consumers are falling behind")
+    assert r.primary == r.evidence_blocks[0] and r.supplement == r.evidence_blocks[1:]
+
+
+def test_rerank_trace_explains_each_block(make_tool):
+    r = make_tool().lookup("RedisMemoryHigh")
+    assert len(r.rerank_trace) == len(r.evidence_blocks)
+    for entry, block in zip(r.rerank_trace, r.evidence_blocks):
+        assert entry.source == block.source and entry.rank_after == block.rank
+        assert entry.final_score == pytest.approx(entry.base_score + sum(entry.contributions.values()), abs=1e-3)
+    assert "title_match" in r.rerank_trace[0].contributions
+
+
+def test_relevance_levels(make_tool):
+    tool = make_tool()
+    assert tool.lookup("RedisMemoryHigh alert: redis memory above 90%").relevance_level == RelevanceLevel.PRECISE
+    assert tool.lookup("qwzx plorb vvvt").relevance_level in (RelevanceLevel.WEAK, RelevanceLevel.NONE)
+
+
+def test_context_pack_budget_records_omitted_sources(make_tool):
+    r = make_tool(context_char_budget=600).lookup("redis memory is almost full")
+    pack = r.context_pack
+    assert pack.used_chars <= 600 and pack.included_sources and pack.omitted_sources
+    assert "omitted" in r.completeness_hint
+    header = f"[1] {r.evidence_blocks[0].title} ({r.evidence_blocks[0].source})"
+    assert pack.packed_text.startswith(header)
+    assert KnowledgeContextPacker(600).pack(r.evidence_blocks) == pack  # deterministic
+
+
+def test_session_domains_accumulate_and_seen_sources_are_marked(make_tool):
+    tool = make_tool()
+    a = tool.lookup("RedisMemoryHigh", session_id="s1")
+    b = tool.lookup("KafkaConsumerLagHigh", session_id="s1")
+    assert "cache" in b.retrieved_domains_this_session and "queues" in b.retrieved_domains_this_session
+    c = tool.lookup("RedisMemoryHigh", session_id="s1")
+    assert "seen_earlier_in_session" in c.evidence_blocks[0].hit_reasons
+    other = tool.lookup("RedisMemoryHigh", session_id="s2")
+    assert "seen_earlier_in_session" not in other.evidence_blocks[0].hit_reasons
+    assert "queues" not in other.retrieved_domains_this_session and a.found
+
+
+def test_session_memory_is_bounded(make_tool):
+    tool = make_tool(session_max=3)
+    for i in range(10):
+        tool.lookup("RedisMemoryHigh", session_id=f"s{i}")
+    assert len(tool.sessions) == 3
+
+
+@pytest.mark.parametrize("query", ["", "   \n\t "])
+def test_empty_query_is_answered_not_raised(make_tool, query):
+    r = make_tool().lookup(query)
+    assert not r.found and "empty" in r.message and r.relevance_level == RelevanceLevel.NONE
+
+
+def test_huge_query_is_truncated_and_noted(make_tool):
+    tool = make_tool()
+    r = tool.lookup("redis memory high " * 6000)  # ~108,000 characters
+    assert r.found and r.retrieval_trace.query_truncated
+    assert tool.recorded[-1]["retrieval_details"]["query_truncated"] is True
+
+
+def test_control_characters_emoji_and_filter_injection(make_tool):
+    tool = make_tool()
+    assert tool.lookup("redis\x00 memory\x1b[31m 🔥🔥 high").found
+    r = tool.lookup('" or category != "')
+    assert r.status == "ok"
+    r2 = tool.lookup('payment latency" || category != "x')
+    assert r2.status == "ok" and r2.retrieval_trace.error is None
+
+
+def test_quoted_category_from_frontmatter_filters_exactly(make_tool):
+    r = make_tool().lookup("PaymentGatewayLatencyHigh")
+    assert r.retrieval_trace.attempts[0].filter == 'vendor "acme"'
+    assert r.evidence_blocks[0].source == "services/PaymentGatewayLatencyHigh.md"
+
+
+def test_eight_threads_share_one_tool(make_tool):
+    tool = make_tool()
+    queries = ["RedisMemoryHigh", "KafkaConsumerLagHigh", "refund policy", "rollback a deployment"]
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            q = queries[i % 4]
+            r = tool.lookup(q, session_id=f"t{i}")
+            results[i] = (q, r)
+        except Exception as exc:  # pragma: no cover - the assertion below reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 8
+    for i, (q, r) in results.items():
+        assert r.session_id == f"t{i}" and r.query == q and r.found
+    assert len(tool.recorded) == 8
+
+
+def test_async_variant(make_tool):
+    import asyncio
+
+    r = asyncio.run(make_tool().alookup("RedisMemoryHigh"))
+    assert r.found
+
+
+def test_tool_definition_is_a_json_schema_function():
+    d = tool_definition()
+    fn = d["function"]
+    assert d["type"] == "function" and fn["name"] == "lookup_knowledge"
+    assert fn["parameters"]["required"] == ["query"] and fn["parameters"]["properties"]["query"]["type"] == "string"
+    assert "contextPack" in fn["description"] and "evidenceBlocks" in fn["description"]
+    json.dumps(d)
+
+
+def test_l0_index_persisted_by_ingest(sample_kb):
+    idx = L0Index.load(sample_kb.l0_index_path)
+    assert len(idx) >= 30 and "cache" in idx.domains
+
+
+def test_query_vector_is_normalised(embedder):
+    v = embedder.embed_query("hello")
+    assert v.dtype == np.float32 and abs(np.linalg.norm(v) - 1) < 1e-4

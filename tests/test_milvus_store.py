@@ -1,0 +1,123 @@
+"""MilvusStore on real Milvus Lite (random unit vectors: no model needed)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from rag_core.models import Chunk
+from rag_core.stores.base import DimensionMismatchError, StoreError
+from rag_core.stores.milvus import MilvusStore, escape_filter_value
+
+DIM = 16
+
+
+def chunk(i, doc="d.md", category="cat", title="T", text=None):
+    return Chunk(chunk_id=f"c{i}", doc_id=doc, title=title, breadcrumb=f"{title} > S{i}",
+                 category=category, text=text or f"text number {i} about redis memory",
+                 start=0, end=1, ordinal=i, content_hash=f"h{i}")
+
+
+def unit(n, seed=0):
+    v = np.random.default_rng(seed).normal(size=(n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = MilvusStore(str(tmp_path / "m.db"), "chunks")
+    s.ensure_schema(DIM)
+    yield s
+    s.close()
+
+
+def test_upsert_search_count_and_hashes(store):
+    vecs = unit(5)
+    store.upsert([chunk(i) for i in range(5)], vecs)
+    assert store.count() == 5
+    hits = store.search(vecs[3], 2)
+    assert hits[0].chunk_id == "c3" and hits[0].raw_score == pytest.approx(1.0, abs=1e-4)
+    assert hits[0].score_label == "milvus_cosine_similarity[-1,1]" and 0 <= hits[1].similarity <= 1
+    assert store.chunk_hashes()["c2"] == ("d.md", "h2")
+    store.upsert([chunk(2, text="changed")], vecs[2:3])  # same id: replaced, not duplicated
+    assert store.count() == 5
+
+
+def test_delete_by_document_and_chunk(store):
+    store.upsert([chunk(0, doc="a.md"), chunk(1, doc="a.md"), chunk(2, doc='b"q\\.md')], unit(3))
+    store.delete_documents(['b"q\\.md'])
+    assert set(store.chunk_hashes()) == {"c0", "c1"}
+    store.delete_chunks(["c0"])
+    assert set(store.chunk_hashes()) == {"c1"}
+
+
+def test_category_filter_with_quotes_matches_only_itself(store):
+    evil = 'x" or category != "'
+    cats = ["plain", evil, 'back\\slash"', "x"]
+    store.upsert([chunk(i, category=c) for i, c in enumerate(cats)], unit(4))
+    q = unit(1, seed=9)[0]
+    for c in cats:
+        assert {h.category for h in store.search(q, 10, category=c)} == {c}
+    assert [h.category for h in store.search_lexical(["redi"], q, 10, category=evil)] == [evil]
+
+
+def test_lexical_search_carries_cosine(store):
+    vecs = unit(3)
+    store.upsert([chunk(0, text="etcd leader election"), chunk(1), chunk(2)], vecs)
+    hits = store.search_lexical(["etcd", "leader"], vecs[0], 5)
+    assert hits[0].chunk_id == "c0" and hits[0].channel == "lexical"
+    assert hits[0].similarity == pytest.approx(1.0, abs=1e-4) and hits[0].lexical_score > 0
+
+
+def test_dimension_mismatch_fails_before_any_write(store):
+    store.upsert([chunk(0)], unit(1))
+    with pytest.raises(DimensionMismatchError, match=f"{DIM}.*8|8.*{DIM}"):
+        store.ensure_schema(8)
+    assert store.count() == 1
+
+
+def test_bad_vectors_are_rejected_naming_the_chunk(store):
+    bad = unit(2)
+    bad[1, 0] = np.nan
+    with pytest.raises(ValueError, match="c1"):
+        store.upsert([chunk(0), chunk(1)], bad)
+    with pytest.raises(ValueError, match="c0.*zero"):
+        store.upsert([chunk(0)], np.zeros((1, DIM), np.float32))
+    assert store.count() == 0
+
+
+def test_varchar_limit_counts_utf8_bytes(store):
+    title = "告" * 400  # 400 characters, 1,200 UTF-8 bytes > 1,024
+    with pytest.raises(ValueError, match="c7.*title.*1200"):
+        store.upsert([chunk(7, title=title)], unit(1))
+
+
+def test_reopened_file_is_loaded_for_search(tmp_path):
+    s = MilvusStore(str(tmp_path / "m.db"), "chunks")
+    s.ensure_schema(DIM)
+    vecs = unit(3)
+    s.upsert([chunk(i) for i in range(3)], vecs)
+    s.close()
+    again = MilvusStore(str(tmp_path / "m.db"), "chunks")
+    assert again.search(vecs[1], 1)[0].chunk_id == "c1"
+    again.close()
+
+
+def test_missing_collection_is_a_clear_store_error(tmp_path):
+    s = MilvusStore(str(tmp_path / "empty.db"), "nothing")
+    with pytest.raises(StoreError, match="rag ingest"):
+        s.search(unit(1)[0], 3)
+    s.close()
+
+
+def test_unreachable_server_fails_fast_with_redacted_uri():
+    s = MilvusStore("http://user:s3cret@127.0.0.1:9", "c", timeout=2)
+    t0 = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        s.count()
+    assert "s3cret" not in str(err.value)
+    assert time.monotonic() - t0 < 30
+
+
+def test_escape_filter_value():
+    assert escape_filter_value('a"b\\c') == '"a\\"b\\\\c"'

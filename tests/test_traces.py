@@ -1,0 +1,255 @@
+"""tool_invocation trace table and the spooling recorder, against a real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from rag_core.stores.base import StoreError
+from rag_core.traces import TRACE_COLUMNS, ToolInvocationRecorder, TraceStore
+from rag_core.traces.recorder import JsonlSpool, trace_row
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+DOWN_DSN = "postgresql://rag:hunter2pw@127.0.0.1:1/rag?connect_timeout=1"
+
+
+def row(i: int, **extra) -> dict:
+    return {"session_id": f"s{i % 5}", "tool_name": "lookup_knowledge", "input": f"query {i}",
+            "output_preview": "preview", "retrieval_layer": "L1", "status": "ok",
+            "latency_ms": 12.5, "retrieval_details": {"attempts": [{"top_k": 10, "i": i}]}, **extra}
+
+
+def spooled(spool: Path) -> int:
+    return len(JsonlSpool(spool).rows())
+
+
+def spool_empty(spool: Path) -> bool:
+    return spooled(spool) == 0 and not list(spool.parent.glob(f"{spool.name}.*.replay"))
+
+
+@pytest.fixture
+def trace_store(pg_dsn, pg_table):
+    store = TraceStore(pg_dsn, pg_table)
+    store.ensure_schema()
+    yield store
+    store.close()
+
+
+class Switch:
+    """A store factory that is down (a real unreachable DSN) until ``up`` is set."""
+
+    def __init__(self, dsn: str, table: str):
+        self.dsn, self.table, self.up, self.calls = dsn, table, False, 0
+
+    def __call__(self) -> TraceStore:
+        self.calls += 1
+        return TraceStore(self.dsn if self.up else DOWN_DSN, self.table, connect_timeout=1)
+
+
+# --- TraceStore --------------------------------------------------------------------------------
+
+
+def test_migration_adds_missing_columns_to_an_old_table(pg_dsn, pg_table):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {pg_table} (id text PRIMARY KEY, session_id text, tool_name text)")
+        conn.execute(f"INSERT INTO {pg_table} VALUES ('old-1', 's', 'lookup_knowledge')")
+    store = TraceStore(pg_dsn, pg_table)
+    store.ensure_schema()
+    store.ensure_schema()  # idempotent
+    with psycopg.connect(pg_dsn) as conn:
+        cols = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns "
+                                 "WHERE table_name = %s", (pg_table,)).fetchall())
+        indexes = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s",
+                                              (pg_table,))]
+    assert set(cols) == set(TRACE_COLUMNS)
+    assert cols["retrieval_details"] == "jsonb"
+    assert cols["latency_ms"] == "double precision"
+    assert cols["created_at"] == "timestamp with time zone"
+    assert any("(created_at)" in d for d in indexes)
+    assert store.count() == 1 and store.recent(1)[0]["id"] == "old-1"
+    store.insert_many([row(1, id="new-1")])
+    assert store.count() == 2
+    store.close()
+
+
+def test_insert_is_idempotent_and_rows_between_is_half_open(trace_store):
+    day = datetime(2025, 3, 1, tzinfo=UTC)
+    rows = [row(i, id=f"r{i}", created_at=day + timedelta(hours=6 * i)) for i in range(8)]
+    trace_store.insert_many(rows)
+    trace_store.insert_many(rows[2:5])  # a replay
+    assert trace_store.count() == 8
+    first_day = trace_store.rows_between(day, day + timedelta(days=1))
+    assert [r["id"] for r in first_day] == ["r0", "r1", "r2", "r3"]
+    naive = trace_store.rows_between(datetime(2025, 3, 2), datetime(2025, 3, 3))  # naive = UTC
+    assert [r["id"] for r in naive] == ["r4", "r5", "r6", "r7"]
+    assert first_day[1]["retrieval_details"] == {"attempts": [{"top_k": 10, "i": 1}]}
+    assert first_day[1]["latency_ms"] == 12.5
+    assert first_day[1]["created_at"] == day + timedelta(hours=6)
+    assert [r["id"] for r in trace_store.recent(2)] == ["r7", "r6"]
+    trace_store.insert_many([])
+
+
+def test_trace_store_unreachable_is_store_error_without_password(pg_table):
+    store = TraceStore(DOWN_DSN, pg_table, connect_timeout=1)
+    with pytest.raises(StoreError) as err:
+        store.ensure_schema()
+    assert "hunter2pw" not in str(err.value)
+
+
+# --- recorder ----------------------------------------------------------------------------------
+
+
+def test_recorder_writes_rows(pg_dsn, trace_store, tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    recorder = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool)
+    for i in range(20):
+        recorder.record(row(i, retrieval_details={"at": datetime(2025, 1, 1, tzinfo=UTC), "n": {1, 2},
+                                                   "nan": float("nan")}))
+    assert recorder.flush(10)
+    recorder.close()
+    assert trace_store.count() == 20
+    assert spool_empty(spool)
+    details = trace_store.recent(1)[0]["retrieval_details"]
+    assert details == {"at": "2025-01-01T00:00:00+00:00", "n": [1, 2], "nan": None}
+
+
+def test_store_down_during_a_burst_spools_everything_then_replays_exactly_once(
+        pg_dsn, trace_store, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="rag_core")
+    spool = tmp_path / "spool.jsonl"
+    factory = Switch(pg_dsn, trace_store.table)
+    recorder = ToolInvocationRecorder(factory, spool, retry_interval=0.2)
+    start = time.monotonic()
+    for i in range(1000):
+        recorder.record(row(i))
+    assert time.monotonic() - start < 2.0  # record never waits on the dead store
+    assert recorder.flush(30)
+    assert spooled(spool) == 1000
+    assert trace_store.count() == 0
+
+    factory.up = True
+    assert recorder.flush(30)
+    assert trace_store.count() == 1000
+    assert spool_empty(spool)
+    assert recorder.flush(10)
+    recorder.close()
+    assert trace_store.count() == 1000
+    with psycopg.connect(pg_dsn) as conn:
+        distinct = conn.execute(f"SELECT count(DISTINCT input) FROM {trace_store.table}").fetchone()[0]
+    assert distinct == 1000
+    assert "hunter2pw" not in caplog.text
+
+
+def test_factory_that_raises_means_spool_and_a_partial_replay_never_duplicates(
+        pg_dsn, trace_store, tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    state = {"up": False}
+
+    def factory() -> TraceStore:
+        if not state["up"]:
+            raise StoreError("embedded server cannot start")
+        return TraceStore(pg_dsn, trace_store.table)
+
+    recorder = ToolInvocationRecorder(factory, spool, retry_interval=0.2)
+    for i in range(100):
+        recorder.record(row(i))
+    assert recorder.flush(10)
+    assert spooled(spool) == 100
+    # A replay that died after inserting 40 rows but before removing the spool:
+    trace_store.insert_many(JsonlSpool(spool).rows()[:40])
+    state["up"] = True
+    assert recorder.flush(10)
+    recorder.close()
+    assert trace_store.count() == 100
+    assert spool_empty(spool)
+
+
+def test_no_password_reaches_the_table_or_the_spool(pg_dsn, trace_store, tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    bad = {"error": "OperationalError: connection to postgresql://admin:hunter2pw@db:5432/rag failed; "
+                    "dsn was host=db user=admin password=hunter2pw",
+           "input": "connect to postgresql://u:hunter2pw@h/db please",
+           "retrieval_details": {"attempts": [{"error": "password=hunter2pw"}], "password": "hunter2pw",
+                                 "tokens": ["kept"]}}
+    down = ToolInvocationRecorder(None, spool)  # no store: everything spools
+    down.record(row(1, **bad))
+    down.close()
+    assert "hunter2pw" not in spool.read_text()
+
+    recorder = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool)
+    recorder.record(row(2, **bad))
+    assert recorder.flush(10)
+    recorder.close()
+    rows = trace_store.recent(10)
+    assert len(rows) == 2
+    assert "hunter2pw" not in json.dumps(rows, default=str)
+    assert "admin:***@db" in rows[0]["error"]
+    assert rows[0]["retrieval_details"]["tokens"] == ["kept"]
+
+
+def test_eight_threads_recording_at_once_with_a_small_queue(pg_dsn, trace_store, tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    recorder = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool,
+                                      queue_size=200, batch_size=50)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(250):
+                recorder.record(row(i, id=f"{t}-{i}"))
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert recorder.flush(30)
+    recorder.close()
+    assert not errors
+    assert trace_store.count() == 2000  # queued rows and direct spills (queue full) alike
+    assert spool_empty(spool)
+
+
+def test_two_recorders_sharing_one_spool(pg_dsn, trace_store, tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    a = ToolInvocationRecorder(None, spool)
+    b = ToolInvocationRecorder(None, spool)
+    for i in range(50):
+        a.record(row(i, id=f"a{i}"))
+        b.record(row(i, id=f"b{i}"))
+    a.close()
+    b.close()
+    assert spooled(spool) == 100
+    c = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool)
+    assert c.flush(10)
+    c.close()
+    assert trace_store.count() == 100
+    assert spool_empty(spool)
+
+
+def test_record_never_raises_and_rows_get_id_and_time():
+    class Odd:
+        def __str__(self) -> str:
+            return "odd"
+
+    clean = trace_row({"input": Odd(), "latency_ms": float("inf"), "retrieval_details": {1: b"x\x00"},
+                       "error": "bad \ud800 surrogate"})
+    assert clean["input"] == "odd" and clean["latency_ms"] is None
+    assert clean["retrieval_details"] == {"1": "x"}
+    assert clean["id"] and datetime.fromisoformat(clean["created_at"]).tzinfo is not None
+    json.dumps(clean)
+    recorder = ToolInvocationRecorder(None, Path("/proc/definitely/not/writable.jsonl"))
+    recorder.record({"input": "x"})  # spool unwritable: kept in memory, no exception
+    recorder.record("not a dict")  # type: ignore[arg-type]
+    assert not recorder.flush(2)  # one row is held only in memory
+    recorder.close(timeout=1)
