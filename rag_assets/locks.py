@@ -36,12 +36,12 @@ def store_lock(lock_file: Path, timeout_s: float, logger: logging.Logger | None 
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        logger.info("waiting up to %.0fs for %s (another run uses the store)", timeout_s, lock_file)
+        logger.info("waiting up to %gs for %s (another run uses the store)", timeout_s, lock_file)
         try:
             lock.acquire(timeout=timeout_s)
         except Timeout:
             raise StoreBusyError(
-                f"{lock_file} is still held by another process after {timeout_s:.0f}s; "
+                f"{lock_file} is still held by another process after {timeout_s:g}s; "
                 "another run is using the store: retry when it has finished"
             ) from None
     try:

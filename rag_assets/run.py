@@ -73,7 +73,8 @@ def _headline(metadata: dict) -> str:
 
 
 def print_result(title: str, result, out=None) -> dict[str, dict]:
-    """Print one run's materializations, check results, failures and skips; return metadata by asset."""
+    """Print one run's materializations, check results, failures and the assets that did not
+    run; return the materialization metadata by asset key."""
     out = out or sys.stdout
     print(f"\n== {title}: {'succeeded' if result.success else 'FAILED'} (run {result.run_id})", file=out)
     materialized: dict[str, dict] = {}
@@ -85,10 +86,14 @@ def print_result(title: str, result, out=None) -> dict[str, dict]:
     for check in result.get_asset_check_evaluations():
         verdict = "passed" if check.passed else f"FAILED ({check.severity.value})"
         print(f"  check {check.asset_check_key.to_user_string()}: {verdict} - {check.description}", file=out)
+    failed = set()
     for event in result.get_step_failure_events():
+        failed.add(event.step_key)
         print(f"  step {event.step_key} failed: {_failure_text(event)}", file=out)
-    for event in result.get_step_skipped_events():
-        print(f"  step {event.step_key} skipped (an upstream step or blocking check failed)", file=out)
+    planned = {k.to_user_string() for k in result.job_def.asset_layer.executable_asset_keys}
+    not_run = sorted(planned - materialized.keys() - failed)
+    if not_run:  # downstream of a failed step or of a failed blocking check: never started
+        print(f"  not run (an upstream step or a blocking check failed): {', '.join(not_run)}", file=out)
     return materialized
 
 

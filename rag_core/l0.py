@@ -71,7 +71,7 @@ class L0Hints:
     """Structured L0 hints for one query (JSON-ready with ``asdict``).
 
     ``domains`` are the nonblank categories of the documents matched by name, or of all
-    matched documents when none matched by name (sorted);
+    matched documents when none matched by name (sorted; ``domains_from_names`` says which);
     ``matched_doc_ids`` are ordered by match score, best first.
     """
 
@@ -81,6 +81,7 @@ class L0Hints:
     domains: list[str] = field(default_factory=list)
     entities: list[str] = field(default_factory=list)
     matches: list[DocMatch] = field(default_factory=list)
+    domains_from_names: bool = False
 
     @property
     def matched(self) -> bool:
@@ -174,6 +175,7 @@ class L0Index:
             matched_titles=_unique(m.title for m in matches if "title" in m.reasons),
             matched_keywords=_unique(keywords),
             domains=sorted({m.category for m in named if m.category.strip()}),
+            domains_from_names=any("title" in m.reasons for m in matches),
             entities=_unique(entities),
             matches=matches,
         )
@@ -185,8 +187,8 @@ class L0Index:
         toks = set(tokenize(name))
         # The joined CamelCase form is the whole name; its parts carry the coverage.
         parts = {t for t in toks if t != c} or toks
-        if not parts:
-            return 0.0
+        if len(parts) < 2:
+            return 0.0  # one-word names ("where is my order" -> "order") match only compactly
         total = sum(self._idf.get(t, self._default_idf) for t in parts)
         found = sum(self._idf.get(t, self._default_idf) for t in parts if t in q_tokens)
         return found / total if total else 0.0

@@ -43,7 +43,7 @@ def _resources(tmp_path: Path, **rag) -> dict:
 def _step_failure(result, step_key: str) -> str:
     event = next(e for e in result.get_step_failure_events() if e.step_key == step_key)
     data = event.step_failure_data
-    return data.user_failure_data.description if data.user_failure_data else data.error.message
+    return data.user_failure_data.description if data.user_failure_data else data.error.to_string()
 
 
 # --- loading and lineage -----------------------------------------------------------------------
@@ -290,9 +290,8 @@ def test_store_lock_makes_a_second_run_wait_then_fail(tmp_path):
     thread.start()
     held.wait(5)
     try:
-        with pytest.raises(StoreBusyError, match="another run"):
-            with store_lock(lock_file, 0.3):
-                pass
+        with pytest.raises(StoreBusyError, match="another run"), store_lock(lock_file, 0.3):
+            pass
     finally:
         release.set()
         thread.join()

@@ -157,10 +157,9 @@ class TraceStoreResource(dg.ConfigurableResource):
     @contextmanager
     def open(self) -> Iterator[Any]:
         """A ``TraceStore`` with its schema ensured, closed afterwards. StoreError when down."""
-        from rag_core.stores.pgserver import resolve_dsn
         from rag_core.traces.store import TraceStore
 
-        store = TraceStore(resolve_dsn(self.rag.get_settings()))
+        store = TraceStore.from_settings(self.rag.get_settings())
         try:
             store.ensure_schema()
             yield store

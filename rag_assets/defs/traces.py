@@ -99,16 +99,9 @@ def replay_spool(settings, log) -> bool:
     """
     if not settings.trace_spool_path.exists():
         return True
-    from rag_core.stores.pgserver import resolve_dsn
     from rag_core.traces.recorder import ToolInvocationRecorder
-    from rag_core.traces.store import TraceStore
 
-    def factory() -> TraceStore:
-        store = TraceStore(resolve_dsn(settings))
-        store.ensure_schema()
-        return store
-
-    recorder = ToolInvocationRecorder(factory, settings.trace_spool_path)
+    recorder = ToolInvocationRecorder.from_settings(settings)
     try:
         drained = recorder.flush(30.0)
     finally:

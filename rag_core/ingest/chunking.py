@@ -52,8 +52,8 @@ _ROW_LEVELS = (_SENTENCE_END,)
 # keeps the limit for counters that may gain a token there (e.g. BPE merging newlines).
 _JOIN_MARGIN = 1
 _MAX_REPAIRS = 6
-_BYTES_PER_TOKEN_LOW = 3  # estimates that should rarely be under the real count
-_BYTES_PER_TOKEN_HIGH = 5  # ... and rarely over it
+_BYTES_PER_TOKEN_START = 3.0  # size guess until the document's own counts say better
+_GUESS_SAFETY = 0.9
 
 
 @lru_cache(maxsize=1)
@@ -149,6 +149,14 @@ def _carry_empty(sections: list[_Section], has_content: Callable[[_Section], boo
     return out
 
 
+def _run_end(sizes: Sequence[int], i: int, limit: float) -> int:
+    """End (exclusive) of the longest run from ``i`` whose summed size is within ``limit``."""
+    j, total = i, 0
+    while j < len(sizes) and total + sizes[j] <= limit:
+        total, j = total + sizes[j], j + 1
+    return j
+
+
 def _chunk_id(doc_id: str, section_key: str, ordinal: int) -> str:
     return hashlib.sha1(f"{doc_id}\x1f{section_key}\x1f{ordinal}".encode()).hexdigest()[:32]
 
@@ -171,6 +179,7 @@ class _Chunker:
         self.line_starts = [0, *(m.end() for m in _LINE_BREAK.finditer(self.body))]
         self.blocks = _blocks(_body_parser().parse(self.body))
         self.ascii = self.body.isascii()
+        self.seen_bytes = self.seen_tokens = 0
         self.block_starts = [b.start for b in self.blocks]
 
     # -- offsets ---------------------------------------------------------------------------
@@ -178,26 +187,30 @@ class _Chunker:
         return self.line_starts[line] if line < len(self.line_starts) else len(self.body)
 
     def tokens(self, lo: int, hi: int) -> int:
-        return self.count(self.body[lo:hi])
+        """Exact count of ``body[lo:hi]``; also teaches the size-per-token guess."""
+        tokens = self.count(self.body[lo:hi])
+        self.seen_bytes += self.size(lo, hi)
+        self.seen_tokens += tokens
+        return tokens
 
-    def estimate(self, lo: int, hi: int) -> float:
-        """Token guess from the size: UTF-8 bytes / 3 (English averages over 4 characters a
-        token, CJK 3 bytes a token), so it rarely guesses too low."""
-        if self.ascii:
-            return (hi - lo) / _BYTES_PER_TOKEN_LOW
-        return len(self.body[lo:hi].encode()) / _BYTES_PER_TOKEN_LOW
+    def size(self, lo: int, hi: int) -> int:
+        """UTF-8 bytes of ``body[lo:hi]`` (a CJK character is 3 bytes and about one token)."""
+        return hi - lo if self.ascii else len(self.body[lo:hi].encode())
+
+    @property
+    def bytes_per_token(self) -> float:
+        """What the counts so far say a token takes (3 until a few counts are in)."""
+        if self.seen_tokens < 200:
+            return _BYTES_PER_TOKEN_START
+        return max(1.0, self.seen_bytes / self.seen_tokens)
+
+    def likely_fits(self, size: float, budget: int) -> bool:
+        """Guess from the size alone; a wrong guess only costs a counter call."""
+        return size <= budget * self.bytes_per_token * _GUESS_SAFETY
 
     def surely_over(self, lo: int, hi: int, budget: int) -> bool:
-        """Cheap guess that ``[lo, hi)`` is over ``budget``, to skip counting it before cutting.
-
-        A token averages over 4 characters of English and 1 CJK character (3 UTF-8 bytes),
-        so more than ``_BYTES_PER_TOKEN_HIGH`` bytes per token means too long. A wrong guess
-        costs nothing but more counter calls: the pieces are merged back when they fit.
-        """
-        if hi - lo <= budget * 2:
-            return False
-        size = hi - lo if self.ascii else len(self.body[lo:hi].encode())
-        return size > budget * _BYTES_PER_TOKEN_HIGH
+        """True when ``[lo, hi)`` is far too long to be worth counting before cutting it."""
+        return hi - lo > budget and self.size(lo, hi) > budget * self.bytes_per_token * 1.5
 
     # -- sections --------------------------------------------------------------------------
     def sections(self) -> list[_Section]:
@@ -228,7 +241,7 @@ class _Chunker:
         by kind, and the heading's tokens are reserved so it can always join the first piece.
         """
         lo, head_hi, hi = self.off(section.start), self.off(section.content), self.off(section.end)
-        if self.estimate(lo, hi) <= budget:
+        if self.likely_fits(self.size(lo, hi), budget):
             tokens = self.tokens(lo, hi)
             if tokens <= budget:
                 return [_Piece(lo, hi, tokens)]
@@ -273,34 +286,45 @@ class _Chunker:
             cuts = _cuts(pattern, self.body, lo, hi)
             if cuts:
                 rest = levels[i + 1:]
-                return self.pack([lo, *cuts, hi], budget, lambda a, b: self.split(a, b, budget, rest))
+                return self.pack([lo, *cuts, hi], budget,
+                                 lambda a, b, rest=rest: self.split(a, b, budget, rest))
         return self.hard_split(lo, hi, budget)
 
     def pack(self, bounds: Sequence[int], budget: int,
              cut_one: Callable[[int, int], list[_Piece]]) -> list[_Piece]:
         """Pieces for the consecutive ranges ``bounds[k]..bounds[k+1]``.
 
-        Runs of ranges that look like they fit together are counted as one (one counter call
-        instead of one per sentence or block); a run that turns out too big, and any range
-        alone, goes through ``cut_one``, which counts and cuts it.
+        Runs of ranges that look like they fit together (by size) are counted as one, so a
+        run of sentences or blocks costs one counter call, not one each; otherwise the first
+        range goes alone through ``cut_one`` (which counts and cuts it).
         """
         out: list[_Piece] = []
-        sizes = [self.estimate(a, b) for a, b in pairwise(bounds)]
-        i, n = 0, len(sizes)
-        while i < n:
-            j, size = i + 1, sizes[i]
-            while j < n and size + sizes[j] <= budget:
-                size, j = size + sizes[j], j + 1
-            if j - i > 1:
-                tokens = self.tokens(bounds[i], bounds[j])
-                if tokens <= budget:
-                    out.append(_Piece(bounds[i], bounds[j], tokens))
-                    i = j
-                    continue
-            for k in range(i, j):
-                out += cut_one(bounds[k], bounds[k + 1])
-            i = j
+        sizes = [self.size(a, b) for a, b in pairwise(bounds)]
+        i = 0
+        while i < len(sizes):
+            run = self.run_piece(bounds, sizes, i, budget)
+            if run is not None:
+                out.append(run)
+                i = bounds.index(run.end, i)
+            else:
+                out += cut_one(bounds[i], bounds[i + 1])
+                i += 1
         return out
+
+    def run_piece(self, bounds: Sequence[int], sizes: Sequence[int], i: int,
+                  budget: int) -> _Piece | None:
+        """One piece of two or more ranges from ``i`` that fits, or None. A run that turns
+        out too big is retried once, shortened by what its count showed."""
+        limit = budget * self.bytes_per_token * _GUESS_SAFETY
+        for _ in range(2):
+            j = _run_end(sizes, i, limit)
+            if j - i < 2:
+                return None
+            tokens = self.tokens(bounds[i], bounds[j])
+            if tokens <= budget:
+                return _Piece(bounds[i], bounds[j], tokens)
+            limit = sum(sizes[i:j]) * budget / tokens * _GUESS_SAFETY
+        return None
 
     def hard_split(self, lo: int, hi: int, budget: int) -> list[_Piece]:
         out = []

@@ -2,7 +2,8 @@
 
 Steps: drop candidates below ``min_block_similarity``; score every candidate with the
 rule-based rerank (``RerankWeights``); collapse candidates of one source document into one
-block (best-scoring chunk, hit reasons of all of them); keep the top ``max_evidence_blocks``.
+block (best-scoring chunk first, then up to two more of its chunks, hit reasons of all of
+them); keep the top ``max_evidence_blocks``.
 Every block gets a ``RerankEntry`` saying how its final score was built.
 """
 
@@ -55,7 +56,8 @@ class KnowledgeEvidencePostProcessor:
     """Turns L1 candidates (and L0 hints) into ranked evidence blocks."""
 
     def __init__(self, l0: L0Index | None, min_similarity: float, max_blocks: int,
-                 weights: RerankWeights = RerankWeights()):
+                 weights: RerankWeights = RerankWeights(), chunks_per_block: int = 3):
+        self.chunks_per_block = chunks_per_block
         self.l0 = l0
         self.min_similarity = min_similarity
         self.max_blocks = max_blocks
@@ -85,7 +87,8 @@ class KnowledgeEvidencePostProcessor:
             blocks.append(EvidenceBlock(
                 rank=after, source=c.hit.doc_id, chunk_id=c.hit.chunk_id, title=c.hit.title,
                 breadcrumb=c.hit.breadcrumb, category=c.hit.category,
-                retrieval_layer="L0+L1" if match else "L1", content=c.hit.text,
+                retrieval_layer="L0+L1" if match else "L1",
+                content=block_content(c, per_doc[c.hit.doc_id], self.chunks_per_block),
                 score=round(c.similarity, 4), raw_score=round(c.hit.raw_score, 4),
                 score_label=c.hit.score_label, final_score=round(final, 4), hit_reasons=reasons))
             entries.append(RerankEntry(
@@ -113,6 +116,16 @@ class KnowledgeEvidencePostProcessor:
             "priority": w.priority * priority,
             "filtered_attempt": w.filtered_attempt if c.filtered else 0.0,
         }
+
+
+def block_content(best: Candidate, group: list[Candidate], limit: int) -> str:
+    """The best chunk's text, then up to ``limit - 1`` more chunks of the same document that
+    L1 also found (best similarity first), each under its own breadcrumb: an agent gets the
+    document's other relevant sections (e.g. Diagnosis beside Meaning) in one block."""
+    others = sorted((c for c in group if c is not best), key=lambda c: -c.similarity)[: limit - 1]
+    parts = [best.hit.text.strip()]
+    parts += [f"[{c.hit.breadcrumb}]\n{c.hit.text.strip()}" for c in others]
+    return "\n\n".join(parts)
 
 
 def l0_fallback_blocks(hints: L0Hints, l0: L0Index | None, max_blocks: int) -> list[EvidenceBlock]:

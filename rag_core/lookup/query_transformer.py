@@ -12,7 +12,11 @@ from rag_core.text import lexical_terms, normalize, tokenize
 class TransformedQuery:
     """The query as the retriever sees it.
 
-    ``category_filter`` is set only when L0 found exactly one nonblank domain.
+    ``category_filter`` is set only when L0 found exactly one nonblank domain and that domain
+    comes from documents matched by name (title, H1, file name or alias). A domain resting on
+    keyword or entity matches alone ("bank", "backup") stays a hint (it feeds the rerank's
+    domain signal) but does not filter: the filter is a hard restriction, and a filtered
+    attempt that is good enough by similarity is never retried unfiltered.
     ``rewritten`` is the text embedded (the original, NFKC-normalised and truncated to
     ``max_query_chars``); ``lexical_terms`` feed the stores' full-text channel.
     """
@@ -46,6 +50,6 @@ class KnowledgeQueryTransformer:
         domains = [d for d in hints.domains if d.strip()]
         return TransformedQuery(
             original=query, rewritten=text, hints=hints,
-            category_filter=domains[0] if len(domains) == 1 else None,
+            category_filter=domains[0] if len(domains) == 1 and hints.domains_from_names else None,
             lexical_terms=sorted(set(lexical_terms(tokenize(text)))), truncated=truncated,
         )
