@@ -6,7 +6,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from pydantic import ValidationError
@@ -37,9 +36,9 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INF
 
 
 @app.command()
-def ingest(knowledge_dir: Optional[Path] = typer.Option(None, help="Knowledge root (default RAG_KNOWLEDGE_DIR)"),
+def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root (default RAG_KNOWLEDGE_DIR)"),
            rebuild: bool = typer.Option(False, help="Drop and rebuild the indexes"),
-           sidecar: Optional[bool] = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
+           sidecar: bool | None = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Ingest Markdown knowledge into Milvus (and pgvector) incrementally; print a report."""
     from rag_core.components import make_embedder, make_stores
@@ -67,7 +66,7 @@ def ingest(knowledge_dir: Optional[Path] = typer.Option(None, help="Knowledge ro
 
 @app.command()
 def lookup(query: str = typer.Argument(..., help="Question or alert text"),
-           session: Optional[str] = typer.Option(None, help="Session id"),
+           session: str | None = typer.Option(None, help="Session id"),
            as_json: bool = typer.Option(False, "--json", help="Print the exact JSON contract")) -> None:
     """Run lookup_knowledge and print the evidence (or the JSON contract)."""
     from rag_core.cli_views import print_lookup

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from rag_core.l0 import L0Index
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever
-from rag_core.l0 import L0Index
 from rag_core.settings import RagSettings
 
 

@@ -22,9 +22,9 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from rag_core.models import KnowledgeDocument
 from rag_core.text import normalize, tokenize
@@ -108,7 +108,7 @@ class L0Index:
         self._default_idf = math.log(1 + (n + 0.5) / 0.5)
 
     @classmethod
-    def build(cls, documents: Iterable[KnowledgeDocument]) -> "L0Index":
+    def build(cls, documents: Iterable[KnowledgeDocument]) -> L0Index:
         """Index documents: names are title, H1, file stem and aliases (deduplicated)."""
         entries = []
         for doc in documents:
@@ -126,7 +126,7 @@ class L0Index:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "L0Index":
+    def load(cls, path: Path) -> L0Index:
         """Load a saved index; FileNotFoundError when ``rag ingest`` has not run yet."""
         return cls(L0Entry(**e) for e in json.loads(path.read_text()))
 

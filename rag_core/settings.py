@@ -64,7 +64,7 @@ class RagSettings(BaseSettings):
         return value.expanduser()
 
     @model_validator(mode="after")
-    def _ordered_thresholds(self) -> "RagSettings":
+    def _ordered_thresholds(self) -> RagSettings:
         if not self.relevant_threshold <= self.high_relevance_threshold:
             raise ValueError("relevant_threshold must not exceed high_relevance_threshold")
         return self

@@ -1,8 +1,8 @@
 """Incremental ingestion on real Milvus Lite with the real model over the sample knowledge base."""
 
 import pytest
-
 from conftest import RUNBOOKS, make_settings, need_shared
+
 from rag_core.ingest.pipeline import ingest
 from rag_core.stores.milvus import MilvusStore
 

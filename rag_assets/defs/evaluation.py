@@ -68,22 +68,30 @@ def _fixture_metadata(manifest: dict, out_dir: Path) -> dict:
     }
 
 
-def _record(path: str, settings: RagSettings, embedder) -> dg.MaterializeResult:
+def _record(path: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
     from rag_core.evaluation.record import record_fixtures
 
     out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(path)
     manifest = record_fixtures(settings, path, settings.golden_cases, out_dir,  # type: ignore[arg-type]
                                embedder=embedder, progress=False)
-    return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
+    return manifest, _fixture_metadata(manifest, out_dir)
 
 
 @dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"})
 def retrieval_fixtures_milvus(context: dg.AssetExecutionContext, rag: RagSettingsResource,
                               embedder: EmbedderResource,
                               milvus: MilvusStoreResource) -> dg.MaterializeResult:
-    """Candidates and evidence blocks of every golden case on the Milvus main path (one JSON each)."""
+    """Candidates and evidence blocks of every golden case on the Milvus main path (one JSON each).
+
+    Fails when Milvus cannot be opened: a main-path evaluation of nothing must not be reported
+    or published (the manifest with the reason is still written).
+    """
     with milvus.lock(context.log):
-        return _record("milvus", rag.get_settings(), embedder.get())
+        manifest, metadata = _record("milvus", rag.get_settings(), embedder.get())
+    if metadata["status"] != "available":
+        raise dg.Failure(description=f"main path (Milvus) unavailable: {metadata['reason']}",
+                         metadata=metadata)
+    return dg.MaterializeResult(metadata=metadata)
 
 
 @dg.asset(group_name="evaluation", deps=["pgvector_table", "golden_cases"], kinds={"json"})
@@ -105,7 +113,10 @@ def retrieval_fixtures_pgvector(context: dg.AssetExecutionContext, rag: RagSetti
         write_manifest(out_dir, manifest)
         return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
     with pgvector.lock(context.log):
-        return _record("pgvector", settings, embedder.get())
+        _, metadata = _record("pgvector", settings, embedder.get())
+    if metadata["status"] != "available":
+        context.log.warning("pgvector sidecar unavailable: %s", metadata["reason"])
+    return dg.MaterializeResult(metadata=metadata)
 
 
 # --- evaluation ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -72,7 +72,7 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
         "index_params": {"milvus_index": settings.milvus_index, "metric": "COSINE",
                          "top_k": settings.top_k, "pg_index": "hnsw(vector_cosine_ops)",
                          "lexical": "bm25" if path == "milvus" else "ts_rank_cd"},
-        "git_commit": git_commit(), "recorded_at": datetime.now(timezone.utc).isoformat(),
+        "git_commit": git_commit(), "recorded_at": datetime.now(UTC).isoformat(),
         "cases_file": str(cases_file), "case_count": len(cases),
         "path_status": {"status": "available", "reason": None},
     }
@@ -85,7 +85,7 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
         manifest["path_status"] = {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:500]}
         write_manifest(out_dir, manifest)
         return manifest
-    session = f"eval-{path}-{datetime.now(timezone.utc):%Y%m%d}"
+    session = f"eval-{path}-{datetime.now(UTC):%Y%m%d}"
     try:
         for case in tqdm(cases, desc=f"recording {path}", unit="case", disable=not progress):
             result, candidates = tool.lookup_with_candidates(case.query, session_id=session)

@@ -18,7 +18,12 @@ indented code block is cut only at line breaks (then hard). A table is cut betwe
 its header row and separator are repeated at the top of every later piece: such a chunk's
 ``text`` is ``header + body[start:end]``, not a pure slice (``start``/``end`` are the
 offsets of the rows it covers). Adjacent pieces of one section are then merged greedily up
-to the budget. Each piece is tokenised about once, so chunking stays linear in the body size.
+to the budget, adding up their counts.
+
+Counting is the cost (the tokenizer call, not Python): sizes guide what to count, runs of
+blocks or sentences that look like they fit are counted as one, text that is obviously too
+long is cut before it is counted, and a small section is counted once with its breadcrumb.
+So most text is tokenised about once and chunking stays linear in the body size.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ _ROW_LEVELS = (_SENTENCE_END,)
 # keeps the limit for counters that may gain a token there (e.g. BPE merging newlines).
 _JOIN_MARGIN = 1
 _MAX_REPAIRS = 6
-_BYTES_PER_TOKEN_START = 3.0  # size guess until the document's own counts say better
+_BYTES_PER_TOKEN_START = 3.0  # size guess until the section's own counts say better
 _GUESS_SAFETY = 0.9
 
 
@@ -199,7 +204,7 @@ class _Chunker:
 
     @property
     def bytes_per_token(self) -> float:
-        """What the counts so far say a token takes (3 until a few counts are in)."""
+        """What this section's counts say a token takes (3 until a few counts are in)."""
         if self.seen_tokens < 200:
             return _BYTES_PER_TOKEN_START
         return max(1.0, self.seen_bytes / self.seen_tokens)
@@ -217,34 +222,44 @@ class _Chunker:
         raw = _sections(self.blocks, len(self.line_starts), self.doc.title)
         return _carry_empty(raw, lambda s: bool(self.body[self.off(s.content):self.off(s.end)].strip()))
 
-    def breadcrumb(self, path: tuple[str, ...]) -> tuple[str, int]:
-        """(breadcrumb, its token count): title and heading path, cut to half the budget
-        so that room for text always remains."""
+    def breadcrumb(self, path: tuple[str, ...]) -> str:
+        """Title and heading path, cut to half of ``max_tokens`` so room for text remains."""
         crumb = BREADCRUMB_SEPARATOR.join((collapse_ws(self.doc.title), *path))
         limit = self.max_tokens // 2
-        tokens = self.count(crumb)
-        if tokens <= limit:
-            return crumb, tokens
+        # No subword tokenizer makes more tokens than UTF-8 bytes: short ones need no count.
+        if len(crumb.encode()) <= limit or self.count(crumb) <= limit:
+            return crumb
         lo, hi = 0, len(crumb)  # longest prefix that fits, then an ellipsis
         while lo < hi:
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if self.count(crumb[:mid] + "…") <= limit else (lo, mid - 1)
-        crumb = crumb[:lo].rstrip() + "…"
-        return crumb, self.count(crumb)
+        return crumb[:lo].rstrip() + "…"
+
+    def section_texts(self, section: _Section) -> tuple[str, list[tuple[int, int, str]]]:
+        """(breadcrumb, [(start, end, text)]) of one section's chunks.
+
+        A section that looks small enough is counted once with its breadcrumb, which is all
+        most sections need. Size guesses learn within the section only: its cuts must not
+        depend on the rest of the document, or an edit elsewhere would change its chunks.
+        """
+        self.seen_bytes = self.seen_tokens = 0
+        crumb = self.breadcrumb(section.path)
+        lo, hi = self.off(section.start), self.off(section.end)
+        if self.likely_fits(self.size(lo, hi) + len(crumb.encode()), self.max_tokens) \
+                and self.count(f"{crumb}\n\n{self.body[lo:hi]}") <= self.max_tokens:
+            return crumb, self.checked([_Piece(lo, hi, 0)], crumb, 0)
+        budget = self.max_tokens - self.count(crumb) - _JOIN_MARGIN
+        pieces = self.merge(self.section_pieces(section, budget), budget)
+        return crumb, self.checked(pieces, crumb, budget)
 
     # -- cutting ---------------------------------------------------------------------------
     def section_pieces(self, section: _Section, budget: int) -> list[_Piece]:
         """Pieces of one section, each within ``budget`` tokens (header repeats included).
 
-        A section that looks small enough is counted whole (usually the only count it
-        needs). Otherwise its top-level blocks are packed: blocks over the budget are cut
-        by kind, and the heading's tokens are reserved so it can always join the first piece.
+        Its top-level blocks are packed: blocks over the budget are cut by kind, and the
+        heading's tokens are reserved so it can always join the first piece.
         """
-        lo, head_hi, hi = self.off(section.start), self.off(section.content), self.off(section.end)
-        if self.likely_fits(self.size(lo, hi), budget):
-            tokens = self.tokens(lo, hi)
-            if tokens <= budget:
-                return [_Piece(lo, hi, tokens)]
+        lo, head_hi = self.off(section.start), self.off(section.content)
         head = self.split(lo, head_hi, budget, _TEXT_LEVELS)
         head_tokens = sum(p.tokens + _JOIN_MARGIN for p in head)
         room = budget - head_tokens if head_tokens <= budget // 2 else budget
@@ -460,13 +475,11 @@ def chunk_document(doc: KnowledgeDocument, count_tokens: Callable[[str], int],
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
     for section in chunker.sections():
-        crumb, crumb_tokens = chunker.breadcrumb(section.path)
-        budget = max_tokens - crumb_tokens - _JOIN_MARGIN
         path_key = BREADCRUMB_SEPARATOR.join(section.path)
         seen[path_key] = seen.get(path_key, 0) + 1
         key = path_key if seen[path_key] == 1 else f"{path_key}#{seen[path_key]}"
-        pieces = chunker.merge(chunker.section_pieces(section, budget), budget)
-        for i, (start, end, text) in enumerate(chunker.checked(pieces, crumb, budget)):
+        crumb, texts = chunker.section_texts(section)
+        for i, (start, end, text) in enumerate(texts):
             chunks.append(Chunk(
                 chunk_id=_chunk_id(doc.doc_id, key, i), doc_id=doc.doc_id, title=doc.title,
                 breadcrumb=crumb, category=doc.category, text=text, start=start, end=end,

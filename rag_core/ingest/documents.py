@@ -187,8 +187,9 @@ class _Head:
 
 
 def _opens_frontmatter(text: str) -> bool:
-    first = text.split("\n", 1)[0]
-    return first.rstrip() == "---"
+    """First line is exactly ``---`` (what a YAML frontmatter block opens with)."""
+    end = text.find("\n")
+    return text[: end if end >= 0 else len(text)].rstrip() == "---"
 
 
 def _prefix(text: str, n_lines: int) -> tuple[str, bool]:
@@ -310,7 +311,7 @@ def _list_field(fm: dict, nodes: dict, name: str, doc_id: str) -> tuple[str, ...
     if isinstance(value, (list, tuple, set)):
         item_nodes = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(value)
         items = []
-        for i, (item, item_node) in enumerate(zip(value, item_nodes)):
+        for i, (item, item_node) in enumerate(zip(value, item_nodes, strict=True)):
             if item is None:
                 continue
             text = _scalar_text(item, item_node)

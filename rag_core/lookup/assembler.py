@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from rag_core.l0 import L0Hints
 from rag_core.lookup.contracts import (
-    ContextPack, EvidenceBlock, LookupResult, RelevanceLevel, RerankEntry, RetrievalTrace,
+    ContextPack,
+    EvidenceBlock,
+    LookupResult,
+    RelevanceLevel,
+    RerankEntry,
+    RetrievalTrace,
 )
 from rag_core.settings import RagSettings
 

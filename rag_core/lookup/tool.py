@@ -14,16 +14,22 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.assembler import LookupResultAssembler
 from rag_core.lookup.contracts import (
-    ContextPack, LookupResult, RetrievalTrace, SidecarStatus,
+    LookupResult,
+    RetrievalTrace,
+    SidecarStatus,
 )
 from rag_core.lookup.packer import KnowledgeContextPacker
-from rag_core.lookup.postprocessor import KnowledgeEvidencePostProcessor, RerankWeights, l0_fallback_blocks
+from rag_core.lookup.postprocessor import (
+    KnowledgeEvidencePostProcessor,
+    RerankWeights,
+    l0_fallback_blocks,
+)
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, TransformedQuery
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
 from rag_core.lookup.session import SessionState
@@ -269,7 +275,7 @@ class LookupKnowledgeTool:
                 return
             row = build_trace_row(result, tq, timings, latency_ms, TOOL_NAME)
             row["id"] = str(uuid.uuid4())
-            row["created_at"] = datetime.now(timezone.utc)
+            row["created_at"] = datetime.now(UTC)
             recorder.record(row)
         except Exception:  # tracing must never fail a lookup
             log.warning("could not hand the trace to the recorder", exc_info=True)

@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
 from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings, redact_dsn
-from rag_core.stores.base import DimensionMismatchError, StoreError, check_vectors, cosine_to_similarity
+from rag_core.stores.base import (
+    DimensionMismatchError,
+    StoreError,
+    check_vectors,
+    cosine_to_similarity,
+)
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
@@ -74,7 +79,7 @@ class MilvusStore:
         self._loaded = False
 
     @classmethod
-    def from_settings(cls, settings: RagSettings) -> "MilvusStore":
+    def from_settings(cls, settings: RagSettings) -> MilvusStore:
         token = settings.milvus_token.get_secret_value() if settings.milvus_token else None
         return cls(settings.milvus_target, settings.collection, token, settings.milvus_index)
 
