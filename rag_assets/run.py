@@ -20,11 +20,10 @@ import logging
 import os
 import shutil
 import sys
-from datetime import date
 from pathlib import Path
 
 from rag_assets.layout import DEFAULT_DAGSTER_HOME, LOCAL_INSTANCE_YAML
-from rag_assets.timing import today_key
+from rag_assets.timing import DAILY_PARTITIONS, TRACE_START_DATE, today_key
 
 QUIET_LOGGERS = ("pymilvus", "grpc")
 RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
@@ -125,11 +124,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="UTC day of tool_invocation rows to export (default: today)")
     args = parser.parse_args(argv)
     day = args.trace_day or today_key()
-    try:
-        date.fromisoformat(day)
-    except ValueError:
+    if day not in DAILY_PARTITIONS.get_partition_keys():
         parser.print_usage(sys.stderr)
-        print(f"--trace-day must be YYYY-MM-DD, got {day!r}", file=sys.stderr)
+        print(f"--trace-day must be a UTC day YYYY-MM-DD from {TRACE_START_DATE} to today, got {day!r}",
+              file=sys.stderr)
         return 2
 
     home = prepare_dagster_home()

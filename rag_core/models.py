@@ -53,7 +53,8 @@ class Chunk:
     """A heading-delimited piece of one document.
 
     ``start``/``end`` are character offsets into ``KnowledgeDocument.body`` (end exclusive);
-    ``text`` is exactly ``body[start:end]``. ``breadcrumb`` is the heading path joined with
+    ``text`` is ``body[start:end]``, except for the continuation pieces of a split table, whose
+    ``text`` repeats the table's header rows before the slice. ``breadcrumb`` is the heading path joined with
     ``" > "`` and starts with the document title. ``chunk_id`` is stable across runs:
     ``sha1(doc_id, heading path, ordinal)``. ``content_hash`` covers everything that is
     embedded or stored, so a change in title, breadcrumb, category or text re-embeds.

@@ -39,7 +39,7 @@ class RagSettings(BaseSettings):
     embedding_model: str = Field("all-MiniLM-L6-v2", min_length=1)
     embedding_batch_size: int = Field(64, ge=1, le=4096)
     chunk_max_tokens: int = Field(240, ge=32, le=512, description="Word pieces per chunk incl. header (model window 256)")
-    chunk_min_chars: int = Field(1, ge=1)
+    max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
     sidecar_enabled: bool = Field(False, description="Also query the pgvector sidecar beside Milvus")

@@ -300,8 +300,8 @@ def _block(rng: random.Random) -> str:
         rows = ["| " + " | ".join(_sentence(rng) for _ in range(cols)) + " |" for _ in range(rng.randint(1, 30))]
         return "| " + " | ".join(f"h{i}" for i in range(cols)) + " |\n|" + "---|" * cols + "\n" + "\n".join(rows)
     if kind == 4:
-        choices = ["# comment", "## not heading", "x = 1", _sentence(rng)]
-        lines = [rng.choice(choices) for _ in range(rng.randint(0, 60))]
+        choices = ["# comment", "## not heading", "x = 1", ""]
+        lines = [rng.choice(choices) or _sentence(rng) for _ in range(rng.randint(0, 60))]
         return "```sh\n" + "\n".join(lines) + ("\n```" if rng.random() < 0.9 else "")
     if kind == 5:
         return "".join(rng.choice("abcdefgh/_-=") for _ in range(rng.randint(100, 1500)))

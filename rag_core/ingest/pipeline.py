@@ -103,7 +103,7 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     root = Path(knowledge_dir or settings.knowledge_dir)
     report = IngestReport(knowledge_dir=str(root))
     with _stage(report, "scan"):
-        docs, issues = scan_documents(root)
+        docs, issues = scan_documents(root, max_bytes=settings.max_document_bytes)
     report.documents_seen = len(docs) + len(issues)
     report.skipped.extend(issues)
     with _stage(report, "chunk"):

