@@ -1,0 +1,69 @@
+"""pgvector sidecar wiring in lookup_knowledge: real Milvus Lite, embedded PostgreSQL, real model."""
+
+import pytest
+
+from conftest import make_settings
+from rag_core.ingest.pipeline import ingest
+from rag_core.lookup.tool import LookupKnowledgeTool
+from rag_core.stores.milvus import MilvusStore
+from rag_core.stores.pgvector import PgVectorStore
+
+
+class Untouchable:
+    """A sidecar that fails the test if the tool touches it at all."""
+
+    name = "pgvector"
+
+    def __getattr__(self, attr):
+        raise AssertionError(f"sidecar touched ({attr}) while disabled")
+
+
+@pytest.fixture
+def both(tmp_path, kb_copy, embedder, pg_dsn, pg_table):
+    settings = make_settings(tmp_path / "data", kb_copy, sidecar_enabled=True)
+    main, side = MilvusStore.from_settings(settings), PgVectorStore(pg_dsn, pg_table)
+    report = ingest(settings, embedder, [main, side], progress=False)
+    assert report.stores["pgvector"].added == report.stores["milvus"].added == side.count()
+    assert report.chunks_embedded == report.chunks_total  # embedded once for both stores
+    yield settings, main, side
+    main.close()
+    side.close()
+
+
+def test_disabled_sidecar_is_never_touched(both, embedder):
+    settings, main, _ = both
+    off = settings.model_copy(update={"sidecar_enabled": False})
+    r = LookupKnowledgeTool(off, embedder=embedder, store=main, sidecar=Untouchable()).lookup("RedisMemoryHigh")
+    assert r.found and r.retrieval_trace.sidecar.status == "disabled"
+
+
+def test_enabled_sidecar_reports_beside_an_unchanged_main_result(both, embedder):
+    settings, main, side = both
+    off = settings.model_copy(update={"sidecar_enabled": False})
+    q = "redis is evicting keys and shoppers get logged out"
+    plain = LookupKnowledgeTool(off, embedder=embedder, store=main).lookup(q)
+    with_side = LookupKnowledgeTool(settings, embedder=embedder, store=main, sidecar=side).lookup(q)
+    assert [b.source for b in with_side.evidence_blocks] == [b.source for b in plain.evidence_blocks]
+    status = with_side.retrieval_trace.sidecar
+    assert status.status == "available" and status.top_sources
+    assert status.top_sources[0] == plain.evidence_blocks[0].source
+
+
+def test_sidecar_failure_leaves_the_main_path_answering(both, embedder):
+    settings, main, _ = both
+    broken = PgVectorStore("postgresql://rag:topsecret@127.0.0.1:9/nowhere", "t", connect_timeout=2)
+    r = LookupKnowledgeTool(settings, embedder=embedder, store=main, sidecar=broken).lookup("RedisMemoryHigh")
+    assert r.found and r.status == "ok" and r.evidence_blocks[0].source == "cache/RedisMemoryHigh.md"
+    assert r.retrieval_trace.sidecar.status in ("error", "unavailable")
+    assert "topsecret" not in r.model_dump_json()
+
+
+def test_paths_agree_on_exact_search(both, embedder):
+    _, main, side = both
+    v = embedder.embed_query("kafka consumer lag is growing")
+    m = [h.chunk_id for h in main.search(v, 5)]
+    p = [h.chunk_id for h in side.search(v, 5)]
+    assert m == p  # FLAT in Milvus and an exact scan in pgvector on a small table
+    hm, hp = main.search(v, 1)[0], side.search(v, 1)[0]
+    assert hm.similarity == pytest.approx(hp.similarity, abs=1e-4)
+    assert hm.score_label != hp.score_label and hp.raw_score == pytest.approx(1 - hm.raw_score, abs=1e-4)
