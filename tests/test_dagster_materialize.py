@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,10 +46,15 @@ def _main(*argv: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env():
     """Temporary DAGSTER_HOME, data dir and (absent) stored baseline, set as the main command's
-    environment; the embedded PostgreSQL started under the data dir is stopped afterwards."""
-    tmp = tmp_path_factory.mktemp("dagster_it")
+    environment; the embedded PostgreSQL started under the data dir is stopped afterwards.
+
+    Not pytest's tmp_path: as root, PostgreSQL runs as the ``pgserver`` user, which must
+    traverse every parent directory, and pytest resets ``/tmp/pytest-of-<user>`` to mode 0700
+    whenever another pytest session starts (see conftest_pg.py).
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="rag-dagster-it-"))
     ns = SimpleNamespace(tmp=tmp, home=tmp / "dagster_home", data=tmp / "data",
                          baseline=tmp / "stored" / "baseline.json")
     with pytest.MonkeyPatch.context() as mp:
@@ -64,7 +70,12 @@ def env(tmp_path_factory):
             from rag_core.stores.pgserver import stop_embedded
 
             with contextlib.suppress(Exception):
-                stop_embedded(ns.data / "pgdata")
+                stop_embedded(ns.data / "pgdata", mode="immediate")
+            with contextlib.suppress(Exception):  # Milvus Lite serves the file until released
+                from milvus_lite.server_manager import server_manager_instance
+
+                server_manager_instance.release_server(str(ns.data / "milvus.db"))
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from rag_assets.defs.index import MAIN_PATH_FIRST
 from rag_assets.defs.resources import (
     EmbedderResource,
     EvaluationConfigResource,
@@ -77,7 +78,8 @@ def _record(path: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
     return manifest, _fixture_metadata(manifest, out_dir)
 
 
-@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"})
+@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"},
+          op_tags=MAIN_PATH_FIRST)
 def retrieval_fixtures_milvus(context: dg.AssetExecutionContext, rag: RagSettingsResource,
                               embedder: EmbedderResource,
                               milvus: MilvusStoreResource) -> dg.MaterializeResult:

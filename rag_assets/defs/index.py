@@ -21,6 +21,9 @@ from rag_core.stores.base import StoreError
 
 # What an unreachable or misconfigured PostgreSQL raises on the way to the sidecar.
 SIDECAR_UNAVAILABLE = (StoreError, psycopg.Error, OSError)
+#: Main-path steps run first, back to back: results exist even if the sidecar is slow, and an
+#: in-process Milvus Lite connection left idle for ~30 s is dropped by its gRPC server.
+MAIN_PATH_FIRST = {"dagster/priority": "10"}
 
 
 @dg.asset(group_name="index", kinds={"json"})
@@ -58,7 +61,7 @@ def ingest_metadata(report, store_name: str, stored: int) -> dict:
     }
 
 
-@dg.asset(group_name="index", deps=["chunks", "l0_index"], kinds={"milvus"})
+@dg.asset(group_name="index", deps=["chunks", "l0_index"], kinds={"milvus"}, op_tags=MAIN_PATH_FIRST)
 def milvus_collection(context: dg.AssetExecutionContext, rag: RagSettingsResource,
                       embedder: EmbedderResource, milvus: MilvusStoreResource) -> dg.MaterializeResult:
     """The main-path Milvus collection, brought in step with the knowledge directory.

@@ -280,6 +280,16 @@ class LookupKnowledgeTool:
         except Exception:  # tracing must never fail a lookup
             log.warning("could not hand the trace to the recorder", exc_info=True)
 
+    def warm_up(self) -> None:
+        """Load the model, the L0 index and open the store now, so the first ``lookup`` does
+        not pay for them (a cold start costs seconds, mostly loading torch). Never raises."""
+        try:
+            self.embedder.embed_query("warm up")
+            _ = self.l0
+            self.store.count()
+        except Exception as exc:
+            log.warning("warm-up incomplete: %s", exc)
+
     def close(self) -> None:
         """Flush traces and release stores."""
         self._pool.shutdown(wait=False)

@@ -96,7 +96,12 @@ class MilvusStore:
             if self.is_lite:
                 Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
             try:
-                kwargs = {"uri": self.uri, "timeout": self._timeout}
+                # A dedicated channel without client keepalive pings: Milvus Lite's embedded
+                # server drops connections that ping while idle ("too_many_pings"), and the
+                # shared per-URI channel would then fail every later call of the process.
+                kwargs = {"uri": self.uri, "timeout": self._timeout, "dedicated": True,
+                          "grpc_options": {"grpc.keepalive_permit_without_calls": False,
+                                           "grpc.keepalive_time_ms": 2**31 - 1}}
                 if self._token:
                     kwargs["token"] = self._token
                 self._client = MilvusClient(**kwargs)

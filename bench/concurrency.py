@@ -1,0 +1,69 @@
+"""Concurrency: lookups/s with 1, 2, 4 and 8 threads sharing one LookupKnowledgeTool object.
+
+Each configuration runs the same number of lookups (the benchmark queries in turn) through a
+thread pool and reports throughput, per-call latency and the process CPU time per wall second
+(about 1.0 means the work is serialised: the GIL, the embedder's lock or the in-process
+Milvus Lite server)."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from bench.common import CapturingRecorder, log, ratio, summarize
+from bench.context import BenchContext
+from bench.latency import build_tool, open_store
+
+
+def measure(tool, queries: list[str], threads: int, lookups: int) -> dict[str, Any]:
+    work = [queries[i % len(queries)] for i in range(lookups)]
+    latencies: list[float] = []
+
+    def one(i_q: tuple[int, str]) -> float:
+        i, q = i_q
+        t0 = time.perf_counter()
+        result = tool.lookup(q, session_id=f"bench-conc-{i % 16}")
+        if result.status != "ok":
+            raise RuntimeError(result.message or "lookup failed")
+        return (time.perf_counter() - t0) * 1000
+
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bench") as pool:
+        latencies = list(pool.map(one, enumerate(work)))
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    return {
+        "threads": threads,
+        "lookups": lookups,
+        "wall_s": round(wall, 3),
+        "lookups_per_s": round(lookups / wall, 2),
+        "latency_ms": summarize(latencies),
+        "cpu_per_wall": round(cpu / wall, 2),
+    }
+
+
+def run(
+    ctx: BenchContext,
+    paths: tuple[str, ...] = ("milvus", "pgvector"),
+    threads: tuple[int, ...] = (1, 2, 4, 8),
+    lookups: int | None = None,
+) -> dict[str, Any]:
+    lookups = lookups or (16 if ctx.quick else 48)
+    out: dict[str, Any] = {"threads": list(threads), "lookups_per_config": lookups, "paths": {}}
+    for path in paths:
+        log(f"concurrency: {path} path, threads {threads}, {lookups} lookups each")
+        try:
+            tool = build_tool(ctx.get_kb_settings(), open_store(ctx, path), ctx.embedder, CapturingRecorder())
+            for q in ctx.queries[:8]:
+                tool.lookup(q)
+            rows = [measure(tool, ctx.queries, t, lookups) for t in threads]
+            base = rows[0]["lookups_per_s"]
+            for r in rows:
+                r["speedup_vs_1"] = ratio(r["lookups_per_s"], base, 2)
+            tool.close()
+            out["paths"][path] = rows
+        except Exception as exc:
+            log(f"concurrency: {path} failed: {exc}")
+            out["paths"][path] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    return out

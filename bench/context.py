@@ -1,0 +1,124 @@
+"""State the benchmarks share within one run: scratch space, the time budget, the embedding
+model, the runbook corpus (chunks and their embeddings), its ingested data dir (Milvus Lite and
+pgvector) and the benchmark queries with their embeddings. Everything is built lazily, so each
+benchmark can also run alone (``--only``)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import RUNBOOKS, Budget, CachingEmbedder, Scratch, log, make_settings
+from bench.queries import benchmark_queries
+from rag_core.settings import RagSettings
+
+PG_TABLE = "knowledge_chunks"
+
+
+@dataclass
+class Corpus:
+    """The runbook chunks as ingestion sees them, with their embeddings (one row per chunk)."""
+
+    chunks: list[Any]
+    vectors: np.ndarray
+
+    @property
+    def texts(self) -> list[str]:
+        return [c.embed_text for c in self.chunks]
+
+
+@dataclass
+class BenchContext:
+    scratch: Scratch
+    budget: Budget
+    quick: bool = False
+    show_progress: bool = True
+    knowledge_dir: Path = RUNBOOKS
+    query_limit: int | None = None
+    _embedder: Any = None
+    corpus: Corpus | None = None
+    kb_settings: RagSettings | None = None  # data dir holding the ingested corpus (Milvus + L0)
+    pg_ready: bool = False
+    _queries: list[str] | None = None
+    _query_vectors: np.ndarray | None = None
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    # --- model -----------------------------------------------------------------------------
+
+    @property
+    def embedder(self):
+        if self._embedder is None:
+            from rag_core.embedding import SentenceTransformerEmbedder
+
+            t0 = time.perf_counter()
+            self._embedder = SentenceTransformerEmbedder()
+            self._embedder.embed_query("warm-up")  # load torch and the model once, up front
+            self.notes["model_load_s"] = round(time.perf_counter() - t0, 2)
+            log(f"embedding model loaded in {self.notes['model_load_s']} s")
+        return self._embedder
+
+    # --- corpus ------------------------------------------------------------------------------
+
+    def chunk_corpus(self) -> list[Any]:
+        """Scan and chunk the knowledge dir exactly as ``ingest`` does."""
+        from rag_core.ingest.documents import scan_documents
+        from rag_core.ingest.pipeline import IngestReport, chunk_documents
+
+        settings = make_settings(self.scratch.dir("chunking"), self.knowledge_dir)
+        docs, _issues = scan_documents(self.knowledge_dir)
+        _docs, chunks = chunk_documents(docs, settings, IngestReport(str(self.knowledge_dir)))
+        return chunks
+
+    def get_corpus(self) -> Corpus:
+        if self.corpus is None:
+            chunks = self.chunk_corpus()
+            vectors = self.embedder.embed_documents([c.embed_text for c in chunks])
+            self.corpus = Corpus(chunks, vectors)
+        return self.corpus
+
+    def get_kb_settings(self) -> RagSettings:
+        """Settings of a data dir holding the ingested corpus (Milvus Lite + L0 index)."""
+        if self.kb_settings is None:
+            from rag_core.ingest.pipeline import ingest
+            from rag_core.stores.milvus import MilvusStore
+
+            corpus = self.get_corpus()
+            settings = make_settings(self.scratch.dir("kb"), self.knowledge_dir)
+            cache = dict(zip(corpus.texts, corpus.vectors, strict=True))
+            store = MilvusStore.from_settings(settings)
+            ingest(settings, CachingEmbedder(self.embedder, cache), [store], progress=False)
+            self.kb_settings = settings
+        return self.kb_settings
+
+    def pg_store(self):
+        """A PgVectorStore on the suite's embedded PostgreSQL holding the ingested corpus."""
+        from rag_core.stores.pgvector import PgVectorStore
+
+        store = PgVectorStore(self.scratch.pg_dsn(), PG_TABLE)
+        if not self.pg_ready:
+            from rag_core.ingest.pipeline import ingest
+
+            corpus = self.get_corpus()
+            settings = self.get_kb_settings()
+            cache = dict(zip(corpus.texts, corpus.vectors, strict=True))
+            ingest(settings, CachingEmbedder(self.embedder, cache), [store], progress=False)
+            self.pg_ready = True
+        return store
+
+    # --- queries -----------------------------------------------------------------------------
+
+    @property
+    def queries(self) -> list[str]:
+        if self._queries is None:
+            self._queries = benchmark_queries(self.query_limit)
+        return self._queries
+
+    @property
+    def query_vectors(self) -> np.ndarray:
+        if self._query_vectors is None:
+            self._query_vectors = np.stack([self.embedder.embed_query(q) for q in self.queries])
+        return self._query_vectors

@@ -1,0 +1,177 @@
+"""Memory: peak RSS of a lookup process on a 100k-chunk Milvus Lite collection.
+
+A fresh subprocess (``python -m bench.memory --child ...``) opens ``LookupKnowledgeTool`` on the
+collection the scale benchmark left behind (product schema, FLAT index, the runbook L0 index
+copied beside it) and runs lookups. It reports ``ru_maxrss`` and the RSS at each step (sampled
+every 20 ms by a thread, so short peaks are caught too). Milvus Lite 3 runs inside the lookup
+process, so its memory is part of these numbers. The same child on the 454-chunk runbook
+collection gives the baseline (Python, torch, the model), so the difference is what the 100k
+collection costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import log, milvus_lite_release, summarize
+from bench.context import BenchContext
+from rag_core.settings import PROJECT_ROOT
+
+CHILD_TIMEOUT_S = 900
+
+
+def _ok(d: Any) -> bool:
+    return isinstance(d, dict) and "error" not in d
+
+
+def _child(args: argparse.Namespace) -> None:
+    import resource
+    import threading
+
+    import psutil
+
+    proc = psutil.Process()
+    peak = [proc.memory_info().rss]
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            try:
+                peak[0] = max(peak[0], proc.memory_info().rss)
+            except psutil.Error:
+                pass
+            stop.wait(0.02)
+
+    threading.Thread(target=sample, daemon=True).start()
+    marks: dict[str, float] = {}
+
+    def mark(name: str) -> None:
+        marks[name] = round(proc.memory_info().rss / 2**20, 1)
+
+    mark("start")
+    from rag_core.lookup.tool import LookupKnowledgeTool
+    from rag_core.settings import RagSettings
+
+    settings = RagSettings(
+        data_dir=Path(args.data_dir),
+        knowledge_dir=Path(args.knowledge_dir),
+        collection=args.collection,
+        trace_enabled=False,
+        _env_file=None,
+    )
+    tool = LookupKnowledgeTool(settings)
+    mark("after_import")
+    t0 = time.perf_counter()
+    tool.embedder.embed_query("warm-up")
+    load_model_s = time.perf_counter() - t0
+    mark("after_model_load")
+    t0 = time.perf_counter()
+    rows = tool.store.count()
+    open_collection_s = time.perf_counter() - t0
+    mark("after_collection_load")
+    queries = json.loads(args.queries)
+    latencies = []
+    for i in range(args.lookups):
+        t0 = time.perf_counter()
+        result = tool.lookup(queries[i % len(queries)], session_id="bench-memory")
+        latencies.append((time.perf_counter() - t0) * 1000)
+        if result.status != "ok":
+            raise SystemExit(f"lookup failed: {result.message}")
+    mark("after_lookups")
+    stop.set()
+    ru_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    print(
+        json.dumps(
+            {
+                "rows": rows,
+                "lookups": args.lookups,
+                "model_load_s": round(load_model_s, 2),
+                "open_collection_s": round(open_collection_s, 2),
+                "lookup_ms": summarize(latencies),
+                "rss_mb": marks,
+                "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
+                "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
+            }
+        )
+    )
+    tool.close()
+
+
+def measure(data_dir: Path, collection: str, knowledge_dir: Path, queries: list[str], lookups: int) -> dict[str, Any]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.memory",
+        "--child",
+        "--data-dir",
+        str(data_dir),
+        "--collection",
+        collection,
+        "--knowledge-dir",
+        str(knowledge_dir),
+        "--lookups",
+        str(lookups),
+        "--queries",
+        json.dumps(queries),
+    ]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory child failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["process_wall_s"] = round(wall, 2)
+    return out
+
+
+def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | None = None) -> dict[str, Any]:
+    lookups = lookups or (5 if ctx.quick else 12)
+    kb = ctx.get_kb_settings()
+    queries = ctx.queries
+    out: dict[str, Any] = {"lookups": lookups}
+    milvus_lite_release(kb.milvus_target)  # one process per Milvus Lite file
+    log("memory: baseline child on the runbook collection")
+    try:
+        out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, queries, lookups)
+    except Exception as exc:
+        out["baseline"] = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+    if not collection:
+        out["large"] = {"error": "no large Milvus collection was kept by the scale benchmark"}
+        return out
+    data_dir = Path(collection["data_dir"])
+    shutil.copy(kb.l0_index_path, data_dir / "l0_index.json")
+    log(f"memory: child on the {collection['rows']:,}-chunk collection")
+    try:
+        out["large"] = measure(data_dir, collection["collection"], ctx.knowledge_dir, queries, lookups)
+        out["large"]["index"] = collection.get("index")
+    except Exception as exc:
+        out["large"] = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+    base, large = out.get("baseline", {}), out["large"]
+    if _ok(base) and _ok(large):
+        out["collection_cost_mb"] = {
+            "peak_ru_maxrss": round(large["peak_rss_mb_ru_maxrss"] - base["peak_rss_mb_ru_maxrss"], 1),
+            "peak_sampled": round(large["peak_rss_mb_sampled"] - base["peak_rss_mb_sampled"], 1),
+            "after_lookups": round(large["rss_mb"]["after_lookups"] - base["rss_mb"]["after_lookups"], 1),
+        }
+    return out
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--child", action="store_true")
+    parser.add_argument("--data-dir")
+    parser.add_argument("--collection")
+    parser.add_argument("--knowledge-dir")
+    parser.add_argument("--lookups", type=int, default=10)
+    parser.add_argument("--queries")
+    ns = parser.parse_args()
+    if not ns.child:
+        parser.error("run the memory benchmark through `python -m bench.run --only memory`")
+    _child(ns)

@@ -1,0 +1,192 @@
+"""Run the benchmark suite: ``python -m bench.run`` (``make bench``).
+
+Writes ``results.json``, ``results.md`` and ``scale_latency.png`` to ``--out`` (default
+``bench/results``) and prints the summary. The default full run is sized for about 12 minutes
+on a 2-core machine (``--budget-min``): the scale benchmark skips steps whose estimated time
+does not fit what is left and records why. ``--quick`` is a few-minute smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log
+from bench.context import BenchContext
+
+BENCHMARKS = ("ingestion", "latency", "concurrency", "evaluation", "scale", "memory")
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(sorted({int(s.replace("_", "").strip()) for s in text.split(",") if s.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or min(sizes) < 100:
+        raise argparse.ArgumentTypeError("--sizes must be integers >= 100")
+    return sizes
+
+
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in BENCHMARKS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
+    return names
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help="scale sizes, comma-separated (default 10000,100000,300000; --quick: 10000)",
+    )
+    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory (default bench/results)")
+    p.add_argument("--only", type=_names, default=BENCHMARKS, help=f"subset of: {','.join(BENCHMARKS)}")
+    p.add_argument("--skip", type=_names, default=(), help="benchmarks to leave out")
+    p.add_argument("--budget-min", type=float, default=None, help="wall-clock budget (default 12; --quick: 6)")
+    p.add_argument("--pg-max-size", type=int, default=100_000, help="largest pgvector scale size (HNSW build time)")
+    p.add_argument("--milvus-max-size", type=int, default=300_000, help="largest Milvus Lite scale size")
+    p.add_argument(
+        "--milvus-hnsw-max-size",
+        type=int,
+        default=100_000,
+        help="largest size at which Milvus HNSW is built and swept (above: only if HNSW won below)",
+    )
+    p.add_argument("--rounds", type=int, default=None, help="latency rounds over the queries (default 3; --quick: 1)")
+    p.add_argument("--eval-cases", type=int, default=1000, help="cases of the offline evaluation benchmark")
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="build the pgvector index before, not while, Milvus inserts (slower, cleaner timings)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    selected = [b for b in BENCHMARKS if b in args.only and b not in args.skip]
+    sizes = args.sizes or ((10_000,) if args.quick else (10_000, 100_000, 300_000))
+    budget_s = 60 * (args.budget_min if args.budget_min is not None else (6 if args.quick else 12))
+    started = time.perf_counter()
+    ctx = BenchContext(
+        Scratch(),
+        Budget(budget_s),
+        quick=args.quick,
+        show_progress=not args.no_progress,
+        query_limit=16 if args.quick else None,
+    )
+    results: dict[str, Any] = {
+        "meta": {
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "mode": "quick" if args.quick else "full",
+            "benchmarks": selected,
+            "sizes": list(sizes),
+            "budget_s": budget_s,
+            "argv": sys.argv[1:] if argv is None else argv,
+            "load_average_start": load_average(),
+            "environment": environment(),
+            "seconds": {},
+        }
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    memory_collection = None
+    try:
+        for name in selected:
+            log(f"=== {name} ===")
+            t0 = time.perf_counter()
+            try:
+                if name == "ingestion":
+                    from bench import ingestion
+
+                    results[name] = ingestion.run(ctx)
+                elif name == "latency":
+                    from bench import latency
+
+                    results[name] = latency.run(ctx, rounds=args.rounds)
+                elif name == "concurrency":
+                    from bench import concurrency
+
+                    results[name] = concurrency.run(ctx)
+                elif name == "evaluation":
+                    from bench import evaluation
+
+                    results[name] = evaluation.run(
+                        args.eval_cases, repeats=1 if args.quick else 3, workdir=ctx.scratch.root
+                    )
+                elif name == "scale":
+                    results[name] = _run_scale(ctx, args, sizes, memory_next="memory" in selected)
+                    memory_collection = results[name].get("memory_collection")
+                elif name == "memory":
+                    from bench import memory
+
+                    results[name] = memory.run(ctx, memory_collection)
+            except Exception as exc:  # one failing benchmark must not lose the others
+                log(f"{name} failed: {exc}")
+                results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+            results["meta"]["seconds"][name] = round(time.perf_counter() - t0, 1)
+            if "model_load_s" in ctx.notes:
+                results["meta"]["model_load_s"] = ctx.notes["model_load_s"]
+            _write(args.out, results, started, final=False)
+    finally:
+        if memory_collection and results.get("scale", {}).get("workdir"):
+            shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)
+        ctx.scratch.close()
+    _write(args.out, results, started, final=True)
+    print(report.summary_text(results))
+    print(f"\nresults: {args.out / 'results.md'} and {args.out / 'results.json'}")
+    return 0
+
+
+def _run_scale(ctx: BenchContext, args: argparse.Namespace, sizes: tuple[int, ...], memory_next: bool) -> dict:
+    from bench import scale
+
+    corpus = ctx.get_corpus()
+    base = scale.BaseData.from_corpus(corpus.chunks, corpus.vectors)
+    keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
+    opts = scale.ScaleOptions(
+        sizes=sizes,
+        pg_max_size=args.pg_max_size,
+        milvus_max_size=args.milvus_max_size,
+        milvus_hnsw_max_size=args.milvus_hnsw_max_size,
+        keep_milvus_size=keep if memory_next else None,
+        overlap_pg_build=not args.no_overlap,
+        budget=ctx.budget,
+        reserve_s=(75 if memory_next else 10),
+        show_progress=ctx.show_progress,
+        workdir=ctx.scratch.root,
+        pg_dsn=ctx.scratch.pg_dsn,
+        single_queries=10 if ctx.quick else 20,
+    )
+    return scale.run(base, ctx.query_vectors, opts)
+
+
+def _write(out: Path, results: dict[str, Any], started: float, final: bool) -> None:
+    results["meta"]["total_seconds"] = round(time.perf_counter() - started, 1)
+    results["meta"]["load_average_end"] = load_average()
+    results["meta"]["complete"] = final
+    results["targets"] = report.evaluate_targets(results)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
+    tmp.replace(out / "results.json")
+    if final:
+        chart = report.chart(results, out / "scale_latency.png")
+        (out / "results.md").write_text(report.markdown(results, chart.name if chart else None))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
