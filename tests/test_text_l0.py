@@ -89,3 +89,19 @@ def test_save_and_load_round_trip(tmp_path):
 
 def test_compact_removes_punctuation_and_width():
     assert compact("Kube-Pod Crash_Looping！") == "kubepodcrashlooping"
+
+
+def test_tool_reloads_l0_index_after_reingest(tmp_path):
+    import os
+
+    from rag_core.lookup.tool import LookupKnowledgeTool
+    from rag_core.settings import RagSettings
+
+    settings = RagSettings(data_dir=tmp_path, trace_enabled=False, _env_file=None)
+    tool = LookupKnowledgeTool(settings)
+    assert tool.l0 is None  # nothing ingested yet: no hints, no error
+    L0Index.build([doc("a.md", "Alpha Beta Gamma")]).save(settings.l0_index_path)
+    assert set(tool.l0.entries) == {"a.md"}
+    L0Index.build([doc("b.md", "Delta Epsilon")]).save(settings.l0_index_path)
+    os.utime(settings.l0_index_path, ns=(1, 1))  # a different mtime even on coarse clocks
+    assert set(tool.l0.entries) == {"b.md"}

@@ -104,7 +104,8 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     report = IngestReport(knowledge_dir=str(root))
     with _stage(report, "scan"):
         docs, issues = scan_documents(root, max_bytes=settings.max_document_bytes)
-    report.documents_seen = len(docs) + len(issues)
+    # Directory symlinks pointing outside the root are reported too, but are not documents.
+    report.documents_seen = len(docs) + sum(i.path.lower().endswith((".md", ".markdown")) for i in issues)
     report.skipped.extend(issues)
     with _stage(report, "chunk"):
         docs, chunks = chunk_documents(docs, settings, report)

@@ -86,6 +86,8 @@ class LookupKnowledgeTool:
         self._store = store
         self._sidecar = sidecar
         self._l0 = l0
+        self._l0_given = l0 is not None
+        self._l0_mtime: int | None = None
         self._recorder = recorder
         self._weights = weights
         self._init_lock = threading.Lock()
@@ -98,13 +100,21 @@ class LookupKnowledgeTool:
 
     @property
     def l0(self) -> L0Index | None:
-        if self._l0 is None:
+        """The L0 index: the one given, else the data dir's, reloaded when ingestion rewrote it."""
+        if self._l0_given:
+            return self._l0
+        path = self.settings.l0_index_path
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            if self._l0 is None:
+                log.warning("no L0 index at %s: run `rag ingest`", path)
+            return self._l0
+        if mtime != self._l0_mtime:
             try:
-                self._l0 = L0Index.load(self.settings.l0_index_path)
-            except FileNotFoundError:
-                log.warning("no L0 index at %s: run `rag ingest`", self.settings.l0_index_path)
+                self._l0, self._l0_mtime = L0Index.load(path), mtime
             except Exception as exc:
-                log.warning("L0 index unreadable (%s): continuing without L0 hints", exc)
+                log.warning("L0 index unreadable (%s): keeping the previous one", exc)
         return self._l0
 
     @property
