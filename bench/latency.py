@@ -82,31 +82,32 @@ def _sample(e2e_ms: float, row: dict[str, Any], store_ms: dict[str, float]) -> d
     }
 
 
-def measure_path(ctx: BenchContext, path: str, rounds: int) -> dict[str, Any]:
-    queries = ctx.queries
-    store = TimedStore(open_store(ctx, path))
-    recorder = CapturingRecorder()
-    tool = build_tool(ctx.get_kb_settings(), store, ctx.embedder, recorder)
-    for q in queries:  # warm-up: L0 index, collection/table, caches
-        tool.lookup(q, session_id=f"bench-warm-{path}")
-    store.take()
-    samples = []
-    bar = progress(total=rounds * len(queries), enabled=ctx.show_progress, desc=f"latency {path}", unit="lookup")
-    for r in range(rounds):
-        for q in queries:
-            n_rows = len(recorder.rows)
-            t0 = time.perf_counter()
-            tool.lookup(q, session_id=f"bench-{path}-{r}")
-            e2e = (time.perf_counter() - t0) * 1000
-            assert len(recorder.rows) == n_rows + 1, "the tool did not hand over a trace row"
-            samples.append(_sample(e2e, recorder.rows[-1], store.take()))
-            bar.update(1)
-    bar.close()
+class _Path:
+    """One path's tool, timing store proxy, capturing recorder and samples."""
+
+    def __init__(self, ctx: BenchContext, path: str):
+        self.path = path
+        self.store = TimedStore(open_store(ctx, path))
+        self.recorder = CapturingRecorder()
+        self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder)
+        self.samples: list[dict[str, Any]] = []
+
+    def lookup(self, query: str, session_id: str) -> None:
+        n_rows = len(self.recorder.rows)
+        t0 = time.perf_counter()
+        self.tool.lookup(query, session_id=session_id)
+        e2e = (time.perf_counter() - t0) * 1000
+        assert len(self.recorder.rows) == n_rows + 1, "the tool did not hand over a trace row"
+        self.samples.append(_sample(e2e, self.recorder.rows[-1], self.store.take()))
+
+
+def _summary(p: _Path, queries: list[str], rounds: int) -> dict[str, Any]:
+    samples = p.samples
     stages = {s: summarize([x[s] for x in samples]) for s in STAGES}
     e2e_p50 = stages["e2e"]["p50"]
     out: dict[str, Any] = {
-        "path": path,
-        "store": type(store._store).__name__,
+        "path": p.path,
+        "store": type(p.store._store).__name__,
         "queries": len(queries),
         "rounds": rounds,
         "lookups": len(samples),
@@ -121,18 +122,17 @@ def measure_path(ctx: BenchContext, path: str, rounds: int) -> dict[str, Any]:
         "errors": sum(x["status"] != "ok" for x in samples),
     }
     if out["overhead_share_p50"] is not None and out["overhead_share_p50"] > TARGET_OVERHEAD:
-        log(f"latency {path}: profiling the pipeline overhead")
-        per = len(queries)
+        log(f"latency {p.path}: profiling the pipeline overhead")
 
         def one_round():
             for q in queries:
-                tool.lookup(q, session_id=f"bench-prof-{path}")
+                p.tool.lookup(q, session_id=f"bench-prof-{p.path}")
 
         out["overhead_profile"] = profile_top(
             one_round,
             sort="cumtime",
             top=16,
-            per=per,
+            per=len(queries),
             include=("rag_core",),
             exclude=("rag_core/embedding.py", "rag_core/stores/"),
             # wrappers whose cumulative time includes the embedding and the store calls
@@ -146,20 +146,61 @@ def measure_path(ctx: BenchContext, path: str, rounds: int) -> dict[str, Any]:
                 "one_round",
             ),
         )
-    tool.close()
+    return out
+
+
+def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
+    """Query embedding latency with torch's default intra-op threads and with one thread (a
+    diagnostic: on a busy machine spinning OpenMP threads can make the default much slower)."""
+    import torch
+
+    default = torch.get_num_threads()
+    out: dict[str, Any] = {}
+    try:
+        for threads in dict.fromkeys((default, 1)):
+            torch.set_num_threads(threads)
+            for q in ctx.queries[:3]:
+                ctx.embedder.embed_query(q)
+            times = []
+            for q in ctx.queries:
+                t0 = time.perf_counter()
+                ctx.embedder.embed_query(q)
+                times.append((time.perf_counter() - t0) * 1000)
+            out[f"torch_threads_{threads}"] = summarize(times)
+    finally:
+        torch.set_num_threads(default)
+    out["default_threads"] = default
     return out
 
 
 def run(
     ctx: BenchContext, paths: tuple[str, ...] = ("milvus", "pgvector"), rounds: int | None = None
 ) -> dict[str, Any]:
+    """Both paths' lookups are interleaved (query by query), so they see the same machine load."""
     rounds = rounds or (1 if ctx.quick else 3)
-    out: dict[str, Any] = {"queries": ctx.queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
+    queries = ctx.queries
+    out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
+    runners: list[_Path] = []
     for path in paths:
-        log(f"latency: {path} path, {rounds} round(s) x {len(ctx.queries)} queries")
         try:
-            out["paths"][path] = measure_path(ctx, path, rounds)
+            runner = _Path(ctx, path)
+            for q in queries:  # warm-up: L0 index, collection/table, caches
+                runner.tool.lookup(q, session_id=f"bench-warm-{path}")
+            runner.store.take()
+            runners.append(runner)
         except Exception as exc:  # one path failing must not lose the other's numbers
             log(f"latency: {path} failed: {exc}")
             out["paths"][path] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    log(f"latency: {', '.join(r.path for r in runners)}: {rounds} round(s) x {len(queries)} queries, interleaved")
+    bar = progress(total=rounds * len(queries) * len(runners), enabled=ctx.show_progress, desc="latency", unit="lookup")
+    for r in range(rounds):
+        for q in queries:
+            for runner in runners:
+                runner.lookup(q, f"bench-{runner.path}-{r}")
+                bar.update(1)
+    bar.close()
+    for runner in runners:
+        out["paths"][runner.path] = _summary(runner, queries, rounds)
+        runner.tool.close()
+    out["query_embedding_threads"] = embedding_threads(ctx)
     return out

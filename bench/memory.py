@@ -132,7 +132,7 @@ def measure(data_dir: Path, collection: str, knowledge_dir: Path, queries: list[
 
 
 def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | None = None) -> dict[str, Any]:
-    lookups = lookups or (5 if ctx.quick else 12)
+    lookups = lookups or (5 if ctx.quick else 8)
     kb = ctx.get_kb_settings()
     queries = ctx.queries
     out: dict[str, Any] = {"lookups": lookups}

@@ -219,8 +219,11 @@ def markdown(r: dict[str, Any], chart_name: str | None) -> str:
     )
     out += [
         "",
-        "Seconds per benchmark: "
-        + ", ".join(f"{k} {v} s" for k, v in m.get("seconds", {}).items())
+        "Seconds per benchmark (1-min load average at its end): "
+        + ", ".join(
+            f"{k} {v} s ({(m.get('load_average_after', {}).get(k) or ['–'])[0]})"
+            for k, v in m.get("seconds", {}).items()
+        )
         + (f"; embedding model load {m['model_load_s']} s (not in any figure)" if m.get("model_load_s") else "")
         + ".",
     ]
@@ -268,7 +271,19 @@ def _latency_md(lat: dict | None) -> list[str]:
     for p, d in lat["paths"].items():
         if not _ok(d):
             out.append(f"- **{p}**: failed: {d.get('error')}")
-    out.append("- Queries: the 16 visible golden queries plus 34 paraphrases / alert texts (`bench/queries.py`).")
+    out.append(
+        f"- Queries: {len(lat.get('queries', []))} (the visible golden queries, then paraphrases / alert texts from "
+        "`bench/queries.py`); the paths' lookups are interleaved query by query, so both see the same machine load."
+    )
+    th = lat.get("query_embedding_threads")
+    if th:
+        d = th.get("default_threads")
+        parts = [
+            f"{k.removeprefix('torch_threads_')} thread(s): p50 {_f(v['p50'], 2)} ms, p95 {_f(v['p95'], 2)} ms"
+            for k, v in th.items()
+            if k.startswith("torch_threads_")
+        ]
+        out.append(f"- Query embedding alone (diagnostic, torch default = {d} threads): " + "; ".join(parts) + ".")
     return out
 
 
@@ -758,3 +773,22 @@ def summary_text(r: dict[str, Any]) -> str:
         f"load average {m.get('load_average_start')} -> {m.get('load_average_end')}"
     )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Re-render results.md and the chart from a results.json: ``python -m bench.report [DIR]``."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    directory = Path(args[0]) if args else Path(__file__).resolve().parent / "results"
+    results = json.loads((directory / "results.json").read_text())
+    results["targets"] = evaluate_targets(results)
+    drawn = chart(results, directory / "scale_latency.png")
+    (directory / "results.md").write_text(markdown(results, drawn.name if drawn else None))
+    print(summary_text(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

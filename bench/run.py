@@ -139,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} failed: {exc}")
                 results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
             results["meta"]["seconds"][name] = round(time.perf_counter() - t0, 1)
+            results["meta"].setdefault("load_average_after", {})[name] = load_average()
             if "model_load_s" in ctx.notes:
                 results["meta"]["model_load_s"] = ctx.notes["model_load_s"]
             _write(args.out, results, started, final=False)

@@ -59,11 +59,11 @@ class ScaleOptions:
     sizes: tuple[int, ...] = (10_000, 100_000, 300_000)
     stores: tuple[str, ...] = ("numpy", "milvus", "pgvector")
     k: int = 10
-    sigma: float = 0.025
+    sigma: float = 0.05
     rare_fraction: float = 0.03
     seed: int = 13
-    milvus_ef: tuple[int, ...] = (16, 32, 64, 128)
-    pg_ef: tuple[int, ...] = (20, 40, 100, 200)
+    milvus_ef: tuple[int, ...] = (32, 64, 128, 256, 512)
+    pg_ef: tuple[int, ...] = (40, 100, 200, 400, 1000)
     hnsw_m: int = 16
     hnsw_ef_construction: int = 64
     milvus_hnsw_max_size: int = 100_000

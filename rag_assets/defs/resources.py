@@ -75,14 +75,18 @@ class EvaluationConfigResource(dg.ConfigurableResource):
 
     def files(self, settings: RagSettings) -> AssetFiles:
         """The file layout for ``settings.data_dir`` with this resource's report dirs."""
-        return AssetFiles.under(settings.data_dir, _path(self.reports_dir), _path(self.published_dir))
+        return AssetFiles.under(settings.data_dir, _path(self.reports_dir, "RAG_REPORTS_DIR"),
+                                _path(self.published_dir, "RAG_PUBLISHED_DIR"))
 
     def baseline(self) -> Path:
         """The stored baseline report JSON (it may not exist yet)."""
-        return _path(self.baseline_path) or REPO_BASELINE
+        return _path(self.baseline_path, "RAG_BASELINE") or REPO_BASELINE
 
 
-def _path(value: str | None) -> Path | None:
+def _path(value: str | None, env_var: str | None = None) -> Path | None:
+    # Unset fields read the variable at run time, as RagSettings does: the definitions may
+    # have been loaded before the variable was set.
+    value = value or (os.environ.get(env_var, "").strip() if env_var else None)
     return Path(value).expanduser() if value else None
 
 
