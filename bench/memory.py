@@ -2,8 +2,10 @@
 
 A fresh subprocess (``python -m bench.memory --child ...``) opens ``LookupKnowledgeTool`` on the
 collection the scale benchmark left behind (product schema, FLAT index, the runbook L0 index
-copied beside it) and runs lookups. It reports ``ru_maxrss`` and the RSS at each step (sampled
-every 20 ms by a thread, so short peaks are caught too). Milvus Lite 3 runs inside the lookup
+copied beside it) and runs lookups. It reports ``ru_maxrss``, the kernel's high-water mark
+(``VmHWM``) and the RSS at each step (sampled every 20 ms by a thread). The child is started
+through ``sh -c`` so that it does not inherit this process' ``ru_maxrss`` across fork + exec
+(Linux carries the high-water mark over exec). Milvus Lite 3 runs inside the lookup
 process, so its memory is part of these numbers. The same child on the 454-chunk runbook
 collection gives the baseline (Python, torch, the model), so the difference is what the 100k
 collection costs.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -87,6 +90,11 @@ def _child(args: argparse.Namespace) -> None:
     mark("after_lookups")
     stop.set()
     ru_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    hwm_kb = None
+    with open("/proc/self/status") as status:  # the kernel's own high-water mark of this process image
+        for line in status:
+            if line.startswith("VmHWM:"):
+                hwm_kb = int(line.split()[1])
     print(
         json.dumps(
             {
@@ -98,6 +106,7 @@ def _child(args: argparse.Namespace) -> None:
                 "rss_mb": marks,
                 "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
                 "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
+                "peak_rss_mb_vmhwm": round(hwm_kb / 1024, 1) if hwm_kb else None,
             }
         )
     )
@@ -121,8 +130,11 @@ def measure(data_dir: Path, collection: str, knowledge_dir: Path, queries: list[
         "--queries",
         json.dumps(queries),
     ]
+    # Through a shell that cannot exec the command in place: a child forked straight from this
+    # (large) process would inherit its ru_maxrss high-water mark across exec.
+    shell = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    proc = subprocess.run(shell, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"memory child failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
@@ -158,6 +170,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
         out["collection_cost_mb"] = {
             "peak_ru_maxrss": round(large["peak_rss_mb_ru_maxrss"] - base["peak_rss_mb_ru_maxrss"], 1),
             "peak_sampled": round(large["peak_rss_mb_sampled"] - base["peak_rss_mb_sampled"], 1),
+            "peak_vmhwm": round((large["peak_rss_mb_vmhwm"] or 0) - (base["peak_rss_mb_vmhwm"] or 0), 1),
             "after_lookups": round(large["rss_mb"]["after_lookups"] - base["rss_mb"]["after_lookups"], 1),
         }
     return out

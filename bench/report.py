@@ -379,7 +379,8 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
                 [
                     f"{int(n):,}",
                     f"{_f(mapi['single_ms']['p50'], 2)} / {_f(mapi['filtered_single_ms']['p50'], 2)} "
-                    f"({mapi.get('index')})"
+                    f"(recall {_f(mapi.get('recall@10'), 3)} / {_f(mapi.get('filtered_recall@10'), 3)}; "
+                    f"{mapi.get('index')})"
                     if mapi
                     else "–",
                     f"{_f(papi['single_ms']['p50'], 2)} / {_f(papi['filtered_single_ms']['p50'], 2)} "
@@ -408,13 +409,28 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
         "",
     ]
     if api_rows:
+        plan = meth.get("pg_store_plan") or {}
         out += [
             "### Product store calls on the same data (p50 ms, unfiltered / filtered)",
             "",
-            "`MilvusStore.search` returns the payload fields (text etc.); `PgVectorStore.search` uses its own plan "
-            "(exact scan when at most 20,000 rows can match, else HNSW ef_search=100 with iterative scans).",
+            "`MilvusStore.search` returns the payload fields (text etc.; Milvus Lite's default HNSW ef is 64); "
+            "`PgVectorStore.search` uses its own plan (exact scan when at most "
+            f"{_f(plan.get('exact_scan_max_rows'))} rows can match, else HNSW ef_search={_f(plan.get('ef_search'))} "
+            "with iterative scans). Recall is over the timed queries.",
             "",
             _table(["size", "MilvusStore.search", "PgVectorStore.search"], api_rows),
+            "",
+        ]
+    prof = ((sc["sizes"].get("100000") or {}).get("stores", {}).get("milvus") or {}).get("profile")
+    if prof and "engine_ms_p50" in prof:
+        out += [
+            "### Where a Milvus Lite search spends its time (100k, best configuration)",
+            "",
+            f"Through pymilvus/gRPC a single search took {prof['client_ms_p50']} ms (p50 of 3), of which "
+            f"{prof['engine_ms_p50']} ms inside the in-process Milvus Lite engine (`Collection.search` called "
+            "directly). cProfile of the engine call, ms per query, by self time:",
+            "",
+            _profile_table(prof["engine_top_functions"]),
             "",
         ]
     if sc.get("skipped"):
@@ -486,14 +502,15 @@ def _memory_md(mem: dict | None) -> list[str]:
     rows = []
     for label, d in (("runbook collection (baseline)", mem.get("baseline")), ("large collection", mem.get("large"))):
         if not _ok(d):
-            rows.append([label, f"failed: {(d or {}).get('error')}"] + ["–"] * 7)
+            rows.append([label, f"failed: {(d or {}).get('error')}"] + ["–"] * 8)
             continue
         rss = d["rss_mb"]
         rows.append(
             [
                 label,
                 f"{d['rows']:,}",
-                f"**{_f(d['peak_rss_mb_ru_maxrss'])}**",
+                f"**{_f(d.get('peak_rss_mb_ru_maxrss'))}**",
+                _f(d.get("peak_rss_mb_vmhwm")),
                 _f(d["peak_rss_mb_sampled"]),
                 _f(rss.get("after_model_load")),
                 _f(rss.get("after_collection_load")),
@@ -511,7 +528,8 @@ def _memory_md(mem: dict | None) -> list[str]:
                 "collection",
                 "chunks",
                 "peak RSS MB (ru_maxrss)",
-                "peak RSS MB (sampled)",
+                "peak RSS MB (VmHWM)",
+                "peak RSS MB (20 ms samples)",
                 "RSS after model load MB",
                 "after collection load MB",
                 "after lookups MB",
@@ -525,12 +543,12 @@ def _memory_md(mem: dict | None) -> list[str]:
     if cost:
         out += [
             "",
-            f"Against the baseline the large collection adds {_f(cost['after_lookups'])} MB of RSS after the "
-            f"lookups and {_f(cost['peak_sampled'])} MB of sampled peak RSS ({_f(cost['peak_ru_maxrss'])} MB of "
-            f"ru_maxrss). ru_maxrss also holds a short transient while the embedding model loads, which the "
-            f"20 ms sampler may miss; Milvus Lite runs inside the lookup process, so its memory is included "
-            f"(index {(mem.get('large') or {}).get('index')}). Each child is a fresh process running "
-            f"{mem['lookups']} lookups (first ones cold).",
+            f"Against the baseline the large collection adds {_f(cost['peak_ru_maxrss'])} MB of peak RSS "
+            f"(ru_maxrss; {_f(cost.get('peak_vmhwm'))} MB by VmHWM) and {_f(cost['after_lookups'])} MB of RSS after "
+            f"the lookups. Milvus Lite 3 runs inside the lookup process, so the collection's memory is the "
+            f"process' memory (index {(mem.get('large') or {}).get('index')}). Each child is a fresh process that "
+            f"loads the model, opens the collection and runs {mem['lookups']} lookups (the lookup p50 includes "
+            "the first, cold ones).",
         ]
     return out
 
@@ -610,13 +628,13 @@ def _where_time_goes_md(r: dict[str, Any]) -> list[str]:
         prof = (res.get("stores", {}).get("milvus") or {}).get("profile")
         out += ["### Milvus Lite search at 100k", ""]
         if prof and "engine_ms_p50" in prof:
+            top = prof["engine_top_functions"][:3]
             out += [
                 f"A single search took {prof['client_ms_p50']} ms through pymilvus/gRPC, of which "
-                f"{prof['engine_ms_p50']} ms inside the in-process Milvus Lite engine (`Collection.search` called "
-                "directly). cProfile of the engine call, "
-                "ms per query (by self time):",
-                "",
-                _profile_table(prof["engine_top_functions"]),
+                f"{prof['engine_ms_p50']} ms inside the in-process Milvus Lite engine; the engine's top functions "
+                "by self time: "
+                + ", ".join(f"`{t['function']}` {t['tottime_ms']:.1f} ms" for t in top)
+                + " (full table in the scale section).",
                 "",
             ]
         out += [FIXES["milvus"], ""]
@@ -662,28 +680,29 @@ def _where_time_goes_md(r: dict[str, Any]) -> list[str]:
 
 
 FIXES = {
-    "overhead": "What would fix it: the stages above are plain Python in rag_core; cache per-query work that does not "
-    "change between lookups (L0 analysis, the post-processor object), and build the trace row lazily in the "
-    "recorder's writer thread instead of the caller.",
-    "milvus": "What would fix it: Milvus Lite 3 is a Python engine running inside the lookup process; "
-    "per query it builds "
-    "row masks and visibility checks over every row in Python (the functions above) before the vector search "
-    "itself, so its cost grows linearly with the collection whatever the index. Beyond a few thousand chunks "
-    "use Milvus standalone/distributed (`RAG_MILVUS_URI`), whose C++ engine does this natively; keep Milvus "
-    "Lite for development and small knowledge bases, or keep its collections small (one per domain).",
-    "pgvector": "What would fix it: raise `hnsw.ef_search` only as far as recall needs, keep the table in "
-    "shared_buffers "
-    "(the HNSW index must fit in memory), or use the exact scan for small candidate sets.",
-    "ingest": "What would fix it: overlap the store writes with embedding of the next batch, and keep the batch size "
-    "the model is fastest at.",
+    "overhead": "What would fix it: almost all of the overhead is L0 query analysis. `L0Index.analyze_query` scores "
+    "every document's names for every query and normalises / tokenises those names again each time "
+    "(`_name_score` -> `text.normalize` / `text.tokenize` in the profile): precompute the normalised names and "
+    "their token sets once when the index is built or loaded, and look candidates up through an inverted "
+    "token -> document map instead of scanning all documents.",
+    "milvus": "What would fix it: Milvus Lite 3 is a Python engine running inside the lookup process; per query it "
+    "builds row masks and visibility checks over every row in Python (the functions in the profile) before "
+    "the vector search itself, so its cost grows linearly with the collection whatever the index. Beyond a few "
+    "thousand chunks use Milvus standalone/distributed (`RAG_MILVUS_URI`), whose C++ engine does this natively; "
+    "keep Milvus Lite for development and small knowledge bases, or keep its collections small (one per domain).",
+    "pgvector": "What would fix it: raise `hnsw.ef_search` only as far as recall needs, keep the HNSW index in "
+    "memory (shared_buffers / OS cache), or use the exact scan for small candidate sets.",
+    "ingest": "What would fix it: what is not embedding is mostly fixed per-run cost (creating the Milvus collection "
+    "in `milvus_prepare`, scanning and chunking), which does not grow with the corpus; on a small corpus it "
+    "weighs more. Create the collection once (not per run), and overlap the store writes with the embedding "
+    "of the next batch.",
     "reingest": "What would fix it: an unchanged re-ingest still scans, parses and chunks every document "
-    "(counting word "
-    "pieces), rebuilds and saves the L0 index and reads every chunk hash back from the store. Skip unchanged "
-    "documents before chunking: keep a per-document content hash (file size + mtime + sha256) in the data "
-    "dir (`settings.ingest_state_path` exists for this) and chunk only the documents whose hash changed; "
-    "rebuild L0 only when a document changed.",
-    "evaluation": "What would fix it: validate fixtures lazily or with a faster JSON parser, and avoid re-normalising "
-    "the same evidence text per keyword.",
+    "(counting word pieces), rebuilds and saves the L0 index and reads every chunk hash back from the store. "
+    "Skip unchanged documents before chunking: keep a per-document content hash in the data dir "
+    "(`settings.ingest_state_path` exists for this) and chunk only the documents whose hash changed; rebuild "
+    "L0 only when a document changed.",
+    "evaluation": "What would fix it: validate fixtures lazily or with a faster JSON parser, and avoid "
+    "re-normalising the same evidence text per keyword.",
 }
 
 

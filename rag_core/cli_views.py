@@ -66,7 +66,7 @@ def print_compare(console: Console, comparison: dict) -> None:
         t.add_row(str(row["rank"]), m.get("doc_id", ""), m.get("breadcrumb", ""), _score(m),
                   p.get("doc_id", ""), p.get("breadcrumb", ""), _score(p), "=" if same else "≠", style=style)
     console.print(t)
-    console.print(f"top-5 source overlap: {comparison['overlap_at_5']:.2f}  "
+    console.print(f"top-5 source overlap (over the ranks filled): {comparison['overlap_at_5']:.2f}  "
                   f"(raw scores are not comparable: {comparison['score_labels']})")
 
 

@@ -58,7 +58,10 @@ def compare_paths(settings: RagSettings, query: str, k: int = 5) -> dict:
         s = side_rows[i] if i < len(side_rows) else None
         rows.append({"rank": i + 1, "main": m, "sidecar": s,
                      "same_source": bool(m and s and m["doc_id"] == s["doc_id"])})
-    overlap = (len({r["doc_id"] for r in main_rows} & {r["doc_id"] for r in side_rows}) / k) if side_rows else 0.0
+    # Over the ranks both paths could fill: a filtered query may find fewer than k documents.
+    depth = min(k, max(len(main_rows), len(side_rows)))
+    shared = {r["doc_id"] for r in main_rows} & {r["doc_id"] for r in side_rows}
+    overlap = len(shared) / depth if side_rows and depth else 0.0
     labels = sorted({r["score_label"] for r in main_rows + side_rows})
     return {"query": query, "sidecar_status": status, "sidecar_reason": reason, "rows": rows,
             "overlap_at_5": overlap, "score_labels": labels, "main_error": main.error}
