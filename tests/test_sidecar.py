@@ -67,3 +67,23 @@ def test_paths_agree_on_exact_search(both, embedder):
     hm, hp = main.search(v, 1)[0], side.search(v, 1)[0]
     assert hm.similarity == pytest.approx(hp.similarity, abs=1e-4)
     assert hm.score_label != hp.score_label and hp.raw_score == pytest.approx(1 - hm.raw_score, abs=1e-4)
+
+
+def test_compare_paths_side_by_side(both, pg_dsn, pg_table):
+    from pydantic import SecretStr
+
+    from rag_core.compare import compare_paths
+
+    settings, main, _ = both
+    main.close()  # compare opens its own stores from the settings
+    cfg = settings.model_copy(update={"pg_dsn": SecretStr(pg_dsn), "pg_table": pg_table})
+    out = compare_paths(cfg, "kafka consumer lag keeps growing")
+    assert out["sidecar_status"] == "available" and out["rows"]
+    first = out["rows"][0]
+    assert first["main"]["doc_id"] == "queues/KafkaConsumerLagHigh.md" and first["same_source"]
+    assert first["main"]["score_label"].startswith("milvus") and first["sidecar"]["score_label"].startswith("pgvector")
+    assert 0 < out["overlap_at_5"] <= 1
+    down = compare_paths(settings.model_copy(update={"pg_dsn": SecretStr("postgresql://u:pw9@127.0.0.1:9/x")}),
+                         "kafka consumer lag")
+    assert down["sidecar_status"] in ("unavailable", "error") and down["rows"][0]["main"]
+    assert "pw9" not in str(down)
