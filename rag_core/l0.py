@@ -24,6 +24,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from rag_core.models import KnowledgeDocument
@@ -106,6 +107,14 @@ class L0Index:
         n = max(1, len(self.entries))
         self._idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5)) for t, df in name_df.items()}
         self._default_idf = math.log(1 + (n + 0.5) / 0.5)
+        self._names = {d: [self._name_form(name) for name in e.names] for d, e in self.entries.items()}
+
+    def _name_form(self, name: str) -> tuple[str, frozenset[str], float]:
+        """(compact form, coverage parts, their total IDF) of one name, computed once."""
+        c, toks = _form(name)
+        # The joined CamelCase form is the whole name; its parts carry the coverage.
+        parts = frozenset(t for t in toks if t != c) or toks
+        return c, parts, sum(self._idf.get(t, self._default_idf) for t in parts)
 
     @classmethod
     def build(cls, documents: Iterable[KnowledgeDocument]) -> L0Index:
@@ -150,7 +159,8 @@ class L0Index:
         entities: list[str] = []
         for e in self.entries.values():
             reasons, score = [], 0.0
-            name_score = max((self._name_score(n, q_tokens, q_compact) for n in e.names), default=0.0)
+            name_score = max((self._name_score(f, q_tokens, q_compact) for f in self._names[e.doc_id]),
+                             default=0.0)
             if name_score >= NAME_COVERAGE:
                 reasons.append("title")
                 score += 1.0 + name_score
@@ -180,28 +190,30 @@ class L0Index:
             matches=matches,
         )
 
-    def _name_score(self, name: str, q_tokens: set[str], q_compact: str) -> float:
-        c = compact(name)
+    def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str],
+                    q_compact: str) -> float:
+        c, parts, total = form
         if len(c) >= _MIN_COMPACT and c in q_compact:
             return 1.0
-        toks = set(tokenize(name))
-        # The joined CamelCase form is the whole name; its parts carry the coverage.
-        parts = {t for t in toks if t != c} or toks
-        if len(parts) < 2:
+        if len(parts) < 2 or not total:
             return 0.0  # one-word names ("where is my order" -> "order") match only compactly
-        total = sum(self._idf.get(t, self._default_idf) for t in parts)
-        found = sum(self._idf.get(t, self._default_idf) for t in parts if t in q_tokens)
-        return found / total if total else 0.0
+        found = parts & q_tokens
+        return sum(self._idf.get(t, self._default_idf) for t in found) / total if found else 0.0
 
     @staticmethod
     def _term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
-        c = compact(term)
+        c, toks = _form(term)
         if not c:
             return False
         if len(c) >= 2 and not c.isascii() and c in q_compact:
             return True  # Chinese (no spaces): substring of the query
-        toks = set(tokenize(term))
         return bool(toks) and toks <= q_tokens
+
+
+@lru_cache(maxsize=65536)
+def _form(text: str) -> tuple[str, frozenset[str]]:
+    """Compact form and token set of an index string (names and terms repeat every query)."""
+    return compact(text), frozenset(tokenize(text))
 
 
 def summarize(body: str, limit: int = SUMMARY_CHARS) -> str:
