@@ -156,7 +156,8 @@ def _diff(chunks: list[Chunk], stored: dict[str, tuple[str, str]],
 
 def _embed_missing(todo: list[Chunk], vectors: dict[str, np.ndarray], embedder: Embedder,
                    batch_size: int, report: IngestReport, progress: bool) -> None:
-    missing = [c for c in todo if c.chunk_id not in vectors]
+    # Length-sorted steps pad least: sentence-transformers sorts only within one encode call.
+    missing = sorted((c for c in todo if c.chunk_id not in vectors), key=lambda c: len(c.embed_text))
     if not missing:
         return
     with _stage(report, "embed"), tqdm(total=len(missing), desc="embedding chunks", unit="chunk",
