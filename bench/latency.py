@@ -121,7 +121,7 @@ def _summary(p: _Path, queries: list[str], rounds: int) -> dict[str, Any]:
         "layers": {k: sum(x["layer"] == k for x in samples) for k in sorted({x["layer"] for x in samples})},
         "errors": sum(x["status"] != "ok" for x in samples),
     }
-    if out["overhead_share_p50"] is not None and out["overhead_share_p50"] > TARGET_OVERHEAD:
+    if out["overhead_share_p50"] is not None:  # always: the target is close on the pgvector path
         log(f"latency {p.path}: profiling the pipeline overhead")
 
         def one_round():
