@@ -395,12 +395,9 @@ def _subset(ds: Dataset, n: int) -> Dataset:
     )
 
 
-def milvus_store_api(uri: str, ds: Dataset, k: int, n: int) -> dict[str, Any]:
-    """The product call (MilvusStore.search: output fields incl. text) on the same collection,
-    with its recall on the ``n`` queries timed."""
-    from rag_core.stores.milvus import MilvusStore
-
-    store = MilvusStore(uri, COLLECTION)
+def _time_product_search(store, ds: Dataset, k: int, n: int) -> dict[str, Any]:
+    """Single-query latency and recall@k of a product store's ``search``, unfiltered and
+    filtered, on the first ``n`` queries; closes the store."""
     store.search(ds.Q[0], k)
     single, single_f, found, found_f = [], [], [], []
     for q in ds.Q[:n]:
@@ -418,6 +415,15 @@ def milvus_store_api(uri: str, ds: Dataset, k: int, n: int) -> dict[str, Any]:
         "filtered_single_ms": summarize(single_f),
         "filtered_recall@10": recall_at_k(found_f, sub, True, k),
     }
+
+
+def milvus_store_api(uri: str, ds: Dataset, k: int, n: int) -> dict[str, Any]:
+    """The product call (MilvusStore.search: output fields incl. text) on the same collection,
+    with its recall on the ``n`` queries timed."""
+    from rag_core.stores.milvus import MilvusStore
+
+    store = MilvusStore(uri, COLLECTION)
+    return _time_product_search(store, ds, k, n)
 
 
 def milvus_profile(uri: str, client, ds: Dataset, k: int, params: dict[str, Any]) -> dict[str, Any]:
@@ -582,23 +588,7 @@ def pg_store_api(dsn: str, table: str, ds: Dataset, k: int, n: int) -> dict[str,
     from rag_core.stores.pgvector import PgVectorStore
 
     store = PgVectorStore(dsn, table)
-    store.search(ds.Q[0], k)
-    single, single_f, found, found_f = [], [], [], []
-    for q in ds.Q[:n]:
-        t0 = time.perf_counter()
-        found.append([int(h.chunk_id[1:]) for h in store.search(q, k)])
-        single.append((time.perf_counter() - t0) * 1000)
-        t0 = time.perf_counter()
-        found_f.append([int(h.chunk_id[1:]) for h in store.search(q, k, RARE)])
-        single_f.append((time.perf_counter() - t0) * 1000)
-    store.close()
-    sub = _subset(ds, n)
-    return {
-        "single_ms": summarize(single),
-        "recall@10": recall_at_k(found, sub, False, k),
-        "filtered_single_ms": summarize(single_f),
-        "filtered_recall@10": recall_at_k(found_f, sub, True, k),
-    }
+    return _time_product_search(store, ds, k, n)
 
 
 # --- the benchmark ------------------------------------------------------------------------------------
