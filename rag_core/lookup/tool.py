@@ -39,6 +39,7 @@ from rag_core.settings import RagSettings
 log = logging.getLogger(__name__)
 
 TOOL_NAME = "lookup_knowledge"
+SIDECAR_GRACE_SECONDS = 2.0
 TOOL_DESCRIPTION = (
     "Look up evidence in the team's knowledge base (runbooks, how-tos, FAQs, policies). "
     "Call it with the user's question or the alert text. Answer from `contextPack.packedText`, "
@@ -256,7 +257,10 @@ class LookupKnowledgeTool:
         if future is None:
             return SidecarStatus(status="disabled")
         try:
-            outcome, ms = future.result(timeout=30)
+            # The sidecar must not hold up the agent: a short grace after the main path is done.
+            outcome, ms = future.result(timeout=SIDECAR_GRACE_SECONDS)
+        except TimeoutError:
+            return SidecarStatus(status="unavailable", reason=f"no answer within {SIDECAR_GRACE_SECONDS} s")
         except Exception as exc:
             return SidecarStatus(status="unavailable", reason=f"{type(exc).__name__}: {exc}"[:300])
         if outcome.error:
