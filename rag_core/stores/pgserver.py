@@ -219,6 +219,18 @@ class PgConnectionPool:
         self._slots = threading.BoundedSemaphore(max_size)
         self._closed = False
 
+    def run_mapped(self, action: str, fn: Callable[[psycopg.Connection], T], missing_table: str) -> T:
+        """``run(fn)`` with psycopg errors turned into password-free StoreErrors: a missing table
+        raises ``missing_table`` as the message, anything else names ``action``."""
+        try:
+            return self.run(fn)
+        except StoreError:
+            raise
+        except psycopg.errors.UndefinedTable:
+            raise StoreError(missing_table) from None
+        except psycopg.Error as exc:
+            raise store_error(action, self._dsn, exc) from None
+
     def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
         """``fn(conn)`` on a pooled connection; retried once on a fresh connection when a
         reused one turns out dead (server restarted). ``fn`` must be idempotent."""

@@ -115,15 +115,10 @@ class PgVectorStore:
         self._iterative_scan = _version(row[0]) >= (0, 8) if row else False
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
-        try:
-            return self._pool.run(fn)
-        except StoreError:
-            raise
-        except psycopg.errors.UndefinedTable:
-            raise StoreError(f"pgvector table {self.table!r} does not exist in "
-                             f"{redacted(self._dsn)}: run ingestion (ensure_schema) first") from None
-        except psycopg.Error as exc:
-            raise store_error(f"pgvector {action} on {self.table!r}", self._dsn, exc) from None
+        return self._pool.run_mapped(
+            f"pgvector {action} on {self.table!r}", fn,
+            f"pgvector table {self.table!r} does not exist in {redacted(self._dsn)}: "
+            "run ingestion (ensure_schema) first")
 
     def _sql(self, template: str) -> sql.Composed:
         return sql.SQL(template).format(t=self._ident)

@@ -26,13 +26,11 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from rag_core.settings import RagSettings
-from rag_core.stores.base import StoreError
 from rag_core.stores.pgserver import (
     PgConnectionPool,
     redacted,
     resolve_dsn,
     scrub_secrets,
-    store_error,
 )
 
 log = logging.getLogger(__name__)
@@ -87,15 +85,9 @@ class TraceStore:
         return f"TraceStore({redacted(self._dsn)!r}, table={self.table!r})"
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
-        try:
-            return self._pool.run(fn)
-        except StoreError:
-            raise
-        except psycopg.errors.UndefinedTable:
-            raise StoreError(f"trace table {self.table!r} does not exist in {redacted(self._dsn)}: "
-                             "call ensure_schema() first") from None
-        except psycopg.Error as exc:
-            raise store_error(f"trace {action} on {self.table!r}", self._dsn, exc) from None
+        return self._pool.run_mapped(
+            f"trace {action} on {self.table!r}", fn,
+            f"trace table {self.table!r} does not exist in {redacted(self._dsn)}: call ensure_schema() first")
 
     def ensure_schema(self) -> None:
         """Create the table and its indexes, adding columns an older table lacks.
