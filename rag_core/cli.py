@@ -115,8 +115,10 @@ def _mount_eval() -> None:
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
     from rag_core.evaluation.record import register_record
+    from rag_core.evaluation.suite_run import register_suites
 
     register_record(eval_app)
+    register_suites(eval_app)
     app.add_typer(eval_app, name="eval", help="Golden retrieval evaluation")
 
 

@@ -14,7 +14,7 @@ def candidate_row(rank: int, c: Candidate) -> dict:
             "breadcrumb": c.hit.breadcrumb, "category": c.hit.category,
             "content_preview": c.hit.text[:300], "raw_score": round(c.hit.raw_score, 4),
             "score_label": c.hit.score_label, "normalized_score": round(c.similarity, 4),
-            "channels": sorted(c.channels)}
+            "channels": sorted(c.channels), "attempts": sorted(c.attempts)}
 
 
 def _doc_rows(cands: list[Candidate], k: int) -> list[dict]:

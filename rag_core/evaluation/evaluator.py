@@ -25,6 +25,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from rag_core.evaluation.cases import GoldenCase
+from rag_core.evaluation.filter_cost import FilterCostSummary, FilterOutcome, classify
+from rag_core.evaluation.filter_cost import summarize as summarize_filter_cost
 from rag_core.evaluation.fixtures import (
     CaseFixture,
     FixtureCandidate,
@@ -86,6 +88,7 @@ class CaseResult(BaseModel):
     top_docs: list[str | None] = Field(default_factory=list)
     top_candidates: list[str] = Field(default_factory=list)
     failed_checks: list[str] = Field(default_factory=list)
+    filter_outcome: FilterOutcome | None = None
 
 
 class MetricSummary(BaseModel):
@@ -130,6 +133,7 @@ class EvaluationReport(BaseModel):
     summary: MetricSummary
     by_scenario: dict[str, MetricSummary]
     cases: list[CaseResult]
+    filter_cost: FilterCostSummary | None = None
     warnings: list[str] = Field(default_factory=list)
 
     def case(self, case_id: str) -> CaseResult | None:
@@ -247,6 +251,7 @@ def _evaluate_case(
         top_docs=ranking[: max(*ks, NDCG_K)],
         top_candidates=[candidate_label(n, i) for n, i in enumerate(items[:LABEL_COUNT], 1)],
         failed_checks=failed,
+        filter_outcome=classify(fixture, case.expected_docs, depth=max(*ks, NDCG_K)),
     )
 
 
@@ -319,5 +324,6 @@ def evaluate(
         summary=_summarize(results, ks),
         by_scenario={s: _summarize([r for r in results if r.scenario == s], ks) for s in scenarios},
         cases=results,
+        filter_cost=summarize_filter_cost([r.filter_outcome for r in results if r.filter_outcome]),
         warnings=list(fixtures.warnings),
     )

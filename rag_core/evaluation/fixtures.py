@@ -33,6 +33,7 @@ __all__ = [
     "CaseFixture",
     "FixtureCandidate",
     "FixtureEvidenceBlock",
+    "FilterProbe",
     "FixtureManifest",
     "FixtureSet",
     "PathStatus",
@@ -78,6 +79,7 @@ class FixtureCandidate(BaseModel):
     raw_score: float | None = None
     score_label: str = ""
     normalized_score: float | None = None
+    attempts: list[int] = Field(default_factory=list)
 
     @field_validator(
         "title", "breadcrumb", "category", "content_preview", "score_label", mode="before"
@@ -106,6 +108,29 @@ def _rank_key(item: FixtureCandidate) -> tuple[int, str]:
     return (item.rank, item.doc_id or "")
 
 
+class FilterProbe(BaseModel):
+    """How the L0 category filter played in one case (for filter cost accounting).
+
+    ``category_filter`` is the filter attempt 1 used (``None``: no filter, nothing to
+    account); ``filtered_docs`` are the doc ids the filtered attempt itself returned;
+    ``unfiltered_candidates`` / ``unfiltered_evidence_blocks`` are the same lookup run with
+    the L0 filter disabled (recorded only when a filter was used).
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    category_filter: str | None = None
+    filtered_docs: list[str] = Field(default_factory=list)
+    unfiltered_candidates: list[FixtureCandidate] = Field(default_factory=list)
+    unfiltered_evidence_blocks: list[FixtureEvidenceBlock] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _sorted(self) -> FilterProbe:
+        self.unfiltered_candidates.sort(key=_rank_key)
+        self.unfiltered_evidence_blocks.sort(key=_rank_key)
+        return self
+
+
 class CaseFixture(BaseModel):
     """The recorded retrieval output of one golden case on one path.
 
@@ -125,6 +150,7 @@ class CaseFixture(BaseModel):
     candidates: list[FixtureCandidate] = Field(default_factory=list)
     evidence_blocks: list[FixtureEvidenceBlock] = Field(default_factory=list)
     context_pack_sources: list[str] = Field(default_factory=list)
+    filter_probe: FilterProbe | None = None
 
     @field_validator("retrieval_layer", mode="before")
     @classmethod

@@ -10,7 +10,7 @@ import hashlib
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from tqdm.auto import tqdm
@@ -19,6 +19,11 @@ from rag_core.compare import candidate_row
 from rag_core.evaluation.cases import load_cases
 from rag_core.evaluation.fixtures import write_fixture, write_manifest
 from rag_core.settings import PROJECT_ROOT, RagSettings
+
+if TYPE_CHECKING:
+    from rag_core.lookup.contracts import LookupResult
+    from rag_core.lookup.retriever import Candidate
+    from rag_core.lookup.tool import LookupKnowledgeTool
 
 PathName = Literal["milvus", "pgvector"]
 
@@ -92,17 +97,39 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
             write_fixture(out_dir, {
                 "case_id": case.id, "path": path, "query": case.query, "status": result.status,
                 "error": result.retrieval_trace.error, "retrieval_layer": result.retrieval_trace.layer,
-                "candidates": [candidate_row(i, c) for i, c in enumerate(candidates, start=1)],
-                "evidence_blocks": [{**b.model_dump(by_alias=False), "doc_id": b.source,
-                                     "content_preview": b.content[:300],
-                                     "normalized_score": b.score} for b in result.evidence_blocks],
+                "candidates": _candidate_rows(candidates),
+                "evidence_blocks": _block_rows(result),
                 "context_pack_sources": result.context_pack.included_sources,
+                "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
             })
     finally:
         tool.close()
     manifest["session"] = session
     write_manifest(out_dir, manifest)
     return manifest
+
+
+def _candidate_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
+    return [candidate_row(i, c) for i, c in enumerate(candidates, start=1)]
+
+
+def _block_rows(result: LookupResult) -> list[dict[str, Any]]:
+    return [{**b.model_dump(by_alias=False), "doc_id": b.source, "content_preview": b.content[:300],
+             "normalized_score": b.score} for b in result.evidence_blocks]
+
+
+def _filter_probe(tool: LookupKnowledgeTool, query: str, session: str, result: LookupResult,
+                  candidates: list[Candidate]) -> dict[str, Any] | None:
+    """The same lookup with the L0 category filter disabled, when the lookup used a filter
+    (see ``rag_core.evaluation.filter_cost``); None when no filter was used."""
+    filtered = {a.attempt: a.filter for a in result.retrieval_trace.attempts if a.filter}
+    if not filtered:
+        return None
+    probe, probe_candidates = tool.lookup_with_candidates(query, session_id=session, use_l0_filter=False)
+    return {"category_filter": next(iter(filtered.values())),
+            "filtered_docs": list(dict.fromkeys(c.hit.doc_id for c in candidates if c.attempts & filtered.keys())),
+            "unfiltered_candidates": _candidate_rows(probe_candidates),
+            "unfiltered_evidence_blocks": _block_rows(probe)}
 
 
 def register_record(eval_app: typer.Typer) -> None:

@@ -21,6 +21,7 @@ from rag_core.evaluation.evaluator import (
     HitLevel,
     MetricSummary,
 )
+from rag_core.evaluation.filter_cost import FILTER_EFFECTS
 from rag_core.evaluation.fixtures import FixtureCandidate, FixtureSet, PathStatus
 from rag_core.evaluation.metrics import normalize_doc_id, rank_overlap_at_k, ranked_sources
 
@@ -300,6 +301,33 @@ def _not_run_lines(report: EvaluationReport) -> list[str]:
     return ["", "## Not run", "", *(f"- `{c.case_id}`: {c.not_run_reason}" for c in not_run)]
 
 
+def _filter_cost_lines(report: EvaluationReport) -> list[str]:
+    """The L0 filter cost section: counts per effect, then the filtered cases, hurt first."""
+    cost = report.filter_cost
+    if cost is None:
+        return []
+    lines = ["", "## L0 category filter cost", "",
+             f"The L0 category filter was used in {cost.filtered_cases} of {len(report.cases)} cases. "
+             "Each such case was also run with the filter disabled; ranks are first-hit ranks of an "
+             "expected doc with and without the filter.", ""]
+    lines += _table(["effect", "cases"], [[effect, n] for effect, n in cost.counts.items() if effect != "no_filter"])
+    filtered = [c for c in report.cases if c.filter_outcome and c.filter_outcome.effect != "no_filter"]
+    filtered.sort(key=lambda c: (FILTER_EFFECTS.index(c.filter_outcome.effect), c.case_id))  # type: ignore[union-attr]
+    if filtered:
+        lines += [""]
+        lines += _table(
+            ["case", "effect", "filter", "rank with filter", "rank without filter"],
+            [[f"`{c.case_id}`", o.effect, f"`{o.category_filter}`", _rank_cell(o.rank_with_filter),
+              _rank_cell(o.rank_without_filter)]
+             for c in filtered if (o := c.filter_outcome) is not None],
+        )
+    return lines
+
+
+def _rank_cell(rank: int | None) -> str:
+    return "—" if rank is None else str(rank)
+
+
 def _warning_lines(warnings: Sequence[str], title: str = "Warnings") -> list[str]:
     if not warnings:
         return []
@@ -364,6 +392,7 @@ def render_baseline_markdown(
         ["case", "scenario", "hit", "first-hit rank", "top 3 (raw score, label)", "failed checks"],
         _case_rows(report.cases),
     )
+    lines += _filter_cost_lines(report)
     lines += _not_run_lines(report)
     lines += _warning_lines(report.warnings)
     return "\n".join(lines) + "\n"

@@ -1,0 +1,175 @@
+"""Running a golden suite end to end: ingest its corpus, record fixtures per path, evaluate.
+
+Like ``record``, this module runs the online stack (stores, model); the evaluation it calls
+reads fixtures only. Used by ``rag eval suites`` and the Dagster ``golden_suite_*`` assets.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from rag_core.evaluation.cases import load_cases
+from rag_core.evaluation.evaluator import EvaluationReport, evaluate
+from rag_core.evaluation.fixtures import load_fixtures
+from rag_core.evaluation.gate import GateResult
+from rag_core.evaluation.gate import compare as gate_compare
+from rag_core.evaluation.reports import load_report, write_baseline_report, write_comparison_report
+from rag_core.evaluation.suites import GoldenSuite, suite_settings
+from rag_core.settings import RagSettings
+
+__all__ = ["SuiteOutcome", "run_suite"]
+
+log = logging.getLogger(__name__)
+PATHS: tuple[Literal["milvus", "pgvector"], ...] = ("milvus", "pgvector")
+
+
+class SuiteOutcome(BaseModel):
+    """What one suite run produced.
+
+    ``status``: ``ok``, ``skipped`` (files missing; ``reason`` says which) or ``failed``
+    (``reason`` has the error). ``reports`` maps path name -> its evaluation (the sidecar's
+    says ``unavailable`` when it could not run); ``gate`` is the comparison with the stored
+    baseline (None when there is none); ``report_dir`` holds ``current.{json,md}`` and
+    ``comparison.{json,md}``.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    suite: str
+    status: Literal["ok", "skipped", "failed"]
+    reason: str | None = None
+    reports: dict[str, EvaluationReport] = {}
+    gate: GateResult | None = None
+    report_dir: str | None = None
+    ingest: dict[str, Any] = {}
+
+
+def run_suite(base: RagSettings, suite: GoldenSuite, embedder: Any, out_dir: Path,
+              with_sidecar: bool = True, progress: bool = False) -> SuiteOutcome:
+    """Ingest ``suite``'s corpus into its own index, record both paths, evaluate, gate.
+
+    Never raises for a suite problem: missing files give ``skipped``, any other error
+    ``failed`` with the reason (other suites go on).
+    """
+    missing = suite.missing()
+    if missing:
+        return SuiteOutcome(suite=suite.name, status="skipped", reason=missing)
+    settings = suite_settings(base, suite).model_copy(update={"sidecar_enabled": with_sidecar})
+    try:
+        ingest_report = _ingest(settings, embedder, progress)
+        reports, fixture_sets = _record_and_evaluate(settings, suite, embedder, progress)
+    except Exception as exc:  # one suite's failure never stops the others
+        log.exception("golden suite %s failed", suite.name)
+        return SuiteOutcome(suite=suite.name, status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
+    report_dir = out_dir / suite.name
+    main, side = reports["milvus"], reports.get("pgvector")
+    write_baseline_report(main, report_dir, "current", other_paths=[side] if side and side.path_status.available else [])
+    write_comparison_report(main, side, fixture_sets["milvus"], fixture_sets.get("pgvector"),
+                            side.path_status if side else None, report_dir)
+    return SuiteOutcome(suite=suite.name, status="ok", reports=reports, gate=_gate(suite, main),
+                        report_dir=str(report_dir), ingest=ingest_report)
+
+
+def _ingest(settings: RagSettings, embedder: Any, progress: bool) -> dict[str, Any]:
+    from rag_core.components import make_stores
+    from rag_core.ingest.pipeline import ingest
+
+    stores = make_stores(settings)
+    try:
+        return ingest(settings, embedder, stores, progress=progress).to_dict()
+    finally:
+        for store in stores:
+            store.close()
+
+
+def _record_and_evaluate(settings: RagSettings, suite: GoldenSuite, embedder: Any,
+                         progress: bool) -> tuple[dict[str, EvaluationReport], dict[str, Any]]:
+    from rag_core.evaluation.record import record_fixtures
+
+    cases = load_cases(suite.cases)
+    reports: dict[str, EvaluationReport] = {}
+    fixture_sets: dict[str, Any] = {}
+    for path in PATHS if settings.sidecar_enabled else PATHS[:1]:
+        fixtures_dir = settings.data_dir / "fixtures" / path
+        record_fixtures(settings, path, suite.cases, fixtures_dir, embedder=embedder, progress=progress)
+        fixture_sets[path] = load_fixtures(fixtures_dir, [c.id for c in cases])
+        reports[path] = evaluate(cases, fixture_sets[path])
+    return reports, fixture_sets
+
+
+def _gate(suite: GoldenSuite, current: EvaluationReport) -> GateResult | None:
+    if suite.baseline is None or not suite.baseline.is_file():
+        return None
+    return gate_compare(load_report(suite.baseline), current)
+
+
+def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Golden suites (main path = Milvus, sidecar = pgvector)")
+    for column in ("suite", "status", "path", "cases", "strong/medium/miss", "recall@5", "MRR",
+                   "filter hurt/rescued/helped/same", "gate"):
+        table.add_column(column, overflow="fold")
+    for o in outcomes:
+        if o.status != "ok":
+            table.add_row(o.suite, o.status, "", "", "", "", "", "", o.reason or "")
+            continue
+        for path, r in o.reports.items():
+            s, cost = r.summary, r.filter_cost
+            effects = "/".join(str(cost.counts[e]) for e in ("hurt", "rescued", "helped", "no_difference")) if cost else ""
+            gate = "" if path != "milvus" or o.gate is None else ("pass" if o.gate.passed else "FAIL")
+            table.add_row(o.suite, r.path_status.status, path, str(s.case_count),
+                          f"{s.strong}/{s.medium}/{s.miss}", _fmt(s.recall_at_k.get(5)), _fmt(s.mrr), effects, gate)
+    Console(width=200).print(table)
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def register_suites(eval_app: Any) -> None:
+    """Adds ``rag eval suites`` to the evaluation CLI."""
+    import typer
+
+    @eval_app.command("suites")
+    def suites(
+        suite: list[str] = typer.Option([], "--suite", help="Suite name (repeatable); default all"),
+        suites_file: Path = typer.Option(None, "--suites-file", help="Suites YAML (default golden/suites.yaml)"),
+        out: Path = typer.Option(None, "--out", help="Report dir (default <data_dir>/reports/suites)"),
+        sidecar: bool = typer.Option(True, "--sidecar/--no-sidecar", help="Also evaluate the pgvector sidecar"),
+        as_json: bool = typer.Option(False, "--json", help="Print the outcomes as JSON"),
+    ) -> None:
+        """Ingest each suite's corpus into its own index, record both paths, evaluate, gate.
+
+        Exit 1 when a suite's gate fails or a suite failed, 2 on an unusable suites file.
+        """
+        from rag_core.cli import settings_or_exit
+        from rag_core.components import make_embedder
+        from rag_core.evaluation.suites import DEFAULT_SUITES_FILE, SuiteFileError, load_suites
+
+        settings = settings_or_exit()
+        try:
+            chosen = load_suites(suites_file or DEFAULT_SUITES_FILE)
+        except SuiteFileError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        unknown = sorted(set(suite) - {s.name for s in chosen})
+        if unknown:
+            typer.echo(f"error: --suite: unknown suite(s) {', '.join(unknown)}", err=True)
+            raise typer.Exit(2)
+        embedder = make_embedder(settings)
+        out_dir = out or settings.data_dir / "reports" / "suites"
+        outcomes = [run_suite(settings, s, embedder, out_dir, with_sidecar=sidecar, progress=not as_json)
+                    for s in chosen if not suite or s.name in suite]
+        if as_json:
+            typer.echo("[" + ",".join(o.model_dump_json(exclude={"reports"}) for o in outcomes) + "]")
+        else:
+            _print_outcomes(outcomes)
+            typer.echo(f"Reports: {out_dir}")
+        if any(o.status == "failed" or (o.gate is not None and not o.gate.passed) for o in outcomes):
+            raise typer.Exit(1)
