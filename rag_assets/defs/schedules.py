@@ -5,6 +5,8 @@
   the ``nightly_evaluation`` schedule runs it at 02:00 UTC for the day that has just ended.
 - ``refresh_job`` / ``trace_export_job``: everything but the traces / the traces only; what
   ``python -m rag_assets.run`` runs (in that order, so today's export holds its lookups).
+- ``golden_suites_job``: every golden suite (case file + its corpus, own index); the
+  ``nightly_golden_suites`` schedule runs it at 03:00 UTC.
 - ``knowledge_change_sensor`` requests ``ingest_job`` when the Markdown content changes.
 """
 
@@ -21,6 +23,7 @@ TRACE_ASSETS = dg.AssetSelection.assets("trace_tables")
 EXECUTABLE = dg.AssetSelection.all() - dg.AssetSelection.assets("tool_invocation")
 #: Every job touches the shared stores; dagster.production.yaml limits runs with this tag to one.
 STORE_TAGS = {"rag/stores": "shared"}
+SUITES_CRON = "0 3 * * *"
 
 ingest_job = dg.define_asset_job(
     "ingest_job", selection=dg.AssetSelection.groups(*INGEST_GROUPS),
@@ -31,6 +34,10 @@ nightly_evaluation_job = dg.define_asset_job(
     selection=dg.AssetSelection.groups(*EVALUATION_GROUPS) - dg.AssetSelection.assets("tool_invocation"),
     partitions_def=DAILY_PARTITIONS, tags=STORE_TAGS,
     description="Record fixtures on both paths, evaluate, report, gate, publish; export one day of traces.")
+
+golden_suites_job = dg.define_asset_job(
+    "golden_suites_job", selection=dg.AssetSelection.groups("suites"), tags=STORE_TAGS,
+    description="Every golden suite of golden/suites.yaml on its own index: ingest, record, evaluate, gate.")
 
 refresh_job = dg.define_asset_job(
     "refresh_job", selection=EXECUTABLE - TRACE_ASSETS, tags=STORE_TAGS,
@@ -48,6 +55,15 @@ def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     tick = context.scheduled_execution_time or datetime.now(UTC)
     key = previous_day_key(tick)
     return dg.RunRequest(run_key=key, partition_key=key, tags={"rag/trigger": "nightly"})
+
+
+@dg.schedule(cron_schedule=SUITES_CRON, execution_timezone=TIMEZONE, job=golden_suites_job,
+             default_status=dg.DefaultScheduleStatus.RUNNING)
+def nightly_golden_suites(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+    """At 03:00 UTC, after the nightly evaluation: every golden suite (English, hard English,
+    Chinese runbooks and the sample knowledge base), each gated against its stored baseline."""
+    tick = context.scheduled_execution_time or datetime.now(UTC)
+    return dg.RunRequest(run_key=f"suites-{tick:%Y-%m-%d}", tags={"rag/trigger": "nightly"})
 
 
 @dg.sensor(job=ingest_job, minimum_interval_seconds=60,
