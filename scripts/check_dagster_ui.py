@@ -46,6 +46,11 @@ EXPECTED_LINEAGE: dict[str, list[str]] = {
     "publish_reports": ["baseline_report", "comparison_report"],
     "tool_invocation": [],
     "trace_tables": ["tool_invocation"],
+    # One self-contained asset per golden suite (golden/suites.yaml): ingest, record, evaluate.
+    "golden_suite_sample": [],
+    "golden_suite_runbooks_en": [],
+    "golden_suite_runbooks_en_hard": [],
+    "golden_suite_runbooks_zh": [],
 }
 
 QUERY = "{ assetNodes { assetKey { path } dependencyKeys { path } groupName } }"

@@ -51,9 +51,10 @@ def _step_failure(result, step_key: str) -> str:
 
 def test_definitions_load():
     dg.Definitions.validate_loadable(defs)
-    for name in ("ingest_job", "nightly_evaluation_job", "refresh_job", "trace_export_job"):
+    for name in ("ingest_job", "nightly_evaluation_job", "refresh_job", "trace_export_job", "golden_suites_job"):
         assert defs.resolve_job_def(name) is not None
     assert defs.resolve_schedule_def("nightly_evaluation").cron_schedule == "0 2 * * *"
+    assert defs.resolve_schedule_def("nightly_golden_suites").job_name == "golden_suites_job"
     assert defs.resolve_sensor_def("knowledge_change_sensor") is not None
 
 

@@ -40,8 +40,8 @@ golden_suites_job = dg.define_asset_job(
     description="Every golden suite of golden/suites.yaml on its own index: ingest, record, evaluate, gate.")
 
 refresh_job = dg.define_asset_job(
-    "refresh_job", selection=EXECUTABLE - TRACE_ASSETS, tags=STORE_TAGS,
-    description="Every unpartitioned asset: ingest, index, evaluate, report, publish.")
+    "refresh_job", selection=EXECUTABLE - TRACE_ASSETS - dg.AssetSelection.groups("suites"), tags=STORE_TAGS,
+    description="The configured knowledge base: ingest, index, evaluate, report, publish (suites run apart).")
 
 trace_export_job = dg.define_asset_job(
     "trace_export_job", selection=TRACE_ASSETS, partitions_def=DAILY_PARTITIONS, tags=STORE_TAGS,
