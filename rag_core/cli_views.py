@@ -18,11 +18,12 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
     for name, c in report.stores.items():
         t.add_row(name, str(c.added), str(c.updated), str(c.removed), str(c.unchanged))
     console.print(t)
-    if report.skipped:
-        s = Table("skipped document", "line", "reason", title="Skipped")
-        for issue in report.skipped:
-            s.add_row(issue.path, str(issue.line or ""), issue.reason)
-        console.print(s)
+    for title, issues in (("Skipped", report.skipped), ("Warnings (ingested)", report.warnings)):
+        if issues:
+            s = Table("document", "line", "reason", title=title)
+            for issue in issues:
+                s.add_row(issue.path, str(issue.line or ""), issue.reason)
+            console.print(s)
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in report.stage_seconds.items())
     console.print(f"seconds per stage: {stages} (total {sum(report.stage_seconds.values()):.2f}s)")
 

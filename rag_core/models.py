@@ -32,7 +32,8 @@ class KnowledgeDocument:
 
     ``body`` is the Markdown after the frontmatter block, with ``\\r\\n`` normalised to
     ``\\n`` and any BOM removed; chunk offsets index into it. ``body_line_offset`` is the
-    number of source lines before the body (to report 1-based source lines).
+    number of source lines before the body (to report 1-based source lines). ``warnings``
+    are problems that did not stop the document (e.g. a repeated frontmatter key).
     """
 
     doc_id: str
@@ -46,6 +47,7 @@ class KnowledgeDocument:
     priority: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     body_line_offset: int = 0
+    warnings: tuple[DocumentIssue, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -319,3 +319,15 @@ def test_real_corpora_load_with_only_section_pages_skipped(root):
         assert doc.category == doc.doc_id.split("/")[0]
     crash = next(d for d in docs if d.doc_id == "kubernetes/KubePodCrashLooping.md")
     assert crash.h1 == "KubePodCrashLooping"
+
+
+@pytest.mark.parametrize("second", ["title", "Title"])
+def test_repeated_frontmatter_key_warns_with_line_and_last_value_wins(tmp_path, second):
+    path = tmp_path / "doc.md"
+    path.write_text(f"---\ntitle: First\ncategory: ops\n{second}: Second\n---\n# H\n\nbody\n")
+    doc = load_document(path, tmp_path)
+    assert doc.title == "Second"
+    assert len(doc.warnings) == 1
+    warning = doc.warnings[0]
+    assert (warning.path, warning.line) == ("doc.md", 4)
+    assert f"'{second}'" in warning.reason and "last value wins" in warning.reason

@@ -147,6 +147,7 @@ def test_store_down_with_l0_match_gives_l0_fallback(make_tool, store):
     tool = make_tool(store_override=Faulty(store, "down"))
     r = tool.lookup("KafkaConsumerLagHigh is firing")
     assert r.found and r.retrieval_trace.layer == "L0" and not r.semantic_support
+    assert r.status == "degraded" and r.relevance_level == RelevanceLevel.WEAK
     assert r.evidence_blocks[0].source == "queues/KafkaConsumerLagHigh.md"
     assert r.evidence_blocks[0].retrieval_layer == "L0" and "l0_fallback" in r.evidence_blocks[0].hit_reasons
     assert r.evidence_blocks[0].content  # the document summary
@@ -154,6 +155,16 @@ def test_store_down_with_l0_match_gives_l0_fallback(make_tool, store):
     row = tool.recorded[-1]
     assert row["retrieval_layer"] == "L0" and "connection refused" in row["error"]
     assert row["retrieval_details"]["l0_hints"]["matched_doc_ids"]
+
+
+def test_l0_title_match_is_offered_when_l1_has_nothing_above_the_minimum(make_tool):
+    tool = make_tool(min_block_similarity=0.999)
+    r = tool.lookup("KafkaConsumerLagHigh is firing")
+    assert r.status == "ok" and r.found and r.retrieval_trace.layer == "L0"
+    assert r.evidence_blocks[0].source == "queues/KafkaConsumerLagHigh.md"
+    assert r.relevance_level == RelevanceLevel.WEAK and not r.semantic_support
+    assert "minimum block similarity" in (r.retrieval_trace.fallback_reason or "")
+    assert r.retrieval_trace.error is None
 
 
 def test_store_down_without_l0_match_is_a_structured_failure(make_tool, store):
@@ -248,6 +259,15 @@ def test_session_memory_is_bounded(make_tool):
 def test_empty_query_is_answered_not_raised(make_tool, query):
     r = make_tool().lookup(query)
     assert not r.found and "empty" in r.message and r.relevance_level == RelevanceLevel.NONE
+
+
+@pytest.mark.parametrize(("query", "kind"), [(42, "int"), (b"redis memory", "bytes"), (None, "NoneType")])
+def test_non_string_query_is_an_error_naming_its_type(make_tool, query, kind):
+    tool = make_tool()
+    r = tool.lookup(query)
+    assert r.status == "error" and not r.found
+    assert r.message == f"query must be a string (got {kind})"
+    assert tool.recorded[-1]["status"] == "error" and kind in tool.recorded[-1]["input"]
 
 
 def test_huge_query_is_truncated_and_noted(make_tool):

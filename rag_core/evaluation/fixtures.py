@@ -144,7 +144,7 @@ class CaseFixture(BaseModel):
     case_id: str = Field(min_length=1)
     path: str
     query: str = ""
-    status: Literal["ok", "error"] = "ok"
+    status: Literal["ok", "degraded", "error"] = "ok"
     error: str | None = None
     retrieval_layer: str = "none"
     candidates: list[FixtureCandidate] = Field(default_factory=list)

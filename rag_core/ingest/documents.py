@@ -276,6 +276,31 @@ def _load_yaml(source: str, doc_id: str) -> tuple[Any, dict[str, yaml.Node]]:
     return data, nodes
 
 
+def duplicate_keys(source: str, doc_id: str) -> list[DocumentIssue]:
+    """One warning per frontmatter key given more than once, case-insensitively (``title:``
+    twice, or ``Title:`` and ``title:``), at the line of the repeat. The last value wins, as
+    in YAML's own mapping construction; the document is still ingested."""
+    try:
+        node = yaml.compose(source, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return []  # _load_yaml reports the error itself
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    seen: dict[str, str] = {}
+    issues = []
+    for key, _ in node.value:
+        if not isinstance(key, yaml.ScalarNode):
+            continue
+        folded = str(key.value).strip().lower()
+        if folded in seen:
+            issues.append(DocumentIssue(
+                path=doc_id, line=key.start_mark.line + 2,
+                reason=f"frontmatter key '{key.value}' repeats '{seen[folded]}': the last value wins"))
+        else:
+            seen[folded] = str(key.value)
+    return issues
+
+
 def _node_line(node: yaml.Node | None) -> int | None:
     return node.start_mark.line + 2 if node is not None else None
 
@@ -365,6 +390,7 @@ class _Fields:
     aliases: tuple[str, ...]
     priority: float | None
     metadata: dict[str, Any]
+    warnings: tuple[DocumentIssue, ...] = ()
 
 
 def _parse_frontmatter(source: str | None, doc_id: str) -> _Fields:
@@ -390,6 +416,7 @@ def _parse_frontmatter(source: str | None, doc_id: str) -> _Fields:
         keywords=keywords, entities=entities, aliases=aliases,
         priority=_priority(fm, nodes, doc_id),
         metadata=metadata,
+        warnings=tuple(duplicate_keys(source, doc_id)) if source else (),
     )
 
 
@@ -437,6 +464,7 @@ def load_document(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES)
         priority=fields.priority,
         metadata=fields.metadata,
         body_line_offset=head.fm_end_line,
+        warnings=fields.warnings,
     )
 
 

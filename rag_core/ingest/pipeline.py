@@ -49,6 +49,7 @@ class IngestReport:
     documents_seen: int = 0
     documents_ingested: int = 0
     skipped: list[DocumentIssue] = field(default_factory=list)
+    warnings: list[DocumentIssue] = field(default_factory=list)
     chunks_total: int = 0
     chunks_embedded: int = 0
     stores: dict[str, StoreChanges] = field(default_factory=dict)
@@ -61,6 +62,7 @@ class IngestReport:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["skipped"] = [asdict(s) for s in self.skipped]
+        d["warnings"] = [asdict(w) for w in self.warnings]
         return d
 
 
@@ -107,6 +109,9 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     # Directory symlinks pointing outside the root are reported too, but are not documents.
     report.documents_seen = len(docs) + sum(i.path.lower().endswith((".md", ".markdown")) for i in issues)
     report.skipped.extend(issues)
+    report.warnings = [w for doc in docs for w in doc.warnings]
+    for warning in report.warnings:
+        log.warning("%s", warning)
     with _stage(report, "chunk"):
         docs, chunks = chunk_documents(docs, settings, report)
     report.documents_ingested = len(docs)

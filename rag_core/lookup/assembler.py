@@ -17,16 +17,15 @@ from rag_core.settings import RagSettings
 def assess_relevance(blocks: list[EvidenceBlock], hints: L0Hints, layer: str,
                      settings: RagSettings) -> RelevanceLevel:
     """PRECISE: the top L1 block's similarity >= ``high_relevance_threshold`` and L0 matched
-    that same source; or L0 alone matched a title when L1 could not run. RELEVANT: top
-    similarity >= ``relevant_threshold`` (or >= high without L0 agreement); L0-only keyword
-    matches. WEAK: evidence below that. NONE: no evidence.
+    that same source. RELEVANT: top similarity >= ``relevant_threshold`` (or >= high without
+    L0 agreement). WEAK: evidence below that, and every L0-only answer (title/keyword matches
+    without semantic retrieval claim no relevance beyond "verify first"). NONE: no evidence.
     """
     if not blocks:
         return RelevanceLevel.NONE
     top = blocks[0]
     if layer == "L0":
-        match = hints.match_for(top.source)
-        return RelevanceLevel.PRECISE if match and "title" in match.reasons else RelevanceLevel.RELEVANT
+        return RelevanceLevel.WEAK
     agrees = top.source in hints.matched_doc_ids
     if top.score >= settings.high_relevance_threshold and agrees:
         return RelevanceLevel.PRECISE
@@ -39,8 +38,8 @@ def completeness_hint(blocks: list[EvidenceBlock], pack: ContextPack, layer: str
     if not blocks:
         return "no evidence found"
     if layer == "L0":
-        return ("only L0 (title/keyword) evidence: semantic retrieval was unavailable, "
-                "content is a document summary")
+        return ("only L0 (title/keyword) evidence, no semantic support: content is a document "
+                "summary; verify before relying on it")
     if pack.omitted_sources:
         return (f"{len(pack.omitted_sources)} source(s) omitted by the {pack.char_budget}-character "
                 f"budget: {', '.join(pack.omitted_sources)}")

@@ -119,7 +119,7 @@ class LookupResult(_Camel):
     completeness_hint: str
     retrieved_domains_this_session: list[str]
     message: str
-    status: Literal["ok", "error"] = "ok"
+    status: Literal["ok", "degraded", "error"] = "ok"
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -46,7 +46,8 @@ TOOL_DESCRIPTION = (
     "cite `evidenceBlocks[].source` (and breadcrumb), and check `relevanceLevel`: PRECISE or "
     "RELEVANT evidence can be relied on, WEAK means the knowledge base may not cover the "
     "question, NONE means nothing was found; `semanticSupport=false` means only title/keyword "
-    "matches were available."
+    "matches were available. `status`: ok, degraded (the knowledge store failed; title/keyword "
+    "matches only) or error (nothing could be looked up; `message` says why)."
 )
 
 
@@ -188,8 +189,11 @@ class LookupKnowledgeTool:
 
     def _lookup(self, query: str, session_id: str | None, timings: dict[str, float],
                 use_l0_filter: bool = True) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
-        if not isinstance(query, str) or not query.strip():
-            return self._empty_result(query if isinstance(query, str) else "", session_id,
+        if not isinstance(query, str):
+            error = f"query must be a string (got {type(query).__name__})"
+            return self._empty_result(f"<{type(query).__name__}>", session_id, error, "error", error), None, []
+        if not query.strip():
+            return self._empty_result(query, session_id,
                                       "the query is empty: ask with a question or alert text"), None, []
         with _timed(timings, "l0_ms"):
             tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(query)
@@ -201,8 +205,9 @@ class LookupKnowledgeTool:
                                                   self.settings.max_evidence_blocks, self._weights)
             blocks, rerank = post.process(outcome.candidates, tq.hints)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
-            if not blocks and tq.hints.matched and (outcome.error or not outcome.candidates
-                                                    or not self.settings.l1_enabled):
+            # L0 matches are offered whenever L1 gave no usable evidence: when it failed, was
+            # disabled, or found only candidates below the minimum block similarity.
+            if not blocks and tq.hints.matched:
                 blocks = l0_fallback_blocks(tq.hints, self.l0, self.settings.max_evidence_blocks)
                 rerank, layer = [], "L0"
             seen = self.sessions.seen_sources(session_id)
@@ -216,18 +221,22 @@ class LookupKnowledgeTool:
         trace = RetrievalTrace(
             path=getattr(self.store, "name", "milvus") if self.settings.l1_enabled else "none",
             layer=layer, attempts=outcome.attempts,
-            fallback_reason=("l0_fallback: " + (outcome.error or "L1 returned nothing")) if layer == "L0"
-            else outcome.fallback_reason,
+            fallback_reason=("l0_fallback: " + (outcome.error or _no_l1_evidence(outcome, self.settings)))
+            if layer == "L0" else outcome.fallback_reason,
             error=outcome.error, query_truncated=tq.truncated, l0_hints=tq.hints.to_dict(),
             sidecar=sidecar_status)
         message = None
-        if layer == "L0":
+        if layer == "L0" and (outcome.error or not self.settings.l1_enabled):
             message = ("semantic retrieval unavailable; returning title/keyword (L0) matches only: "
                        "verify before relying on them")
+        elif layer == "L0":
+            message = ("semantic retrieval found no evidence above the minimum similarity; returning "
+                       "title/keyword (L0) matches only: verify before relying on them")
         elif outcome.error and not blocks:
             message = f"knowledge retrieval failed and nothing matched by title: {outcome.error}"
+        status = ("error" if not blocks else "degraded") if outcome.error else "ok"
         result = self.assembler.assemble(query, session_id, blocks, pack, trace, rerank, tq.hints,
-                                         domains, message, "error" if outcome.error and not blocks else "ok")
+                                         domains, message, status)
         return result, tq, outcome.candidates
 
     def _retrieve(self, tq: TransformedQuery,
@@ -316,6 +325,14 @@ class LookupKnowledgeTool:
         for s in (self._store, self._sidecar):
             if s is not None:
                 s.close()
+
+
+def _no_l1_evidence(outcome: RetrievalOutcome, settings: RagSettings) -> str:
+    if not settings.l1_enabled:
+        return "L1 disabled"
+    if not outcome.candidates:
+        return "L1 returned nothing"
+    return f"no L1 candidate reached the minimum block similarity {settings.min_block_similarity}"
 
 
 class _timed:
