@@ -148,6 +148,9 @@ def evaluate_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         row.update(measured=(ev or {}).get("error", "not run"), ratio="–", met=None)
     rows.append(row)
+    from bench.engine import targets as engine_targets
+
+    rows.extend(engine_targets(r))
     return rows
 
 
