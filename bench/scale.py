@@ -39,7 +39,6 @@ from bench.common import (
     Budget,
     log,
     milvus_lite_engine_collection,
-    milvus_lite_release,
     milvus_lite_settle,
     profile_top,
     progress,
