@@ -130,3 +130,16 @@ def test_unreachable_server_fails_fast_with_redacted_uri():
 
 def test_escape_filter_value():
     assert escape_filter_value('a"b\\c') == '"a\\"b\\\\c"'
+
+
+def test_filtered_search_is_the_exact_top_k_within_the_category(store):
+    n = 1500
+    vecs = unit(n, seed=3)
+    cats = ["rare" if i % 20 == 0 else "common" for i in range(n)]
+    store.upsert([chunk(i, category=c) for i, c in enumerate(cats)], vecs)
+    store.flush()
+    rare = np.array([c == "rare" for c in cats])
+    for q in unit(5, seed=11):
+        scores = np.where(rare, vecs @ q, -np.inf)
+        exact = [f"c{i}" for i in np.argsort(-scores)[:10]]
+        assert [h.chunk_id for h in store.search(q, 10, category="rare")] == exact
