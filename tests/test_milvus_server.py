@@ -224,3 +224,17 @@ def test_rag_server_status_and_stop(filled, data_dir, monkeypatch):
     assert milvus_server.server_status(data_dir) is None
     out = runner.invoke(app, ["server", "status"])
     assert out.exit_code == 0 and "not running" in out.stdout
+
+
+def test_pool_starts_a_stopped_embedded_postgres_again(pg_scratch_dir):
+    from rag_core.stores.pgserver import PgConnectionPool, embedded_dsn, running_pid, stop_embedded
+
+    pgdata = pg_scratch_dir / "pgdata"
+    pool = PgConnectionPool(embedded_dsn(pgdata))
+    assert pool.run(lambda c: c.execute("SELECT 1").fetchone()[0]) == 1
+    stop_embedded(pgdata, mode="immediate")  # as the idle watchdog or `rag server stop` does
+    assert running_pid(pgdata) is None
+    # The pooled connection is dead and the server gone: the pool starts it again and reconnects.
+    assert pool.run(lambda c: c.execute("SELECT 2").fetchone()[0]) == 2
+    assert running_pid(pgdata) is not None
+    pool.close()

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 START_LOCK_TIMEOUT_S = 120.0
+# DSN -> (data dir, idle stop seconds) of the embedded servers this process resolved: a pool whose
+# server went away (idle stop, `rag server stop`, crash) starts it again on its next connect.
+_EMBEDDED: dict[str, tuple[Path, float]] = {}
 _READY_WAIT_S = 15.0
 # What pgserver raises when initdb/pg_ctl fail or the pid file is odd.
 _START_ERRORS = (subprocess.SubprocessError, AssertionError, RuntimeError, OSError, ValueError, KeyError)
@@ -115,9 +118,9 @@ def embedded_dsn(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S, idl
     try:
         with lock:
             info = _wait_settled(data_dir)
-            if info is not None:
-                return info.get_uri()
-            return _start(data_dir, idle_stop_seconds)
+            uri = info.get_uri() if info is not None else _start(data_dir, idle_stop_seconds)
+            _EMBEDDED[uri] = (data_dir, idle_stop_seconds)
+            return uri
     except Timeout:
         raise StoreError(
             f"timed out after {lock_timeout:.0f}s waiting for another process to start the "
@@ -302,7 +305,15 @@ class PgConnectionPool:
         return None
 
     def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        except psycopg.OperationalError:
+            embedded = _EMBEDDED.get(self._dsn)
+            if embedded is None:
+                raise
+            # The embedded server went away (idle stop, `rag server stop`): start it once more.
+            embedded_dsn(embedded[0], idle_stop_seconds=embedded[1])
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
         try:
             if self._configure is not None:
                 self._configure(conn)
