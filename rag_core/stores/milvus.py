@@ -31,6 +31,9 @@ from rag_core.stores.base import (
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
+# milvus-lite 2.5's server returns no MVCC timestamp to query iterators; pymilvus then warns on
+# every scan and uses a client-side timestamp, which is right for one local server.
+logging.getLogger("pymilvus.client.iterator.query_iterator").setLevel(logging.ERROR)
 
 SCORE_LABEL = "milvus_cosine_similarity[-1,1]"
 # VARCHAR max_length in Milvus counts UTF-8 bytes, not characters.
