@@ -135,6 +135,21 @@ def test_server_dying_between_lookups_is_restarted_once(filled, data_dir):
     assert store.count() == 20
 
 
+def test_threads_failing_together_share_one_restart(filled, data_dir):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store, vecs = filled
+    first = store.server_pid
+    os.kill(first, signal.SIGKILL)
+    assert wait_until(lambda: milvus_server.server_status(data_dir) is None, 10)
+    with ThreadPoolExecutor(8) as pool:
+        top = list(pool.map(lambda i: store.search(vecs[i], 1)[0].chunk_id, range(16)))
+    assert top == [f"c{i}" for i in range(16)]
+    engines = [p for p in psutil.process_iter(["cmdline"])
+               if (p.info["cmdline"] or [""])[1:2] == [str((data_dir / "milvus.db").resolve())]]
+    assert len(engines) == 1 and store.server_pid != first
+
+
 def test_server_that_cannot_restart_gives_a_store_error_and_a_structured_result(filled, data_dir, monkeypatch):
     store, vecs = filled
     os.kill(store.server_pid, signal.SIGKILL)

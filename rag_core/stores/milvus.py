@@ -126,6 +126,7 @@ class MilvusStore:
         self._timeout = timeout
         self._client = None
         self._lock = threading.Lock()
+        self._reconnect_lock = threading.Lock()
         self._loaded = False
         self._embedded_dir = Path(embedded_dir).resolve() if embedded_dir is not None else None
         self._idle_stop = idle_stop_seconds
@@ -182,12 +183,13 @@ class MilvusStore:
 
     def _call(self, what: str, fn, *args, **kwargs):
         client = self._connect()
+        used_pid = self._server_pid
         try:
             return fn(client, *args, **kwargs)
         except StoreError:
             raise
         except Exception as exc:
-            if not self._recovered_server():
+            if not self._recovered_server(used_pid):
                 raise StoreError(f"Milvus {what} failed on {self.collection!r}: {_brief(exc)}") from None
         # The embedded server had died and runs again: retry once on a fresh connection.
         try:
@@ -198,24 +200,28 @@ class MilvusStore:
             raise StoreError(f"Milvus {what} failed on {self.collection!r} after restarting the embedded "
                              f"server: {_brief(exc)}") from None
 
-    def _recovered_server(self) -> bool:
-        """After a failed call on the embedded server: True when it had died and a live one
-        (restarted here, or by another process) is now connected and the collection loaded."""
-        if self._embedded_dir is None:
+    def _recovered_server(self, used_pid: int | None) -> bool:
+        """After a call on the embedded server ``used_pid`` failed: True when that server had
+        died and a live one (restarted here, by another thread or by another process) is now
+        connected with the collection loaded; False when ``used_pid`` still serves."""
+        if self._embedded_dir is None or used_pid is None:
             return False
-        state = milvus_server.restart_if_dead(self._embedded_dir, self._server_pid, self._idle_stop)
+        state = milvus_server.restart_if_dead(self._embedded_dir, used_pid, self._idle_stop)
         if state is None:
             return False  # the server is alive: the error was real
-        log.warning("the embedded Milvus (pid %s) was gone; reconnected to pid %d at %s",
-                    self._server_pid, state.pid, state.uri)
-        self._drop_client()
-        client = self._connect()
-        try:
-            if self._loaded and client.has_collection(self.collection):
-                client.load_collection(self.collection)
-        except Exception as exc:
-            raise StoreError(f"Milvus load_collection failed on {self.collection!r} after restarting the "
-                             f"embedded server: {_brief(exc)}") from None
+        with self._reconnect_lock:  # several threads may fail at once: one reconnects
+            if self._server_pid == state.pid and self._client is not None:
+                return True
+            log.warning("the embedded Milvus (pid %s) was gone; reconnecting to pid %d at %s",
+                        used_pid, state.pid, state.uri)
+            self._drop_client()
+            client = self._connect()
+            try:
+                if self._loaded and client.has_collection(self.collection):
+                    client.load_collection(self.collection)
+            except Exception as exc:
+                raise StoreError(f"Milvus load_collection failed on {self.collection!r} after restarting "
+                                 f"the embedded server: {_brief(exc)}") from None
         return True
 
     def _drop_client(self) -> None:
