@@ -253,3 +253,15 @@ def test_pool_starts_a_stopped_embedded_postgres_again(pg_scratch_dir):
     assert pool.run(lambda c: c.execute("SELECT 2").fetchone()[0]) == 2
     assert running_pid(pgdata) is not None
     pool.close()
+
+
+def test_watchdog_stops_a_server_whose_data_dir_was_deleted(tmp_path):
+    import shutil
+
+    from rag_core.stores.idle_stop import watch
+
+    data = tmp_path / "gone"
+    state = milvus_server.ensure_server(data)
+    shutil.rmtree(data)
+    assert watch("milvus", data, state.pid, seconds=0.5, poll=0.2) == "stopped"
+    assert wait_until(lambda: not milvus_server._serves(state.pid, state.db_path), 10)

@@ -177,15 +177,20 @@ def _is_our_server(state: ServerState) -> bool:
     A pid from a killed server may have been reused by another program: the command line
     must name the binary and the data file.
     """
+    return _serves(state.pid, state.db_path)
+
+
+def _serves(pid: int, db_path: str) -> bool:
+    """True when ``pid`` is a live (not zombie) engine process on ``db_path``."""
     _reap()
     try:
-        proc = psutil.Process(state.pid)
+        proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
         cmd = proc.cmdline()
     except psutil.Error:
         return False
-    return len(cmd) >= 2 and Path(cmd[0]).name == "milvus" and cmd[1] == state.db_path
+    return len(cmd) >= 2 and Path(cmd[0]).name == "milvus" and cmd[1] == db_path
 
 
 def _reap() -> None:
@@ -273,8 +278,12 @@ def stop_server(data_dir: Path, expect_pid: int | None = None, timeout: float = 
     ``expect_pid`` (the idle watchdog) stops only that server, not a newer one. SIGTERM, then
     SIGKILL after ``timeout`` s. Flushed data is on disk (every ingest flushes its writes).
     """
-    _, state_path, lock, _ = _paths(data_dir)
+    db, state_path, lock, _ = _paths(data_dir)
     if not Path(data_dir).exists():
+        # The data dir was deleted under a running server (no lock file to take): stop the
+        # given pid only when it is the engine on that path.
+        if expect_pid is not None and _serves(expect_pid, str(db)):
+            _terminate(expect_pid, timeout)
         return None
     with _locked(lock, data_dir):
         state = _live_state(data_dir)
