@@ -214,9 +214,15 @@ def test_idle_server_stops_after_the_set_time_but_not_while_connected(data_dir):
 def test_idle_embedded_postgres_stops(pg_scratch_dir):
     from rag_core.stores.pgserver import embedded_dsn, running_pid
 
+    import psycopg
+
     pgdata = pg_scratch_dir / "pgdata"
-    embedded_dsn(pgdata, idle_stop_seconds=1.0)
-    assert running_pid(pgdata) is not None
+    dsn = embedded_dsn(pgdata, idle_stop_seconds=1.0)
+    pid = running_pid(pgdata)
+    with psycopg.connect(dsn) as conn:  # a connected client (an agent's pool) keeps it running
+        time.sleep(3)
+        assert conn.execute("SELECT 1").fetchone()[0] == 1
+        assert running_pid(pgdata) == pid
     assert wait_until(lambda: running_pid(pgdata) is None, 30)
 
 
