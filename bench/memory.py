@@ -1,12 +1,13 @@
-"""Memory: peak RSS of a lookup process on a 100k-chunk Milvus Lite collection.
+"""Memory: peak RSS of a lookup process and of the embedded Milvus server on a 100k-chunk collection.
 
 A fresh subprocess (``python -m bench.memory --child ...``) opens ``LookupKnowledgeTool`` on the
 collection the scale benchmark left behind (product schema, FLAT index, the runbook L0 index
 copied beside it) and runs lookups. It reports ``ru_maxrss``, the kernel's high-water mark
 (``VmHWM``) and the RSS at each step (sampled every 20 ms by a thread). The child is started
 through ``sh -c`` so that it does not inherit this process' ``ru_maxrss`` across fork + exec
-(Linux carries the high-water mark over exec). Milvus Lite 3 runs inside the lookup
-process, so its memory is part of these numbers. The same child on the 454-chunk runbook
+(Linux carries the high-water mark over exec). The embedded Milvus server is its own process
+(``rag_core.stores.milvus_server``): its RSS after the lookups is reported beside the lookup
+process' (``server_rss_mb``). The same child on the 454-chunk runbook
 collection gives the baseline (Python, torch, the model), so the difference is what the 100k
 collection costs.
 """
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, milvus_lite_release, summarize
+from bench.common import log, summarize
 from bench.context import BenchContext
 from rag_core.settings import PROJECT_ROOT
 
@@ -140,7 +141,23 @@ def measure(data_dir: Path, collection: str, knowledge_dir: Path, queries: list[
         raise RuntimeError(f"memory child failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     out["process_wall_s"] = round(wall, 2)
+    out["server_rss_mb"] = server_rss_mb(data_dir)
     return out
+
+
+def server_rss_mb(data_dir: Path) -> float | None:
+    """RSS of the embedded Milvus server of ``data_dir`` in MiB (None when none runs)."""
+    import psutil
+
+    from rag_core.stores.milvus_server import server_status
+
+    state = server_status(data_dir)
+    if state is None:
+        return None
+    try:
+        return round(psutil.Process(state.pid).memory_info().rss / 2**20, 1)
+    except psutil.Error:
+        return None
 
 
 def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | None = None) -> dict[str, Any]:
@@ -148,7 +165,6 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     kb = ctx.get_kb_settings()
     queries = ctx.queries
     out: dict[str, Any] = {"lookups": lookups}
-    milvus_lite_release(kb.milvus_target)  # one process per Milvus Lite file
     log("memory: baseline child on the runbook collection")
     try:
         out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, queries, lookups)
@@ -165,6 +181,10 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
         out["large"]["index"] = collection.get("index")
     except Exception as exc:
         out["large"] = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+    finally:
+        from rag_core.stores.milvus_server import stop_server
+
+        stop_server(data_dir)
     base, large = out.get("baseline", {}), out["large"]
     if _ok(base) and _ok(large):
         out["collection_cost_mb"] = {

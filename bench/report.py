@@ -83,7 +83,7 @@ def evaluate_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append(row)
 
     st = (r.get("scale") or {}).get("targets") or {}
-    for store, limit, label in (("pgvector", 2.0, "pgvector HNSW"), ("milvus", 10.0, "Milvus Lite")):
+    for store, limit, label in (("pgvector", 2.0, "pgvector HNSW"), ("milvus", 5.0, "Milvus (embedded server)")):
         row = {
             "id": f"search_100k_{store}",
             "limit": f"<= {limit:g}x",
@@ -148,6 +148,9 @@ def evaluate_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     else:
         row.update(measured=(ev or {}).get("error", "not run"), ratio="–", met=None)
     rows.append(row)
+    from bench.engine import targets as engine_targets
+
+    rows.extend(engine_targets(r))
     return rows
 
 
@@ -172,12 +175,12 @@ def chart(r: dict[str, Any], path: Path) -> Path | None:
         for store, s in res["stores"].items():
             best = s.get("best") if isinstance(s, dict) else None
             if best and best["single_ms"]["p50"] is not None:
-                label = {"numpy": "NumPy exact", "milvus": "Milvus Lite", "pgvector": "pgvector"}[store]
+                label = {"numpy": "NumPy exact", "milvus": "Milvus", "pgvector": "pgvector"}[store]
                 series.setdefault(label, []).append(
                     (int(n), best["single_ms"]["p50"], best["filtered_single_ms"]["p50"])
                 )
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    colors = {"NumPy exact": "tab:gray", "Milvus Lite": "tab:blue", "pgvector": "tab:orange"}
+    colors = {"NumPy exact": "tab:gray", "Milvus": "tab:blue", "pgvector": "tab:orange"}
     for label, pts in sorted(series.items()):
         pts.sort()
         xs = [p[0] for p in pts]
@@ -244,6 +247,7 @@ def markdown(r: dict[str, Any], chart_name: str | None) -> str:
     out += _evaluation_md(r.get("evaluation"))
     out += _memory_md(r.get("memory"))
     out += _concurrency_md(r.get("concurrency"))
+    out += _engine_md(r.get("engine"))
     out += _where_time_goes_md(r)
     out += _caveats_md(r)
     return "\n".join(out) + "\n"
@@ -598,11 +602,41 @@ def _memory_md(mem: dict | None) -> list[str]:
             "",
             f"Against the baseline the large collection adds {_f(cost['peak_ru_maxrss'])} MB of peak RSS "
             f"(ru_maxrss; {_f(cost.get('peak_vmhwm'))} MB by VmHWM) and {_f(cost['after_lookups'])} MB of RSS after "
-            f"the lookups. Milvus Lite 3 runs inside the lookup process, so the collection's memory is the "
-            f"process' memory (index {(mem.get('large') or {}).get('index')}). Each child is a fresh process that "
+            f"the lookups. The embedded Milvus server is its own process: "
+            f"{_f((mem.get('large') or {}).get('server_rss_mb'))} MB RSS with the large collection vs "
+            f"{_f((mem.get('baseline') or {}).get('server_rss_mb'))} MB with the runbook one "
+            f"(index {(mem.get('large') or {}).get('index')}). Each child is a fresh process that "
             f"loads the model, opens the collection and runs {mem['lookups']} lookups (the lookup p50 includes "
             "the first, cold ones).",
         ]
+    return out
+
+
+def _engine_md(eng: dict | None) -> list[str]:
+    """Issue 14 section: lookup p50 Milvus vs pgvector vs floor, flush effect, ingest while serving."""
+    if not eng:
+        return []
+    out = ["## Main path engine (embedded Milvus server)", ""]
+    lk = eng.get("lookup") or {}
+    if "milvus" in lk:
+        ne, st = lk["without_embedding"], lk["store_dense_plus_lexical"]
+        out += ["| path | lookup p50 ms | without query embedding p50 ms | store dense + lexical p50 ms |",
+                "|---|---|---|---|"]
+        for name in ("milvus", "pgvector", "floor"):
+            out.append(f"| {name} | {_f(lk[name]['p50'])} | {_f(ne[name]['p50'])} | "
+                       f"{_f((st.get(name) or {}).get('p50'))} |")
+        out.append("")
+    fl = eng.get("flush") or {}
+    if "flushed_ms" in fl:
+        out += [f"Store search (dense + BM25) on {fl['rows']} rows written in this process: unflushed p50 "
+                f"{_f(fl['unflushed_ms']['p50'])} ms, flushed p50 {_f(fl['flushed_ms']['p50'])} ms.", ""]
+    sv = eng.get("serving") or {}
+    if "failures" in sv:
+        out += [f"Ingest while serving: {sv['lookups']} lookups on 8 threads ({sv['lookups_during_ingest']} during "
+                f"a {_f(sv['ingest_s'])} s `rag ingest` in another process): p50 {_f(sv['latency_ms']['p50'])} ms, "
+                f"p95 {_f(sv['latency_ms']['p95'])} ms, {sv['failures']} failed, "
+                f"{sv['hits_outside_old_and_new_index']} hits outside the old and new index, traces {sv['traces']}.",
+                ""]
     return out
 
 

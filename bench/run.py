@@ -22,7 +22,7 @@ from bench import report
 from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log
 from bench.context import BenchContext
 
-BENCHMARKS = ("ingestion", "latency", "concurrency", "evaluation", "scale", "memory")
+BENCHMARKS = ("ingestion", "latency", "concurrency", "engine", "evaluation", "scale", "memory")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -63,8 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--milvus-hnsw-max-size",
         type=int,
-        default=100_000,
-        help="largest size at which Milvus HNSW is built and swept (above: only if HNSW won below)",
+        default=0,
+        help="largest size at which Milvus HNSW is built and swept (default 0: the embedded engine, "
+        "milvus-lite 2.5, has no HNSW; raise it for a Milvus server URI)",
     )
     p.add_argument("--rounds", type=int, default=None, help="latency rounds over the queries (default 3; --quick: 1)")
     p.add_argument("--eval-cases", type=int, default=1000, help="cases of the offline evaluation benchmark")
@@ -122,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                     from bench import concurrency
 
                     results[name] = concurrency.run(ctx)
+                elif name == "engine":
+                    from bench import engine
+
+                    results[name] = engine.run(ctx, rounds=args.rounds)
                 elif name == "evaluation":
                     from bench import evaluation
 
@@ -144,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                 results["meta"]["model_load_s"] = ctx.notes["model_load_s"]
             _write(args.out, results, started, final=False)
     finally:
+        from rag_core.stores.milvus_server import stop_server
+
+        if ctx.kb_settings is not None:  # the suite's runbook data dir
+            stop_server(ctx.kb_settings.data_dir)
         if memory_collection and results.get("scale", {}).get("workdir"):
             shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)
         ctx.scratch.close()

@@ -1,4 +1,5 @@
-"""Store search at scale: Milvus Lite, pgvector and an exact NumPy top-k over the same vectors.
+"""Store search at scale: Milvus (the embedded server of a scratch data dir, reached by URI like
+the product's default), pgvector and an exact NumPy top-k over the same vectors.
 
 Vectors: the real runbook chunk embeddings, scaled up to each size by copying random chunks
 with a small Gaussian perturbation (``sigma`` per dimension) and renormalising; the real
@@ -38,7 +39,6 @@ from bench.common import (
     Budget,
     log,
     milvus_lite_engine_collection,
-    milvus_lite_release,
     milvus_lite_settle,
     profile_top,
     progress,
@@ -50,7 +50,7 @@ RARE = "bench_rare"
 COLLECTION = "bench_chunks"
 MIN_RECALL = 0.95
 TARGET_PG_VS_NUMPY = 2.0
-TARGET_MILVUS_VS_NUMPY = 10.0
+TARGET_MILVUS_VS_NUMPY = 5.0  # issue 14 (was 10x for Milvus Lite 3 in-process)
 TARGET_SIZE = 100_000
 
 
@@ -66,13 +66,13 @@ class ScaleOptions:
     pg_ef: tuple[int, ...] = (40, 100, 200, 400, 1000)
     hnsw_m: int = 16
     hnsw_ef_construction: int = 64
-    milvus_hnsw_max_size: int = 100_000
+    milvus_hnsw_max_size: int = 0  # the embedded engine (milvus-lite 2.5) has no HNSW
     milvus_max_size: int = 300_000
     pg_max_size: int = 100_000
     pg_parallel_workers: int = 1
     single_queries: int = 20
     single_queries_large: int = 8  # Milvus Lite at >= 50k rows: each query can take ~1 s
-    insert_batch: int = 5000
+    insert_batch: int = 256  # milvus-lite 2.5 inserts cost superlinear in the batch (see MilvusStore)
     keep_milvus_size: int | None = TARGET_SIZE  # kept (FLAT, released) for the memory benchmark
     overlap_pg_build: bool = True
     budget: Budget | None = None
@@ -386,6 +386,22 @@ def milvus_measure(
         recall_at_k(found_f, ds, True, k),
         **extra,
     )
+
+
+def milvus_bm25(client, base: BaseData, ds: Dataset, k: int, n: int) -> dict[str, Any]:
+    """Single-query BM25 search latency (the product's sparse call) with three terms taken from
+    a real chunk's lexical text per query (deterministic)."""
+    rng = np.random.default_rng(7)
+    times = []
+    for i in range(n + 1):
+        words = base.meta[int(rng.integers(0, len(base.meta)))]["lexical"].split() or ["pod"]
+        terms = " ".join(rng.choice(words, size=min(3, len(words)), replace=False))
+        t0 = time.perf_counter()
+        client.search(COLLECTION, data=[terms], anns_field="sparse", limit=k, output_fields=["chunk_id"],
+                      search_params={"metric_type": "BM25"})
+        if i:
+            times.append((time.perf_counter() - t0) * 1000)
+    return summarize(times)
 
 
 def _subset(ds: Dataset, n: int) -> Dataset:
@@ -734,10 +750,13 @@ def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
                     m_est += flat_q * (2 * n_single + 2 * len(Q) / 10)
                 want_milvus = fits("milvus (insert + FLAT searches)", n, m_est)
             mdir = work / f"milvus-{n}"
-            uri = str(mdir / "milvus.db")
+            uri = ""
             client = None
             if want_milvus:
                 try:
+                    from rag_core.stores.milvus_server import ensure_server
+
+                    uri = ensure_server(mdir).uri
                     loaded = milvus_load(uri, ds, base, opts)
                     client = loaded.pop("client")
                     res["setup"]["milvus"] = loaded
@@ -780,6 +799,7 @@ def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
                     configs = []
                     t0 = time.perf_counter()
                     configs.append(milvus_measure(client, ds, opts.k, {}, n_single, "FLAT"))
+                    bm25_ms = milvus_bm25(client, base, ds, opts.k, n_single)
                     est.learn("milvus_flat_query", n, (time.perf_counter() - t0) / (2 * n_single + 2 * len(Q) / 10))
                     try_hnsw = n <= opts.milvus_hnsw_max_size or (milvus_choice or {}).get("config", "").startswith(
                         "HNSW"
@@ -808,7 +828,8 @@ def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
                             configs.append(milvus_measure(client, ds, opts.k, {"ef": ef}, n_single, f"HNSW ef={ef}"))
                         est.learn("milvus_hnsw", n, time.perf_counter() - t0)
                     best = best_config(configs)
-                    res["stores"]["milvus"] = {"configs": configs, "best": best}
+                    res["stores"]["milvus"] = {"configs": configs, "best": best,
+                                               "bm25_ms": bm25_ms}
                     if n <= opts.milvus_hnsw_max_size:
                         milvus_choice = best
                     current = "HNSW" if any(c["config"].startswith("HNSW") for c in configs) else "FLAT"
@@ -836,8 +857,10 @@ def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
                     res["stores"]["milvus"] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
                 finally:
                     client.close()
-                    milvus_lite_release(uri)
                     if out["memory_collection"] is None or out["memory_collection"]["uri"] != uri:
+                        from rag_core.stores.milvus_server import stop_server
+
+                        stop_server(mdir)
                         shutil.rmtree(mdir, ignore_errors=True)
 
             numpy_best = res["stores"].get("numpy", {}).get("best")

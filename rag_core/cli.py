@@ -1,4 +1,4 @@
-"""The ``rag`` command line: ingest, lookup, traces, compare and eval."""
+"""The ``rag`` command line: ingest, lookup, traces, compare, eval and server (status/stop)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def settings_or_exit(**overrides) -> RagSettings:
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Say where an embedded server is started (they outlive the command).
+    for name in ("rag_core.stores.milvus_server", "rag_core.stores.pgserver"):
+        logging.getLogger(name).setLevel(logging.INFO)
 
 
 @app.command()
@@ -107,6 +110,70 @@ def compare(query: str = typer.Argument(..., help="Question or alert text")) -> 
     from rag_core.compare import compare_paths
 
     print_compare(console, compare_paths(settings_or_exit(), query))
+
+
+server_app = typer.Typer(help="The embedded Milvus and PostgreSQL servers of the data dir.", no_args_is_help=True)
+app.add_typer(server_app, name="server")
+
+
+def _server_rows(settings: RagSettings) -> list[dict]:
+    from rag_core.stores import milvus_server
+    from rag_core.stores.pgserver import embedded_status
+
+    milvus = milvus_server.server_status(settings.data_dir)
+    rows = [{"server": "milvus", "running": milvus is not None,
+             **(milvus.to_dict() if milvus else {"data_dir": str(settings.milvus_db_path)}),
+             "in_use": settings.milvus_embedded},
+            {"server": "postgres", "running": False, "data_dir": str(settings.pg_data_dir.resolve()),
+             "in_use": settings.pg_dsn is None}]
+    pg = embedded_status(settings.pg_data_dir)
+    if pg is not None:
+        rows[1].update(pg, running=True)
+    return rows
+
+
+def _print_servers(rows: list[dict], title: str) -> None:
+    table = Table("server", "state", "pid", "uri", "engine", "uptime s", "data", title=title)
+    for r in rows:
+        table.add_row(r["server"], "running" if r["running"] else "not running", str(r.get("pid", "")),
+                      r.get("uri", ""), f"{r.get('engine', '')} {r.get('engine_version', '')}".strip(),
+                      f"{r['uptime_s']:.0f}" if "uptime_s" in r else "", r.get("db_path") or r.get("data_dir", ""))
+    console.print(table)
+
+
+@server_app.command("status")
+def server_status(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Show the embedded servers of the data dir (pid, URI, engine, uptime, data)."""
+    rows = _server_rows(settings_or_exit())
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_servers(rows, "embedded servers")
+
+
+@server_app.command("stop")
+def server_stop(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
+    """Stop the embedded Milvus and PostgreSQL servers of the data dir (data is kept)."""
+    from rag_core.stores import milvus_server
+    from rag_core.stores.base import StoreError
+    from rag_core.stores.pgserver import embedded_status, stop_embedded
+
+    settings = settings_or_exit()
+    rows = _server_rows(settings)
+    try:
+        milvus_server.stop_server(settings.data_dir)
+        if embedded_status(settings.pg_data_dir) is not None:
+            stop_embedded(settings.pg_data_dir)
+    except StoreError as exc:
+        console.print(f"[red]stop failed: {exc}[/red]")
+        raise typer.Exit(1) from None
+    for r in rows:
+        r["stopped"] = r["running"]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+    else:
+        for r in rows:
+            console.print(f"{r['server']}: " + (f"stopped (pid {r['pid']})" if r["stopped"] else "was not running"))
 
 
 def _mount_eval() -> None:

@@ -13,7 +13,8 @@ def make_embedder(settings: RagSettings):
 
 
 def make_main_store(settings: RagSettings):
-    """The Milvus store (Lite file in the data dir unless ``RAG_MILVUS_URI`` is set)."""
+    """The Milvus store: ``RAG_MILVUS_URI``, else the embedded server of the data dir (or the
+    in-process file with ``RAG_MILVUS_MODE=file``)."""
     from rag_core.stores.milvus import MilvusStore
 
     return MilvusStore.from_settings(settings)
@@ -24,7 +25,7 @@ def make_sidecar_store(settings: RagSettings):
     from rag_core.stores.pgserver import resolve_dsn
     from rag_core.stores.pgvector import PgVectorStore
 
-    return PgVectorStore(resolve_dsn(settings), settings.pg_table)
+    return PgVectorStore(resolve_dsn(settings), settings.pg_table, ef_search=settings.pg_ef_search)
 
 
 def make_stores(settings: RagSettings, with_sidecar: bool | None = None) -> list:

@@ -7,6 +7,7 @@ at construction with pydantic's message, which names the setting.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -27,14 +28,26 @@ class RagSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RAG_", env_file=".env", extra="ignore")
 
-    data_dir: Path = Field(Path(".rag"), description="Local state: Milvus Lite file, L0 index, PostgreSQL data, spool")
+    data_dir: Path = Field(Path(".rag"), description="Local state: Milvus data, L0 index, PostgreSQL data, spool")
     knowledge_dir: Path = Field(SAMPLE_KNOWLEDGE_DIR, description="Root of the Markdown knowledge base")
     golden_cases: Path = Field(SAMPLE_GOLDEN_CASES, description="Golden case file (YAML or JSONL)")
 
-    milvus_uri: str = Field("", description="Milvus URI; empty = Milvus Lite file <data_dir>/milvus.db")
+    milvus_uri: str = Field("", description="Milvus URI (production server); empty = the embedded Milvus of data_dir")
+    milvus_mode: Literal["server", "file"] = Field(
+        "server", description="Embedded Milvus when milvus_uri is empty: 'server' = one local Milvus server per "
+        "data dir shared by every process (rag_core.stores.milvus_server); 'file' = MilvusClient on the file "
+        "<data_dir>/milvus.db inside the calling process (one process at a time)")
     milvus_token: SecretStr | None = Field(None, description="Milvus token (user:password or API key)")
     collection: str = Field("knowledge_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
-    milvus_index: str = Field("FLAT", pattern=r"^(FLAT|HNSW|IVF_FLAT|AUTOINDEX)$", description="Milvus dense index type")
+    milvus_index: str = Field("FLAT", pattern=r"^(FLAT|HNSW|IVF_FLAT|AUTOINDEX)$",
+                              description="Milvus dense index type; FLAT (exact) is the measured default up to "
+                              "100k chunks on the embedded engine (bench/scale.py)")
+    milvus_hnsw_ef: int = Field(128, ge=1, le=32768, description="HNSW search ef (HNSW index only; raised to top_k)")
+    milvus_ivf_nprobe: int = Field(32, ge=1, le=65536, description="IVF search nprobe (IVF_FLAT index only)")
+    milvus_ivf_nlist: int = Field(1024, ge=1, le=65536, description="IVF build nlist (IVF_FLAT index only)")
+    embedded_idle_stop_seconds: float = Field(
+        1800.0, ge=0.0, description="Embedded Milvus/PostgreSQL servers stop after this long without any "
+        "client connection (0 = never)")
 
     embedding_model: str = Field("all-MiniLM-L6-v2", min_length=1)
     embedding_batch_size: int = Field(64, ge=1, le=4096)
@@ -44,6 +57,7 @@ class RagSettings(BaseSettings):
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
     sidecar_enabled: bool = Field(False, description="Also query the pgvector sidecar beside Milvus")
     pg_table: str = Field("knowledge_chunks", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    pg_ef_search: int = Field(100, ge=1, le=1000, description="pgvector hnsw.ef_search (raised to top_k)")
 
     l1_enabled: bool = True
     top_k: int = Field(10, ge=1, le=200, description="Candidates fetched per retrieval channel")
@@ -70,9 +84,20 @@ class RagSettings(BaseSettings):
         return self
 
     @property
+    def milvus_embedded(self) -> bool:
+        """True when the main store is the embedded Milvus server of ``data_dir`` (no URI, server mode)."""
+        return not self.milvus_uri and self.milvus_mode == "server"
+
+    @property
+    def milvus_db_path(self) -> Path:
+        """The embedded Milvus' data file (both modes use it; the engine's on-disk format)."""
+        return (self.data_dir / "milvus.db").resolve()
+
+    @property
     def milvus_target(self) -> str:
-        """The URI MilvusClient gets: the configured one or the Milvus Lite file in data_dir."""
-        return self.milvus_uri or str((self.data_dir / "milvus.db").resolve())
+        """The URI MilvusClient gets when no embedded server is used: the configured URI or the
+        Milvus Lite file in data_dir (file mode)."""
+        return self.milvus_uri or str(self.milvus_db_path)
 
     @property
     def l0_index_path(self) -> Path:

@@ -1,5 +1,6 @@
 """Shared pytest fixtures (PostgreSQL ones are defined in conftest_pg.py)."""
 
+import os
 import shutil
 from pathlib import Path
 
@@ -12,6 +13,20 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
 RUNBOOKS_ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
 VISIBLE_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
+
+# Embedded servers started by tests (and by CLI subprocesses) go away on their own when a run
+# is interrupted; the session fixture below stops the ones this process started.
+os.environ.setdefault("RAG_EMBEDDED_IDLE_STOP_SECONDS", "120")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_embedded_milvus_servers():
+    """Stop every embedded Milvus server this test process started, at the end of the session."""
+    yield
+    from rag_core.stores import milvus_server
+
+    for child in list(milvus_server._children.values()):
+        milvus_server.stop_server(Path(child.args[1]).parent)
 
 
 def need_shared(path: Path) -> Path:

@@ -71,10 +71,10 @@ def env():
 
             with contextlib.suppress(Exception):
                 stop_embedded(ns.data / "pgdata", mode="immediate")
-            with contextlib.suppress(Exception):  # Milvus Lite serves the file until released
-                from milvus_lite.server_manager import server_manager_instance
+            with contextlib.suppress(Exception):  # the embedded Milvus server outlives the runs
+                from rag_core.stores.milvus_server import stop_server
 
-                server_manager_instance.release_server(str(ns.data / "milvus.db"))
+                stop_server(ns.data)
             shutil.rmtree(tmp, ignore_errors=True)
 
 

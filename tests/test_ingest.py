@@ -125,3 +125,36 @@ def test_runbooks_corpus_crashloop_query_in_top3(tmp_path, embedder):
     result = tool.lookup("pod keeps restarting with back-off")
     assert "kubernetes/KubePodCrashLooping.md" in [b.source for b in result.evidence_blocks[:3]]
     tool.close()
+
+
+class RecordingStore:
+    """A real store that records the order of its write calls."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+        self.name, self.score_label = inner.name, inner.score_label
+
+    def __getattr__(self, attr):
+        value = getattr(self.inner, attr)
+        if attr in ("upsert", "delete_chunks", "delete_documents", "flush"):
+            def record(*args, **kwargs):
+                self.calls.append(attr)
+                return value(*args, **kwargs)
+            return record
+        return value
+
+
+def test_every_ingest_write_stage_ends_with_a_flush(env):
+    """Searches in the writing process then run on sealed segments, as in a fresh process."""
+    settings, store, emb, kb = env
+    rec = RecordingStore(store)
+    ingest(settings, emb, [rec], progress=False)
+    assert "upsert" in rec.calls and rec.calls[-1] == "flush"
+    assert store.pending_rows == 0
+    next(kb.rglob("RabbitMQQueueBacklog.md")).unlink()  # a run that only deletes
+    rec.calls.clear()
+    ingest(settings, emb, [rec], progress=False)
+    assert rec.calls == ["delete_chunks", "flush"] and store.pending_rows == 0
+    fresh = MilvusStore.from_settings(settings)  # another client sees exactly the same rows
+    assert fresh.count() == store.count() and fresh.chunk_hashes() == store.chunk_hashes()
+    fresh.close()

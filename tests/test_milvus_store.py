@@ -1,4 +1,5 @@
-"""MilvusStore on real Milvus Lite (random unit vectors: no model needed)."""
+"""MilvusStore on the real engine, in file mode and through the embedded server (random unit
+vectors: no model needed)."""
 
 import time
 
@@ -23,12 +24,20 @@ def unit(n, seed=0):
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = MilvusStore(str(tmp_path / "m.db"), "chunks")
+@pytest.fixture(params=["file", "server"])
+def store(request, tmp_path):
+    """The same tests on the file mode and on the embedded server (reached by URI)."""
+    if request.param == "file":
+        s = MilvusStore(str(tmp_path / "milvus.db"), "chunks")
+    else:
+        s = MilvusStore("", "chunks", embedded_dir=tmp_path)
     s.ensure_schema(DIM)
     yield s
     s.close()
+    if request.param == "server":
+        from rag_core.stores.milvus_server import stop_server
+
+        stop_server(tmp_path)
 
 
 def test_upsert_search_count_and_hashes(store):
@@ -121,3 +130,16 @@ def test_unreachable_server_fails_fast_with_redacted_uri():
 
 def test_escape_filter_value():
     assert escape_filter_value('a"b\\c') == '"a\\"b\\\\c"'
+
+
+def test_filtered_search_is_the_exact_top_k_within_the_category(store):
+    n = 1500
+    vecs = unit(n, seed=3)
+    cats = ["rare" if i % 20 == 0 else "common" for i in range(n)]
+    store.upsert([chunk(i, category=c) for i, c in enumerate(cats)], vecs)
+    store.flush()
+    rare = np.array([c == "rare" for c in cats])
+    for q in unit(5, seed=11):
+        scores = np.where(rare, vecs @ q, -np.inf)
+        exact = [f"c{i}" for i in np.argsort(-scores)[:10]]
+        assert [h.chunk_id for h in store.search(q, 10, category="rare")] == exact

@@ -345,9 +345,10 @@ print(resolve_dsn(RagSettings(data_dir=Path(sys.argv[1]), pg_dsn=None)))
 """
 
 
-def test_server_shared_by_processes_outlives_them_and_a_stop_gives_store_error(pg_scratch_dir):
-    """Two processes start/attach at once; the server outlives both; a server stopped under
-    a running store gives StoreError (no hang), and a restart in place lets it recover."""
+def test_server_shared_by_processes_outlives_them_and_a_stop_gives_store_error(pg_scratch_dir, monkeypatch):
+    """Two processes start/attach at once; the server outlives both; a server stopped under a
+    running store is started again by its next call (idle stop, `rag server stop`); one that
+    cannot start gives StoreError (no hang), and a restart in place lets the store recover."""
     settings = RagSettings(data_dir=pg_scratch_dir, pg_dsn=None)
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "PYTHONWARNINGS": "ignore"}
     procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(pg_scratch_dir)], text=True, env=env,
@@ -367,12 +368,21 @@ def test_server_shared_by_processes_outlives_them_and_a_stop_gives_store_error(p
         store.upsert([chunk(1), chunk(2), chunk(3)], vecs)
         assert len(store.search(vecs[0], 3)) == 3
         assert stop_embedded(settings.pg_data_dir)
+        assert len(store.search(vecs[0], 3)) == 3  # started again in place by the pool
+        assert stop_embedded(settings.pg_data_dir)
+        from rag_core.stores import pgserver
+
+        def cannot_start(*args, **kwargs):
+            raise StoreError("could not start the embedded PostgreSQL (test)")
+
+        monkeypatch.setattr(pgserver, "embedded_dsn", cannot_start)
         start = time.monotonic()
         with pytest.raises(StoreError):
             store.search(vecs[0], 3)
         with pytest.raises(StoreError):
             store.upsert([chunk(4)], unit(1))
         assert time.monotonic() - start < 10
+        monkeypatch.undo()
         assert resolve_dsn(settings) == dsn  # restarted in place, same socket
         assert len(store.search(vecs[0], 3)) == 3  # the pool dropped its dead connections
     finally:

@@ -136,6 +136,9 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
             stale = [cid for cid, (doc_id, _) in stored.items()
                      if cid not in current and doc_id not in protected]
             store.delete_chunks(stale)
+            # Sealed rows are searched by the engine's index, not rebuilt per search (issue 14:
+            # 100.7 ms unflushed vs 14.2 ms flushed at 454 chunks on Milvus Lite 3).
+            store.flush()
         changes.removed = len(stale)
         report.stores[store.name] = changes
     report.chunks_embedded = len(vectors)

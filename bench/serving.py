@@ -1,0 +1,179 @@
+"""Ingest while the agent serves: one process does 8-thread lookups while another runs `rag ingest`.
+
+The knowledge base is a scratch copy of the runbook corpus in two states:
+
+* old: every document except a held-back share (every ``hold_every``-th document);
+* new: the held-back documents added, one document's text changed, one document deleted.
+
+This process ingests the old state, opens a ``LookupKnowledgeTool`` on the embedded Milvus server
+of the data dir, switches the files to the new state and starts ``rag ingest`` in a separate
+process (the CLI, as a nightly run would), while ``threads`` threads run lookups until that
+process has finished. Checks (the integration test asserts them, the benchmark reports them):
+
+* no lookup fails (status ok, no attempt error) and the ingest process exits 0;
+* every candidate is a chunk of the old or of the new index (same chunk id *and* text): a
+  lookup never sees a half-written or foreign row;
+* the trace count equals the lookup count;
+* after the ingest, lookups see the new index (a held-back document is found).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import CapturingRecorder, summarize
+from rag_core.settings import RagSettings
+
+_CLI = "from rag_core.cli import app; app()"
+
+
+@dataclass
+class ServingRun:
+    """Outcome of one ingest-while-serving run."""
+
+    lookups: int = 0
+    failures: list[str] = field(default_factory=list)
+    foreign_hits: list[str] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+    traces: int = 0
+    ingest_returncode: int | None = None
+    ingest_seconds: float = 0.0
+    ingest_output: str = ""
+    new_doc_found_after: bool = False
+    lookups_during_ingest: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "lookups": self.lookups,
+            "lookups_during_ingest": self.lookups_during_ingest,
+            "failures": len(self.failures),
+            "failure_examples": self.failures[:3],
+            "hits_outside_old_and_new_index": len(self.foreign_hits),
+            "latency_ms": summarize(self.latencies_ms),
+            "traces": self.traces,
+            "traces_equal_lookups": self.traces == self.lookups,
+            "ingest_returncode": self.ingest_returncode,
+            "ingest_s": round(self.ingest_seconds, 2),
+            "new_index_visible_after_ingest": self.new_doc_found_after,
+        }
+
+
+def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path, Path, dict[str, str]]:
+    """Copy ``corpus`` to ``work/kb`` (old state) and ``work/new`` (new state).
+
+    Returns (kb, new, changes): ``changes`` names the added / changed / deleted doc ids.
+    """
+    kb, new = work / "kb", work / "new"
+    shutil.copytree(corpus, new)
+    docs = sorted(p for p in new.rglob("*.md") if p.name != "_index.md")
+    changed, deleted = docs[1], docs[2]
+    held = [d for i, d in enumerate(docs) if i % hold_every == 0 and d not in (changed, deleted)]
+    shutil.copytree(new, kb)
+    for doc in held:
+        (kb / doc.relative_to(new)).unlink()
+    text = changed.read_text(encoding="utf-8")
+    changed.write_text(text + "\n\n## Ingest-while-serving note\n\nA paragraph added by the benchmark.\n",
+                       encoding="utf-8")
+    deleted.unlink()
+    rel = lambda p: p.relative_to(new).as_posix()  # noqa: E731
+    return kb, new, {"added": rel(held[0]), "changed": rel(changed), "deleted": rel(deleted),
+                     "added_count": str(len(held))}
+
+
+def chunk_texts(kb: Path, settings: RagSettings) -> dict[str, str]:
+    """``{chunk_id: text}`` of the knowledge base at ``kb`` as ingestion chunks it."""
+    from rag_core.ingest.documents import scan_documents
+    from rag_core.ingest.pipeline import IngestReport, chunk_documents
+
+    docs, _ = scan_documents(kb)
+    _, chunks = chunk_documents(docs, settings, IngestReport(str(kb)))
+    return {c.chunk_id: c.text for c in chunks}
+
+
+def run(settings: RagSettings, embedder: Any, queries: list[str], corpus: Path, work: Path,
+        threads: int = 8, timeout_s: float = 600.0, after_lookups: int = 16) -> ServingRun:
+    """One ingest-while-serving run in ``work`` (data dir ``settings.data_dir``); see the module doc."""
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.lookup.tool import LookupKnowledgeTool
+    from rag_core.stores.milvus import MilvusStore
+
+    kb, new, changes = prepare_states(corpus, work)
+    settings = settings.model_copy(update={"knowledge_dir": kb, "sidecar_enabled": False, "trace_enabled": True})
+    old_chunks = chunk_texts(kb, settings)
+    new_chunks = chunk_texts(new, settings)
+    store = MilvusStore.from_settings(settings)
+    ingest(settings, embedder, [store], progress=False)
+    recorder = CapturingRecorder()
+    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store, recorder=recorder)
+    for q in queries[:4]:
+        tool.lookup(q)  # warm: model, L0, collection
+    recorder.rows.clear()
+
+    # The switch to the new state: what a sync of the knowledge repository does on disk.
+    shutil.rmtree(kb)
+    shutil.copytree(new, kb)
+
+    out, lock = ServingRun(), threading.Lock()
+    ingesting = threading.Event()
+    ingesting.set()
+
+    def one(q: str, session: str) -> None:
+        t0 = time.perf_counter()
+        try:
+            result, cands = tool.lookup_with_candidates(q, session_id=session)
+            errors = [a.error for a in result.retrieval_trace.attempts if a.error]
+            problem = result.message if result.status != "ok" else (errors[0] if errors else None)
+            foreign = [c.hit.chunk_id for c in cands
+                       if c.hit.text not in (old_chunks.get(c.hit.chunk_id), new_chunks.get(c.hit.chunk_id))]
+        except Exception as exc:  # lookup() never raises; count it anyway
+            problem, foreign = f"{type(exc).__name__}: {exc}", []
+        ms = (time.perf_counter() - t0) * 1000
+        with lock:
+            out.lookups += 1
+            out.latencies_ms.append(ms)
+            out.lookups_during_ingest += ingesting.is_set()
+            if problem:
+                out.failures.append(f"{q[:40]!r}: {problem}"[:300])
+            out.foreign_hits.extend(foreign)
+
+    def worker(n: int) -> None:
+        i = 0
+        while ingesting.is_set():
+            one(queries[(n + i * threads) % len(queries)], f"serve-{n}")
+            i += 1
+
+    env = dict(os.environ, RAG_DATA_DIR=str(settings.data_dir), RAG_KNOWLEDGE_DIR=str(kb), HF_HUB_OFFLINE="1",
+               RAG_EMBEDDING_MODEL=settings.embedding_model)
+    pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _CLI, "ingest", "--json"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    for t in pool:
+        t.start()
+    try:
+        out.ingest_output = proc.communicate(timeout=timeout_s)[0][-2000:]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out.ingest_output = "timed out"
+    out.ingest_seconds = time.perf_counter() - t0
+    out.ingest_returncode = proc.returncode
+    ingesting.clear()
+    for t in pool:
+        t.join(60)
+    for i in range(after_lookups):
+        one(queries[i % len(queries)], "serve-after")
+    title = Path(changes["added"]).stem
+    result = tool.lookup(title)  # a held-back document, by its alert name: only in the new index
+    out.lookups += 1
+    out.new_doc_found_after = changes["added"] in [b.source for b in result.evidence_blocks]
+    tool.close()
+    out.traces = len(recorder.rows)
+    return out
