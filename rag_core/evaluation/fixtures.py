@@ -125,6 +125,7 @@ class CaseFixture(BaseModel):
     candidates: list[FixtureCandidate] = Field(default_factory=list)
     evidence_blocks: list[FixtureEvidenceBlock] = Field(default_factory=list)
     context_pack_sources: list[str] = Field(default_factory=list)
+    relevance_level: str | None = None
 
     @field_validator("retrieval_layer", mode="before")
     @classmethod
