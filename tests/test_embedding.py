@@ -303,3 +303,22 @@ def test_package_imports_without_torch():
     res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
     assert res.returncode == 0, res.stderr[-500:]
+
+
+@pytest.mark.integration
+def test_ingest_skips_a_chunk_whose_vector_is_rejected_and_names_it(endpoint, tmp_path):
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.stores.milvus import MilvusStore
+
+    kb = tmp_path / "kb"
+    (kb / "ops").mkdir(parents=True)
+    (kb / "ops" / "good.md").write_text("# Good\n\n## Steps\n\nRestart the worker.\n")
+    (kb / "ops" / "bad.md").write_text("# Bad\n\n## Fine\n\nAll good here.\n\n## Broken\n\nZERO vector here.\n")
+    settings = make_settings(tmp_path / "data", kb, embedding_backend="openai", embedding_base_url=endpoint,
+                             embedding_model="fake-embed", embedding_dimension=8)
+    store = MilvusStore.from_settings(settings)
+    report = ingest(settings, make_embedder(settings), [store], progress=False)
+    issues = [i for i in report.skipped if "near-zero" in i.reason]
+    assert len(issues) == 1 and issues[0].path == "ops/bad.md" and "Broken" in issues[0].reason
+    assert store.count() == report.chunks_total - 1
+    store.close()

@@ -35,7 +35,9 @@ def make_embedder(settings: RagSettings) -> Embedder:
 
 
 def token_counter(model: str = "all-MiniLM-L6-v2") -> Any:
-    """``count(text) -> int`` of a sentence-transformers model (word pieces with [CLS]/[SEP])."""
+    """``count(text) -> int``: word pieces of a sentence-transformers model without [CLS]/[SEP]
+    (the pre-backend counter, kept for callers that size text by content tokens only)."""
     from rag_core.embedding.sbert import SentenceTransformerEmbedder
 
-    return SentenceTransformerEmbedder(model).count_tokens
+    counter = SentenceTransformerEmbedder(model).count_tokens
+    return lambda text: counter(text) - 2

@@ -144,12 +144,15 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
             stored = {cid: (doc, "") for cid, (doc, _) in stored.items()}
         todo, changes = _diff(chunks, stored, protected)
         _embed_missing(todo, vectors, embedder, settings.embedding_batch_size, report, progress)
-        todo = [c for c in todo if c.chunk_id in vectors]
+        rejected = {c.chunk_id for c in todo if c.chunk_id not in vectors}
+        todo = [c for c in todo if c.chunk_id not in rejected]
         with _stage(report, f"{store.name}_write"):
             _upsert_in_batches(store, todo, vectors)
             store.record_model(identity)
             stale = [cid for cid, (doc_id, _) in stored.items()
-                     if cid not in current and doc_id not in protected]
+                     if (cid not in current and doc_id not in protected)
+                     # a rejected chunk keeps its old vector, unless that came from another model
+                     or (cid in rejected and store.name in report.model_changed)]
             store.delete_chunks(stale)
         changes.removed = len(stale)
         report.stores[store.name] = changes
