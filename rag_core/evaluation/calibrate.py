@@ -14,8 +14,8 @@ among the evidence blocks. Then:
   ``REFERENCE_QUANTILE`` quantile of the positives' scores (nothing to separate from).
 * ``high_relevance_threshold``: the lowest cut >= relevant at which the cases above it are
   ``HIGH_PRECISION`` positives and which keeps at least ``HIGH_MIN_SHARE`` of the positives
-  above it, but at least the median of the positives above relevant (PRECISE stays a clear
-  subset of RELEVANT).
+  above it (else the positives' median). For a model whose cosines cannot separate the two
+  levels this equals relevant, and PRECISE rests on L0 agreeing with the top block.
 * ``reference_threshold`` (below it attempt 1 counts as low quality and the unfiltered retry
   runs): the ``REFERENCE_QUANTILE`` quantile of the positives' scores, at most relevant, so a
   retry is rare when the answer is there.
@@ -128,15 +128,15 @@ def youden_cut(pos: Sequence[float], neg: Sequence[float]) -> tuple[float, float
 
 
 def _high_cut(scores: Sequence[CaseScore], relevant: float, pos: Sequence[float]) -> float:
-    # The lowest cut >= relevant whose cases above are HIGH_PRECISION answered, but never below
-    # the positives' median: PRECISE must stay a clear subset of RELEVANT.
-    median = _quantile([p for p in pos if p >= relevant] or pos, 0.5)
+    # The lowest cut >= relevant whose cases above are HIGH_PRECISION answered. When the model's
+    # cosines cannot tell PRECISE from RELEVANT (e5's narrow range), this is relevant itself and
+    # PRECISE rests on L0 agreeing with the top block (see assess_relevance).
     for cut in sorted({s.top_score for s in scores if s.top_score >= relevant}):
         above = [s for s in scores if s.top_score >= cut]
         answered = sum(s.answer_in_evidence for s in above)
         if answered / len(above) >= HIGH_PRECISION and answered / len(pos) >= HIGH_MIN_SHARE:
-            return max(cut, median)
-    return max(relevant, median)
+            return max(cut, relevant)
+    return max(relevant, _quantile(pos, 0.5))
 
 
 def _agreement(scores: Sequence[CaseScore], level_of: Any) -> float | None:
