@@ -87,3 +87,12 @@ def test_cli_without_a_model_in_the_manifests_asks_for_it(tmp_path):
     res = CliRunner().invoke(eval_app, ["calibrate", "--cases", str(case_file), "--fixtures", str(fx),
                                         "--profiles", str(tmp_path / "p.json")])
     assert res.exit_code == 2 and "--backend and --model" in res.output
+
+
+def test_agreement_objective_calls_more_cases_relevant_than_youden():
+    scores = [_score(i, 0.80 + 0.005 * i, True) for i in range(20)]
+    scores += [_score(20 + i, 0.79 + 0.02 * i, False) for i in range(3)]
+    youden, agreement = calibrate(scores), calibrate(scores, "agreement")
+    assert agreement.method == "agreement"
+    assert agreement.thresholds["relevant_threshold"] <= youden.thresholds["relevant_threshold"]
+    assert agreement.agreement_calibrated >= youden.agreement_calibrated

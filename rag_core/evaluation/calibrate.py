@@ -121,10 +121,14 @@ def youden_cut(pos: Sequence[float], neg: Sequence[float]) -> tuple[float, float
     cuts = [values[0] - 1e-6] + [(a + b) / 2 for a, b in zip(values, values[1:], strict=False)]
     best = (cuts[0], -1.0)
     for cut in cuts:
-        j = sum(p >= cut for p in pos) / len(pos) - sum(n >= cut for n in neg) / len(neg)
+        j = youden_j(pos, neg, cut)
         if j > best[1] + 1e-12:
             best = (cut, j)
     return best
+
+
+def youden_j(pos: Sequence[float], neg: Sequence[float], cut: float) -> float:
+    return sum(p >= cut for p in pos) / len(pos) - sum(n >= cut for n in neg) / len(neg)
 
 
 def _high_cut(scores: Sequence[CaseScore], relevant: float, pos: Sequence[float]) -> float:
@@ -147,14 +151,32 @@ def _agreement(scores: Sequence[CaseScore], level_of: Any) -> float | None:
     return round(sum((lvl in _SUPPORTED) == hit for lvl, hit in judged) / len(judged), 4)
 
 
-def calibrate(scores: Sequence[CaseScore]) -> Calibration:
-    """Thresholds from the case scores (see the module docstring). ValueError without positives."""
+def agreement_cut(pos: Sequence[float], neg: Sequence[float]) -> tuple[float, float]:
+    """``(cut, accuracy)``: the threshold with the most cases on the right side (positives at or
+    above it, negatives below). With few negatives this favours calling nearly everything relevant."""
+    values = sorted(set(pos) | set(neg))
+    cuts = [values[0] - 1e-6] + [(a + b) / 2 for a, b in zip(values, values[1:], strict=False)]
+    total = len(pos) + len(neg)
+    best = (cuts[0], -1.0)
+    for cut in cuts:
+        acc = (sum(p >= cut for p in pos) + sum(n < cut for n in neg)) / total
+        if acc > best[1] + 1e-12:
+            best = (cut, acc)
+    return best
+
+
+def calibrate(scores: Sequence[CaseScore], objective: str = "youden") -> Calibration:
+    """Thresholds from the case scores (see the module docstring). ``objective`` is ``youden``
+    (balanced: TPR - FPR) or ``agreement`` (accuracy). ValueError without positives."""
     pos = [s.top_score for s in scores if s.answer_in_evidence]
     neg = [s.top_score for s in scores if not s.answer_in_evidence]
     if not pos:
         raise ValueError("no case has its expected document in the evidence: nothing to calibrate on")
     reference_q = _quantile(pos, REFERENCE_QUANTILE)
-    if neg:
+    if neg and objective == "agreement":
+        relevant, _ = agreement_cut(pos, neg)
+        j, method = youden_j(pos, neg, relevant), "agreement"
+    elif neg:
         relevant, j = youden_cut(pos, neg)
         method = "youden"
     else:
@@ -203,6 +225,7 @@ def register_calibrate(eval_app: typer.Typer) -> None:
         model: Annotated[str | None, typer.Option(help="Model id (default: from the manifests)")] = None,
         profiles: Annotated[Path, typer.Option(help="Model profile file to update")] = PROFILES_PATH,
         write: Annotated[bool, typer.Option("--write/--dry-run", help="Write the profile")] = True,
+        objective: Annotated[str, typer.Option(help="youden (balanced separation) or agreement (accuracy)")] = "youden",
     ) -> None:
         """Pick the thresholds that best separate answered from unanswered cases; write the profile."""
         if len(cases) != len(fixtures):
@@ -220,7 +243,9 @@ def register_calibrate(eval_app: typer.Typer) -> None:
             if backend is None or model is None:
                 found = _model_of(sets)
                 backend, model = backend or found[0], model or found[1]
-            result = calibrate(scores)
+            if objective not in ("youden", "agreement"):
+                raise ValueError(f"--objective must be youden or agreement, got {objective!r}")
+            result = calibrate(scores, objective)
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
