@@ -37,7 +37,7 @@ def embedder_or_exit(settings: RagSettings):
     try:
         return make_embedder(settings)
     except EmbedderLoadError as exc:
-        console.print(f"[red]embedding model unavailable: {exc}[/red]", highlight=False)
+        console.print(f"[red]embedding model unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 

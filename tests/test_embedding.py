@@ -322,3 +322,17 @@ def test_ingest_skips_a_chunk_whose_vector_is_rejected_and_names_it(endpoint, tm
     assert len(issues) == 1 and issues[0].path == "ops/bad.md" and "Broken" in issues[0].reason
     assert store.count() == report.chunks_total - 1
     store.close()
+
+
+def test_rag_ingest_with_a_model_that_cannot_load_exits_with_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rag_core.cli import app
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBEDDING_MODEL", str(tmp_path / "no-model"))
+    res = CliRunner().invoke(app, ["ingest"])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "RAG_EMBEDDING_MODEL=" in lines[0] and "no modules.json" in lines[0]
+    assert not (tmp_path / "data" / "milvus.db").exists()  # nothing was opened or touched
