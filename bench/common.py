@@ -213,13 +213,14 @@ class CachingEmbedder:
     def __init__(self, embedder: Any, cache: dict[str, np.ndarray]) -> None:
         self._embedder = embedder
         self._cache = cache
-        self.model_id = embedder.model_id
-        self.dimension = embedder.dimension
 
-    def embed_documents(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kw: Any) -> np.ndarray:
+    def __getattr__(self, name: str) -> Any:  # model_id, dimension, identity, count_tokens, ...
+        return getattr(self._embedder, name)
+
+    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
         missing = [t for t in texts if t not in self._cache]
         if missing:
-            for t, v in zip(missing, self._embedder.embed_documents(missing), strict=True):
+            for t, v in zip(missing, self._embedder.embed_passages(missing), strict=True):
                 self._cache[t] = v
         return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimension), np.float32)
 

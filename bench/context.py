@@ -52,11 +52,12 @@ class BenchContext:
     @property
     def embedder(self):
         if self._embedder is None:
-            from rag_core.embedding import SentenceTransformerEmbedder
+            from rag_core.embedding import make_embedder
 
             t0 = time.perf_counter()
-            self._embedder = SentenceTransformerEmbedder()
-            self._embedder.embed_query("warm-up")  # load torch and the model once, up front
+            # The configured backend (RAG_EMBEDDING_BACKEND, else the default).
+            self._embedder = make_embedder(make_settings(self.scratch.dir("model"), self.knowledge_dir))
+            self._embedder.embed_query("warm-up")  # load the model once, up front
             self.notes["model_load_s"] = round(time.perf_counter() - t0, 2)
             log(f"embedding model loaded in {self.notes['model_load_s']} s")
         return self._embedder
@@ -76,7 +77,7 @@ class BenchContext:
     def get_corpus(self) -> Corpus:
         if self.corpus is None:
             chunks = self.chunk_corpus()
-            vectors = self.embedder.embed_documents([c.embed_text for c in chunks])
+            vectors = self.embedder.embed_passages([c.embed_text for c in chunks])
             self.corpus = Corpus(chunks, vectors)
         return self.corpus
 

@@ -246,6 +246,7 @@ def markdown(r: dict[str, Any], chart_name: str | None) -> str:
     out += _ingestion_md(r.get("ingestion"))
     out += _evaluation_md(r.get("evaluation"))
     out += _memory_md(r.get("memory"))
+    out += _embedding_md(r.get("embedding"))
     out += _concurrency_md(r.get("concurrency"))
     out += _engine_md(r.get("engine"))
     out += _where_time_goes_md(r)
@@ -551,6 +552,32 @@ def _evaluation_md(ev: dict | None) -> list[str]:
         ["result mix", str(ev["summary"])],
     ]
     return ["", "## Offline evaluation", "", _table(["measure", "value"], rows)]
+
+
+def _embedding_md(emb: dict | None) -> list[str]:
+    if not emb or "backends" not in emb:
+        return _error_md("Embedding backends", emb)
+    rows = []
+    for name, d in emb["backends"].items():
+        if "error" in d:
+            rows.append([name, f"failed: {d['error']}"] + ["–"] * 5)
+            continue
+        proc = d.get("lookup_process", {})
+        rows.append([
+            f"{name} ({d['model']['model_id']}, {d['model']['dimension']}-d)",
+            f"{_f(d['query_p50_ms'], 2)} ({d.get('query_p50_vs_minilm', '–')}x)",
+            _f(d["query_p95_ms"], 2),
+            f"{_f(d['chunks_per_s'])} ({d.get('chunks_per_s_vs_minilm', '–')}x)",
+            _f(proc.get("peak_mib")),
+            "yes" if proc.get("torch_loaded") else "no",
+        ])
+    return ["", "## Embedding backends", "",
+            f"Query embedding over {emb['queries']} benchmark queries (one at a time, warm), passage throughput "
+            f"over the same {emb['chunks']} runbook chunk texts, peak RSS of a fresh lookup process (model "
+            "loaded, 20 lookups on a small index). Ratios against MiniLM in the same run. Retrieval quality "
+            "per backend: `python -m bench.embedding_backends`.", "",
+            _table(["backend", "query p50 ms (vs MiniLM)", "query p95 ms", "chunks/s (vs MiniLM)",
+                    "lookup RSS MiB", "torch"], rows)]
 
 
 def _memory_md(mem: dict | None) -> list[str]:

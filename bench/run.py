@@ -22,7 +22,7 @@ from bench import report
 from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log
 from bench.context import BenchContext
 
-BENCHMARKS = ("ingestion", "latency", "concurrency", "engine", "evaluation", "scale", "memory")
+BENCHMARKS = ("ingestion", "latency", "concurrency", "engine", "evaluation", "scale", "memory", "embedding")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                 elif name == "scale":
                     results[name] = _run_scale(ctx, args, sizes, memory_next="memory" in selected)
                     memory_collection = results[name].get("memory_collection")
+                elif name == "embedding":
+                    from bench import embedding_backends
+
+                    results[name] = embedding_backends.speed(ctx)
                 elif name == "memory":
                     from bench import memory
 

@@ -29,6 +29,18 @@ def settings_or_exit(**overrides) -> RagSettings:
         raise typer.Exit(2) from None
 
 
+def embedder_or_exit(settings: RagSettings):
+    """The configured embedder; a model that cannot load exits 2 with one line naming the setting."""
+    from rag_core.components import make_embedder
+    from rag_core.embedding import EmbedderLoadError
+
+    try:
+        return make_embedder(settings)
+    except EmbedderLoadError as exc:
+        console.print(f"[red]embedding model unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
 @app.callback()
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level")) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
@@ -44,16 +56,19 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
            sidecar: bool | None = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Ingest Markdown knowledge into Milvus (and pgvector) incrementally; print a report."""
-    from rag_core.components import make_embedder, make_stores
+    from rag_core.components import make_stores
+    from rag_core.embedding import EmbedderLoadError
+    from rag_core.embedding.openai_compat import EmbeddingEndpointError
     from rag_core.ingest.pipeline import ingest as run_ingest
     from rag_core.stores.base import StoreError
 
     settings = settings_or_exit(knowledge_dir=knowledge_dir)
+    embedder = embedder_or_exit(settings)
     stores = make_stores(settings, sidecar)
     try:
-        report = run_ingest(settings, make_embedder(settings), stores, rebuild=rebuild,
-                            progress=sys.stderr.isatty())
-    except (FileNotFoundError, NotADirectoryError, StoreError) as exc:
+        report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty())
+    except (FileNotFoundError, NotADirectoryError, StoreError, EmbedderLoadError,
+            EmbeddingEndpointError) as exc:
         console.print(f"[red]ingest failed: {exc}[/red]")
         raise typer.Exit(1) from None
     finally:

@@ -18,6 +18,9 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
     for name, c in report.stores.items():
         t.add_row(name, str(c.added), str(c.updated), str(c.removed), str(c.unchanged))
     console.print(t)
+    for name, change in report.model_changed.items():
+        console.print(f"[yellow]{name}: embedding model changed ({change}): every chunk re-embedded[/yellow]",
+                      highlight=False)
     for title, issues in (("Skipped", report.skipped), ("Warnings (ingested)", report.warnings)):
         if issues:
             s = Table("document", "line", "reason", title=title)

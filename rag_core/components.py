@@ -6,10 +6,13 @@ from rag_core.settings import RagSettings
 
 
 def make_embedder(settings: RagSettings):
-    """The process-wide sentence-transformers embedder of ``settings.embedding_model``."""
-    from rag_core.embedding import SentenceTransformerEmbedder
+    """The process-wide embedder the settings name (``RAG_EMBEDDING_BACKEND`` / ``_MODEL``).
 
-    return SentenceTransformerEmbedder(settings.embedding_model, settings.embedding_batch_size)
+    Raises EmbedderLoadError (one line naming the setting and the reason) when it cannot load.
+    """
+    from rag_core.embedding import make_embedder as make
+
+    return make(settings)
 
 
 def make_main_store(settings: RagSettings):

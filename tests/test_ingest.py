@@ -12,11 +12,13 @@ class CountingEmbedder:
 
     def __init__(self, inner):
         self.inner, self.count = inner, 0
-        self.model_id, self.dimension = inner.model_id, inner.dimension
 
-    def embed_documents(self, texts, ids=None, show_progress=False):
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def embed_passages(self, texts, ids=None):
         self.count += len(texts)
-        return self.inner.embed_documents(texts, ids=ids)
+        return self.inner.embed_passages(texts, ids)
 
 
 class FailingAfter:

@@ -91,15 +91,16 @@ def chunks(context: dg.AssetExecutionContext, rag: RagSettingsResource,
 
     A document that cannot be chunked is skipped and listed; the rest are written.
     """
-    from rag_core.embedding import token_counter
+    from rag_core.embedding import make_embedder
     from rag_core.ingest.pipeline import IngestReport, chunk_documents
 
     settings = rag.get_settings()
+    embedder = make_embedder(settings)  # its tokenizer and window size the chunks
     report = IngestReport(knowledge_dir=str(settings.knowledge_dir))
-    kept, chunk_list = chunk_documents(knowledge_documents, settings, report)
+    kept, chunk_list = chunk_documents(knowledge_documents, settings, report, embedder)
     for issue in report.skipped:
         context.log.warning("not chunked: %s", issue)
-    frame = chunk_frame(chunk_list, token_counter(settings.embedding_model))
+    frame = chunk_frame(chunk_list, embedder.count_tokens)
     path = write_parquet_atomic(frame, AssetFiles.under(settings.data_dir).chunks_parquet)
     tokens = frame["tokens"]
     return dg.MaterializeResult(metadata={

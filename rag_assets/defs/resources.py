@@ -91,12 +91,14 @@ def _path(value: str | None, env_var: str | None = None) -> Path | None:
 
 
 class EmbedderResource(dg.ConfigurableResource):
-    """The sentence-transformers embedder of the settings' model (loaded once per process)."""
+    """The embedder the settings name (``RAG_EMBEDDING_BACKEND``; loaded once per process)."""
 
     rag: RagSettingsResource
 
     def get(self):
-        """An ``Embedder``: ``embed_documents(texts) -> (n, dim)``, ``embed_query``, ``dimension``."""
+        """An ``Embedder`` (``embed_passages(texts, ids) -> (n, dim)``, ``embed_query``, ``identity()``).
+
+        Raises EmbedderLoadError naming the setting when the model cannot load."""
         from rag_core.components import make_embedder
 
         return make_embedder(self.rag.get_settings())

@@ -158,3 +158,12 @@ def gate(
     console.print(result.to_markdown(), highlight=False, markup=False)
     if not result.passed:
         raise typer.Exit(code=1)
+
+
+def _mount_calibrate() -> None:
+    from rag_core.evaluation.calibrate import register_calibrate
+
+    register_calibrate(eval_app)
+
+
+_mount_calibrate()

@@ -151,6 +151,7 @@ class CaseFixture(BaseModel):
     evidence_blocks: list[FixtureEvidenceBlock] = Field(default_factory=list)
     context_pack_sources: list[str] = Field(default_factory=list)
     filter_probe: FilterProbe | None = None
+    relevance_level: str | None = None
 
     @field_validator("retrieval_layer", mode="before")
     @classmethod

@@ -73,7 +73,7 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
         old.unlink()
     manifest = {
         "path": path, "corpus_hash": corpus_hash(Path(settings.knowledge_dir)),
-        "model_id": settings.embedding_model,
+        "model_id": settings.embedding_model or None, "embedding_backend": settings.embedding_backend,
         "index_params": {"milvus_index": settings.milvus_index, "metric": "COSINE",
                          "top_k": settings.top_k, "pg_index": "hnsw(vector_cosine_ops)",
                          "lexical": "bm25" if path == "milvus" else "ts_rank_cd"},
@@ -84,6 +84,8 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
     try:
         tool = make_tool_for_path(settings, path, embedder)
         tool.store.ensure_schema(tool.embedder.dimension)
+        manifest["model"] = tool.embedder.identity().to_dict()
+        manifest["model_id"] = tool.embedder.model_id
         if tool.store.count() == 0:
             raise RuntimeError(f"the {path} index is empty: run `rag ingest` first")
     except Exception as exc:
@@ -101,6 +103,7 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
                 "evidence_blocks": _block_rows(result),
                 "context_pack_sources": result.context_pack.included_sources,
                 "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
+                "relevance_level": result.relevance_level.value,
             })
     finally:
         tool.close()

@@ -459,7 +459,7 @@ def chunk_document(doc: KnowledgeDocument, count_tokens: Callable[[str], int],
     """Split ``doc.body`` into heading-aware chunks whose ``embed_text`` fits ``max_tokens``.
 
     ``count_tokens(text) -> int`` is the embedding model's counter (e.g.
-    ``rag_core.embedding.token_counter()``). Returns chunks in body order with ``ordinal``
+    ``Embedder.count_tokens``). Returns chunks in body order with ``ordinal``
     0..n-1. ``start``/``end`` are character offsets into ``doc.body`` and ``text ==
     body[start:end]`` (whitespace at the ends trimmed), except a continued table piece whose
     ``text`` starts with the repeated table header. ``chunk_id`` is

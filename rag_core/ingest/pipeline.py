@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from rag_core.embedding import Embedder, token_counter
+from rag_core.embedding import BadVectorError, Embedder, ModelIdentity, make_embedder
 from rag_core.ingest.chunking import chunk_document
 from rag_core.ingest.documents import scan_documents
 from rag_core.l0 import L0Index
@@ -54,6 +54,7 @@ class IngestReport:
     chunks_embedded: int = 0
     stores: dict[str, StoreChanges] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    model_changed: dict[str, str] = field(default_factory=dict)
 
     @property
     def main(self) -> StoreChanges:
@@ -75,14 +76,22 @@ def _stage(report: IngestReport, name: str) -> Iterator[None]:
         report.stage_seconds[name] = round(report.stage_seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
 
 
+def chunk_token_limit(settings: RagSettings, embedder: Embedder) -> int:
+    """Tokens per chunk: the profile's/setting's ``chunk_max_tokens``, capped by the model window."""
+    return min(settings.chunk_max_tokens, embedder.max_tokens)
+
+
 def chunk_documents(docs: Sequence[KnowledgeDocument], settings: RagSettings,
-                    report: IngestReport) -> tuple[list[KnowledgeDocument], list[Chunk]]:
-    """Chunk every document; a document whose chunking fails is skipped and reported."""
-    count = token_counter(settings.embedding_model)
+                    report: IngestReport, embedder: Embedder | None = None,
+                    ) -> tuple[list[KnowledgeDocument], list[Chunk]]:
+    """Chunk every document with the active model's tokenizer and window (``embedder``, else the
+    one the settings name); a document whose chunking fails is skipped and reported."""
+    embedder = embedder or make_embedder(settings)
+    count, limit = embedder.count_tokens, chunk_token_limit(settings, embedder)
     kept, chunks = [], []
     for doc in docs:
         try:
-            doc_chunks = chunk_document(doc, count, settings.chunk_max_tokens)
+            doc_chunks = chunk_document(doc, count, limit)
             for chunk in doc_chunks:
                 check_varchar_limits(chunk, lexical_string(chunk.embed_text))
         except Exception as exc:  # one bad document never stops the batch
@@ -113,7 +122,7 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     for warning in report.warnings:
         log.warning("%s", warning)
     with _stage(report, "chunk"):
-        docs, chunks = chunk_documents(docs, settings, report)
+        docs, chunks = chunk_documents(docs, settings, report, embedder)
     report.documents_ingested = len(docs)
     report.chunks_total = len(chunks)
     with _stage(report, "l0_index"):
@@ -123,18 +132,32 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     protected = {i.path for i in report.skipped}
     current = {c.chunk_id for c in chunks}
     vectors: dict[str, np.ndarray] = {}
+    identity = embedder.identity()
+    if rebuild or any(_model_differs(store, identity) for store in stores):
+        # Something is about to be dropped or re-embedded: the model must work first, so a
+        # model that cannot load (EmbedderLoadError, endpoint down) loses nothing of the index.
+        embedder.embed_passages(["model check"], ["model check"])
     for store in stores:
         with _stage(report, f"{store.name}_prepare"):
-            if rebuild:
-                store.drop()
-            store.ensure_schema(embedder.dimension)
+            recorded = prepare_store(store, identity, rebuild)
             stored = store.chunk_hashes()
+        if recorded is not None and recorded != identity:
+            # Vectors of another model are not comparable with this one's: re-embed everything.
+            log.warning("%s was built with %s; re-embedding every chunk with %s", store.name,
+                        recorded.describe(), identity.describe())
+            report.model_changed[store.name] = f"{recorded.describe()} -> {identity.describe()}"
+            stored = {cid: (doc, "") for cid, (doc, _) in stored.items()}
         todo, changes = _diff(chunks, stored, protected)
         _embed_missing(todo, vectors, embedder, settings.embedding_batch_size, report, progress)
+        rejected = {c.chunk_id for c in todo if c.chunk_id not in vectors}
+        todo = [c for c in todo if c.chunk_id not in rejected]
         with _stage(report, f"{store.name}_write"):
             _upsert_in_batches(store, todo, vectors)
+            store.record_model(identity)
             stale = [cid for cid, (doc_id, _) in stored.items()
-                     if cid not in current and doc_id not in protected]
+                     if (cid not in current and doc_id not in protected)
+                     # a rejected chunk keeps its old vector, unless that came from another model
+                     or (cid in rejected and store.name in report.model_changed)]
             store.delete_chunks(stale)
             # Sealed rows are searched by the engine's index, not rebuilt per search (issue 14:
             # 100.7 ms unflushed vs 14.2 ms flushed at 454 chunks on Milvus Lite 3).
@@ -144,6 +167,26 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     report.chunks_embedded = len(vectors)
     log.info("ingested %s: %s", root, report.stores)
     return report
+
+
+def _model_differs(store: VectorStore, identity: ModelIdentity) -> bool:
+    recorded = store.recorded_model()
+    return recorded is not None and recorded != identity
+
+
+def prepare_store(store: VectorStore, identity: ModelIdentity, rebuild: bool) -> ModelIdentity | None:
+    """Create/open ``store`` for ``identity``'s vectors; returns the model it was built with (None
+    when new or unrecorded). A store of another dimension is dropped and recreated: its vectors
+    cannot be searched with this model anyway, and the caller re-embeds everything."""
+    if rebuild:
+        store.drop()
+    recorded = store.recorded_model()
+    if recorded is not None and recorded.dimension != identity.dimension:
+        log.warning("%s holds %s-d vectors of %s; recreating it for %s", store.name, recorded.dimension,
+                    recorded.describe(), identity.describe())
+        store.drop()
+    store.ensure_schema(identity.dimension)
+    return recorded
 
 
 def _diff(chunks: list[Chunk], stored: dict[str, tuple[str, str]],
@@ -173,9 +216,27 @@ def _embed_missing(todo: list[Chunk], vectors: dict[str, np.ndarray], embedder: 
         step = max(batch_size, 256)
         for i in range(0, len(missing), step):
             batch = missing[i:i + step]
-            out = embedder.embed_documents([c.embed_text for c in batch], ids=[c.chunk_id for c in batch])
-            vectors.update(zip((c.chunk_id for c in batch), out))
+            try:
+                out = embedder.embed_passages([c.embed_text for c in batch], _labels(batch))
+                vectors.update(zip((c.chunk_id for c in batch), out, strict=True))
+            except BadVectorError:
+                _embed_one_by_one(batch, vectors, embedder, report)
             bar.update(len(batch))
+
+
+def _labels(chunks: Sequence[Chunk]) -> list[str]:
+    return [f"chunk {c.chunk_id} ({c.breadcrumb}) of document {c.doc_id}" for c in chunks]
+
+
+def _embed_one_by_one(batch: Sequence[Chunk], vectors: dict[str, np.ndarray], embedder: Embedder,
+                      report: IngestReport) -> None:
+    """A batch held a NaN/inf/zero vector: embed it chunk by chunk, skip and report the bad ones."""
+    for chunk in batch:
+        try:
+            vectors[chunk.chunk_id] = embedder.embed_passages([chunk.embed_text], _labels([chunk]))[0]
+        except BadVectorError as exc:
+            log.warning("%s", exc)
+            report.skipped.append(DocumentIssue(chunk.doc_id, str(exc)))
 
 
 def _upsert_in_batches(store: VectorStore, todo: list[Chunk], vectors: dict[str, np.ndarray],

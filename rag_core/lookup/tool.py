@@ -70,11 +70,15 @@ def tool_definition() -> dict[str, Any]:
     }
 
 
+# How often a long-lived tool re-reads which model the index was built with (ingest may change it).
+_MODEL_CHECK_S = 30.0
+
+
 class LookupKnowledgeTool:
     """``LookupKnowledgeTool(settings).lookup(query, session_id=None) -> LookupResult``.
 
     Components are created lazily from ``settings`` unless given (tests pass fakes or shared
-    instances): ``embedder`` (SentenceTransformerEmbedder), ``store`` (MilvusStore),
+    instances): ``embedder`` (``rag_core.embedding.make_embedder``), ``store`` (MilvusStore),
     ``sidecar`` (PgVectorStore, only when ``settings.sidecar_enabled``), ``l0`` (loaded from
     the data dir; None when missing), ``recorder`` (ToolInvocationRecorder on PostgreSQL with
     a local spool). Safe to call from several threads.
@@ -93,6 +97,7 @@ class LookupKnowledgeTool:
         self._recorder = recorder
         self._weights = weights
         self._init_lock = threading.Lock()
+        self._model_checks: dict[int, tuple[float, str | None]] = {}
         self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
         self.assembler = LookupResultAssembler(self.settings)
@@ -123,10 +128,9 @@ class LookupKnowledgeTool:
     def embedder(self):
         with self._init_lock:
             if self._embedder is None:
-                from rag_core.embedding import SentenceTransformerEmbedder
+                from rag_core.embedding import make_embedder
 
-                self._embedder = SentenceTransformerEmbedder(self.settings.embedding_model,
-                                                             self.settings.embedding_batch_size)
+                self._embedder = make_embedder(self.settings)
             return self._embedder
 
     @property
@@ -249,10 +253,41 @@ class LookupKnowledgeTool:
                 vector = self.embedder.embed_query(tq.rewritten)
         except Exception as exc:
             return RetrievalOutcome([], [], None, f"embedding failed: {exc}"), SidecarStatus(status="disabled")
+        mismatch = self._index_model_error()
+        if mismatch:
+            return RetrievalOutcome([], [], None, mismatch), SidecarStatus(status="disabled")
         sidecar_future = self._start_sidecar(tq, vector)
         with _timed(timings, "search_ms"):
             outcome = KnowledgeDocumentRetriever(self.store, self.settings).retrieve(tq, vector)
         return outcome, self._sidecar_status(sidecar_future)
+
+    def _index_model_error(self, store: Any = None) -> str | None:
+        """The message when ``store`` (default: the main one) was built with another embedding
+        model, else None.
+
+        Vectors of two models are not comparable (scores collapse silently), so such an index
+        is not searched. Checked at most every ``_MODEL_CHECK_S`` seconds per store; an
+        unreachable store or one that records nothing is left to the retriever.
+        """
+        store = self.store if store is None else store
+        now = time.monotonic()
+        checked_at, cached = self._model_checks.get(id(store), (float("-inf"), None))
+        if now - checked_at < _MODEL_CHECK_S:
+            return cached
+        recorded_model = getattr(store, "recorded_model", None)
+        error = None
+        try:
+            recorded = recorded_model() if recorded_model else None
+            active = self.embedder.identity()
+            if recorded is not None and recorded != active:
+                from rag_core.stores.base import IndexModelMismatchError
+
+                error = str(IndexModelMismatchError(f"the {store.name} index", recorded, active))
+        except Exception:  # unreachable store: the retriever reports it
+            log.debug("could not read the index's model record", exc_info=True)
+            return None
+        self._model_checks[id(store)] = (now, error)
+        return error
 
     def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | None:
         if not self.settings.sidecar_enabled:
@@ -260,6 +295,9 @@ class LookupKnowledgeTool:
 
         def run():
             t0 = time.perf_counter()
+            mismatch = self._index_model_error(self.sidecar)
+            if mismatch:
+                return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
             outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
             return outcome, (time.perf_counter() - t0) * 1000
 

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import numpy as np
 
+from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 
 
@@ -96,3 +97,21 @@ class VectorStore(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+
+    def recorded_model(self) -> ModelIdentity | None:
+        """The embedding model the store was built with; None when missing or unrecorded."""
+
+    def record_model(self, identity: ModelIdentity) -> None:
+        """Record the embedding model the store's vectors come from (after a write)."""
+
+
+class IndexModelMismatchError(StoreError):
+    """The index was built with another embedding model (or other embedding settings)."""
+
+    def __init__(self, where: str, recorded: ModelIdentity, active: ModelIdentity):
+        super().__init__(
+            f"{where} was built with {recorded.describe()} but the active model is "
+            f"{active.describe()}: run `rag ingest` to re-embed with it (RAG_EMBEDDING_BACKEND / "
+            "RAG_EMBEDDING_MODEL select the model)")
+        self.recorded = recorded
+        self.active = active

