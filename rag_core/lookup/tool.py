@@ -167,13 +167,14 @@ class LookupKnowledgeTool:
         return self.lookup_with_candidates(query, session_id)[0]
 
     def lookup_with_candidates(self, query: str, session_id: str | None = None,
-                               ) -> tuple[LookupResult, list[Candidate]]:
+                               use_l0_filter: bool = True) -> tuple[LookupResult, list[Candidate]]:
         """``lookup`` plus the fused L1 candidates before post-processing (best first), for
-        evaluation fixtures and comparisons. Never raises."""
+        evaluation fixtures and comparisons. ``use_l0_filter=False`` runs the unfiltered
+        search only (the evaluation's filter cost accounting). Never raises."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
-            result, tq, candidates = self._lookup(query, session_id, timings)
+            result, tq, candidates = self._lookup(query, session_id, timings, use_l0_filter)
         except Exception as exc:  # last line of defence: the agent always gets a result
             log.exception("lookup_knowledge failed")
             result, tq, candidates = self._error_result(query, session_id, exc), None, []
@@ -185,13 +186,14 @@ class LookupKnowledgeTool:
         """Async variant of ``lookup`` (runs it in a worker thread)."""
         return await asyncio.to_thread(self.lookup, query, session_id)
 
-    def _lookup(self, query: str, session_id: str | None,
-                timings: dict[str, float]) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
+    def _lookup(self, query: str, session_id: str | None, timings: dict[str, float],
+                use_l0_filter: bool = True) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
         if not isinstance(query, str) or not query.strip():
             return self._empty_result(query if isinstance(query, str) else "", session_id,
                                       "the query is empty: ask with a question or alert text"), None, []
         with _timed(timings, "l0_ms"):
-            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(query)
+            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(
+                query, use_l0_filter=use_l0_filter)
         outcome, sidecar_status = self._retrieve(tq, timings)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(self.l0, self.settings.min_block_similarity,
