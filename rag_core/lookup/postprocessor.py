@@ -30,9 +30,9 @@ class RerankWeights:
     result set (0 when found by the dense channel only). ``doc_support``: per further chunk
     of the same document among the candidates, up to ``doc_support_cap``. ``title``: L0
     matched the document's title/H1/alias exactly or through a typo (``title~fuzzy``); a
-    partial name match (``title~partial:s``) gets ``title`` times its coverage s. ``keyword``/``entity``: per L0 keyword/entity
-    match of that document, up to ``term_cap``. ``domain``: the block's category is an L0
-    domain hint. ``priority``: times the document's frontmatter ``priority``, clamped to
+    partial name match (``title~partial:s``) gets ``title`` times its coverage s.
+    ``keyword``/``entity``: per L0 keyword/entity match of that document, up to ``term_cap``.
+    ``domain``: the block's category is an L0 domain hint. ``priority``: times the document's frontmatter ``priority``, clamped to
     [-5, 5]. ``filtered_attempt``: found by the category-filtered attempt; kept small so an
     in-domain hit never beats a clearly stronger unfiltered one.
     """

@@ -134,10 +134,15 @@ class KnowledgeDocumentRetriever:
                        category: str | None) -> dict[str, _Pending]:
         k = self.settings.top_k
         store = self.store
-        return {
+        pending = {
             "dense": self._submit(lambda: store.search(vector, k, category)),
             "lexical": self._submit(lambda: store.search_lexical(tq.lexical_terms, vector, k, category)),
         }
+        if not _warm(store):  # first use of this store: its lazy set-up runs before more calls
+            for future, _ in pending.values():
+                future.exception()
+            _WARM.add(store)
+        return pending
 
     def _finish_attempt(self, tq: TransformedQuery, category: str | None, attempt: int,
                         futures: dict[str, _Pending]) -> tuple[list[Ranked], RetrievalAttempt]:
@@ -145,7 +150,7 @@ class KnowledgeDocumentRetriever:
         lists: list[Ranked] = []
         errors: list[str] = []
         ended = []
-        for channel, (future, started) in futures.items():
+        for channel, (future, _submitted) in futures.items():
             try:
                 hits, finished = future.result()
                 lists.append((attempt, channel, category is not None, hits))
@@ -180,13 +185,7 @@ class KnowledgeDocumentRetriever:
         plan: list[tuple[int, str | None]] = [(1, None)]
         if tq.category_filter is not None:
             plan = [(1, tq.category_filter), (2, None)]
-        started = {}
-        for n, cat in plan:
-            started[n] = self._start_attempt(tq, vector, cat)
-            if not _warm(self.store):  # first use of this store: let its lazy set-up run once
-                for future, _ in started[n].values():
-                    future.exception()
-                _WARM.add(self.store)
+        started = {n: self._start_attempt(tq, vector, cat) for n, cat in plan}
         lists: list[Ranked] = []
         attempts: list[RetrievalAttempt] = []
         for n, cat in plan:
