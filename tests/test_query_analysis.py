@@ -44,6 +44,11 @@ def test_alertmanager_notification_lifts_alert_name_and_keeps_summary():
     assert "shop" in p.label_values and "api" in p.label_values
 
 
+def test_one_colon_in_a_question_is_not_a_notification():
+    q = "Hi, note: the pod keeps restarting, what should I check?"
+    assert not analyze_pasted(q).pasted
+
+
 def test_firing_title_names_the_alert():
     p = analyze_pasted("[FIRING:1] TargetDown (job=node-exporter namespace=monitoring)")
     assert p.alert_names == ("TargetDown",)

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 MESSAGE_KEYS = frozenset({"msg", "message", "err", "error", "errors", "summary", "description",
                           "reason", "detail", "details", "title", "note", "cause"})
 ALERT_NAME_KEYS = frozenset({"alertname", "alert_name", "alert"})
+# Keys that mark a notification on their own (Alertmanager labels and annotations).
+NOTIFICATION_KEYS = frozenset({"alertname", "alert_name", "summary", "description", "labels", "annotations"})
 # Log and notification metadata: never informative for retrieval.
 META_KEYS = frozenset({"ts", "time", "timestamp", "@timestamp", "t", "caller", "level", "lvl",
                        "severity", "func", "file", "line", "source", "logger", "stacktrace",
@@ -210,8 +212,7 @@ def _take_pairs(text: str, out: _Collector) -> str:
     keys = {m.group(1).lower() for m in quoted + bare}
     if len(quoted) + len(bare) < 2 and not keys & (ALERT_NAME_KEYS | MESSAGE_KEYS):
         return text
-    in_braces = re.search(r"\{[^{}]*=[^{}]*\}", text) is not None
-    out.fmt("labels" if in_braces or not keys & {"msg", "level", "ts", "caller"} else "logfmt")
+    out.fmt("logfmt" if keys & {"msg", "message", "level", "ts", "caller"} else "labels")
     for m in quoted:
         if m.group(2) == "=":
             out.pair(m.group(1), m.group(3).replace('\\"', '"'))
@@ -229,8 +230,8 @@ def _take_colon_pairs(text: str, out: _Collector) -> str:
     """
     matches = list(_COLON_PAIR.finditer(text))
     keys = {m.group(1) for m in matches}
-    if len(matches) < 2 and not keys & (MESSAGE_KEYS | ALERT_NAME_KEYS):
-        return text
+    if len(matches) < 2 and not keys & NOTIFICATION_KEYS:
+        return text  # one "note: ..." in a question is prose, not a notification
     out.fmt("alertmanager")
     pieces, pos = [], 0
     for m in matches:
