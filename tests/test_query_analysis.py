@@ -49,6 +49,12 @@ def test_one_colon_in_a_question_is_not_a_notification():
     assert not analyze_pasted(q).pasted
 
 
+def test_config_assignments_in_prose_stay_text():
+    q = "after I set replicas=3 and maxSurge=1 the rollout hangs"
+    p = analyze_pasted(q)
+    assert not p.pasted and p.text == q
+
+
 def test_firing_title_names_the_alert():
     p = analyze_pasted("[FIRING:1] TargetDown (job=node-exporter namespace=monitoring)")
     assert p.alert_names == ("TargetDown",)

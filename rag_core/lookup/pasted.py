@@ -205,12 +205,15 @@ def _flatten(obj: dict[str, object], prefix: str = "") -> Iterable[tuple[str, st
 
 
 def _take_pairs(text: str, out: _Collector) -> str:
-    """Remove ``key="value"`` / ``key=value`` pairs (label sets, logfmt) when there are at
-    least two of them or one names an alert or a message (a lone ``a=b`` stays text)."""
+    """Remove ``key="value"`` / ``key=value`` pairs (label sets, logfmt) when one names an
+    alert or a message, or when two or more are quoted or use log/label keys. Prose such as
+    "set replicas=3 and maxSurge=1" stays text: there the keys are the information."""
     quoted = list(_QUOTED_PAIR.finditer(text))
     bare = list(_BARE_PAIR.finditer(_QUOTED_PAIR.sub(" ", text)))
     keys = {m.group(1).lower() for m in quoted + bare}
-    if len(quoted) + len(bare) < 2 and not keys & (ALERT_NAME_KEYS | MESSAGE_KEYS):
+    known = keys & (ALERT_NAME_KEYS | MESSAGE_KEYS | META_KEYS)
+    if not keys & (ALERT_NAME_KEYS | MESSAGE_KEYS) and (
+            len(quoted) + len(bare) < 2 or (len(quoted) < 2 and not known)):
         return text
     out.fmt("logfmt" if keys & {"msg", "message", "level", "ts", "caller"} else "labels")
     for m in quoted:
