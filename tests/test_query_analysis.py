@@ -101,6 +101,17 @@ def test_promql_lifts_metric_names_not_labels_or_functions():
     assert "batch" in p.label_values
 
 
+def test_kubectl_describe_events_table():
+    q = ("Events:\n  Type     Reason            Age                From               Message\n"
+         "  ----     ------            ----               ----               -------\n"
+         "  Warning  FailedScheduling  2m (x5 over 10m)   default-scheduler  0/3 nodes are available: "
+         "3 Insufficient cpu.")
+    p = analyze_pasted(q)
+    assert p.formats == ("k8s_event",)
+    assert p.text.startswith("Failed Scheduling") and "Insufficient cpu" in p.text
+    assert "Reason" not in p.text and "----" not in p.text and "over" not in p.text
+
+
 @pytest.mark.parametrize(("text", "gone", "kept"), [
     ("etcd-0 at 10.0.0.13:2380 since 2024-03-18T02:11:40Z", ["10.0.0.13", "2380", "2024"], ["etcd"]),
     ("pod checkout-6d5f9c8b7-kq4zt in ns shop", ["6d5f9c8b7", "kq4zt"], ["checkout", "shop"]),

@@ -80,6 +80,8 @@ _BARE_PAIR = re.compile(r"(?<![\w\"])([A-Za-z_][\w.]*)=([^\s\"',;|{}()]+)")
 _COLON_PAIR = re.compile(r"(?:^|(?<=[\n|,;:{(]))\s*([a-z_][a-z0-9_]*)\s*:\s+")
 _AM_TITLE = re.compile(r"\[(?:FIRING|RESOLVED)(?::\d+)?\]\s*(?:([A-Z][A-Za-z0-9]*[a-z][A-Za-z0-9]*))?")
 _EVENT = re.compile(r"^\s*(?:\S+\s+)?(Normal|Warning)\s+([A-Z][A-Za-z]+)\s+(.*)$", re.MULTILINE)
+_EVENT_COUNT = re.compile(r"\(x\d+ over [^)]*\)")
+_EVENT_HEADER = re.compile(r"^\s*(?:Events:|Type\s+Reason\s+Age\s+From\s+Message|[-\s]+)\s*$", re.MULTILINE)
 _CAMEL_WORD = re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z]+[a-z0-9]*)+\b|\b[a-z]+(?:[A-Z]+[a-z0-9]+)+\b")
 _CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _METRIC = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
@@ -271,8 +273,9 @@ def _take_events(text: str, out: _Collector) -> str:
     def repl(m: re.Match[str]) -> str:
         out.fmt("k8s_event")
         out.messages.append(split_camel_words(m.group(2)))
-        return " " + m.group(3)
-    return _EVENT.sub(repl, text)
+        return " " + _EVENT_COUNT.sub(" ", m.group(3))
+    text = _EVENT.sub(repl, text)
+    return _EVENT_HEADER.sub(" ", text) if "k8s_event" in out.formats else text
 
 
 def _take_promql(text: str, out: _Collector) -> str:
