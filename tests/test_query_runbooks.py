@@ -98,3 +98,25 @@ def test_concurrent_lookups_on_one_store_all_succeed(runbook_tool):
     for t in threads:
         t.join(60)
     assert errors == []
+
+
+def test_concurrent_first_use_of_a_fresh_store(runbook_tool, embedder):
+    # a new store object connects and loads its collection lazily; eight lookups hit it at once
+    store = MilvusStore.from_settings(runbook_tool.settings)
+    tool = LookupKnowledgeTool(runbook_tool.settings.model_copy(update={"trace_enabled": False}),
+                               embedder=embedder, store=store)
+    barrier = threading.Barrier(8)
+    errors: list[str] = []
+
+    def run() -> None:
+        barrier.wait()
+        r = tool.lookup("one etcd member went down")
+        errors.extend(a.error for a in r.retrieval_trace.attempts if a.error)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    tool.close()
+    assert errors == []

@@ -20,6 +20,7 @@ score = sum over lists of 1 / (k + rank), k = 60 (Cormack, Clarke & Büttcher, S
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -134,15 +135,21 @@ class KnowledgeDocumentRetriever:
                        category: str | None) -> dict[str, _Pending]:
         k = self.settings.top_k
         store = self.store
-        pending = {
-            "dense": self._submit(lambda: store.search(vector, k, category)),
-            "lexical": self._submit(lambda: store.search_lexical(tq.lexical_terms, vector, k, category)),
-        }
-        if not _warm(store):  # first use of this store: its lazy set-up runs before more calls
-            for future, _ in pending.values():
-                future.exception()
-            _WARM.add(store)
-        return pending
+
+        def dense() -> list[StoreHit]:
+            return store.search(vector, k, category)
+
+        def lexical() -> list[StoreHit]:
+            return store.search_lexical(tq.lexical_terms, vector, k, category)
+
+        if not _warm(store):  # first use of this store: its lazy set-up runs alone, once
+            with _WARM_LOCK:
+                if not _warm(store):
+                    first = self._submit(dense)
+                    first[0].exception()
+                    _WARM.add(store)
+                    return {"dense": first, "lexical": self._submit(lexical)}
+        return {"dense": self._submit(dense), "lexical": self._submit(lexical)}
 
     def _finish_attempt(self, tq: TransformedQuery, category: str | None, attempt: int,
                         futures: dict[str, _Pending]) -> tuple[list[Ranked], RetrievalAttempt]:
@@ -204,9 +211,10 @@ class KnowledgeDocumentRetriever:
 
 
 # Stores that have answered once in this process. A store connects and loads its collection
-# lazily on first use; the first lookup on a store runs its first attempt before the others so
-# that set-up is not raced by concurrent calls (seen with Milvus Lite: "collection released").
+# lazily on first use; the first call on a store runs alone (other lookups wait on the lock) so
+# that set-up is not raced by concurrent calls (seen with Milvus Lite 3: "collection released").
 _WARM: weakref.WeakSet[object] = weakref.WeakSet()
+_WARM_LOCK = threading.Lock()
 
 
 def _warm(store: object) -> bool:
