@@ -9,11 +9,24 @@ stemming, jieba for Chinese) and, for names written without spaces (CamelCase al
 Chinese terms), on a compact form: the text lower-cased with everything but letters and
 digits removed, matched as a substring of the compact query.
 
-A name (title, H1, stem, alias) matches when its compact form occurs in the query, or when
-the IDF-weighted share of its tokens found in the query reaches ``NAME_COVERAGE`` (0.75):
-parts shared by many names (``kube``, ``down``) weigh little, so "controller manager is
-down" matches ``KubeControllerManagerDown`` without the ``kube`` prefix. IDF is the BM25
-form log(1 + (N - n + 0.5) / (n + 0.5)) (Robertson & Zaragoza 2009) over the names.
+A name (title, H1, stem, alias) matches in one of three ways, recorded in the reason:
+
+- ``title``: exact; its compact form occurs in the query ("kube pod crash looping"), or all of
+  its word parts do (Chinese aliases whose words the query orders differently).
+- ``title~fuzzy:0.97``: a run of one to ``FUZZY_MAX_WORDS`` query words, joined, is within
+  typing distance of the compact name ("kubeshedulerdown", "etcdhighnumberoffailedgrpcrequest"):
+  rapidfuzz ``fuzz.ratio`` (normalised Indel similarity) of at least ``FUZZY_CUTOFF``, both
+  strings at least ``FUZZY_MIN_LEN`` characters, and no other document's name within
+  ``FUZZY_MARGIN`` of the best (names such as KubePodNotReady / KubeNodeNotReady are 90 apart:
+  a typo between two names is ambiguous and matches neither).
+- ``title~partial:0.80``: the IDF-weighted share of its word parts found in the query reaches
+  ``NAME_COVERAGE`` (0.75) without all of them: parts shared by many names (``kube``, ``down``)
+  weigh little, so "controller manager is down" matches ``KubeControllerManagerDown``. IDF is
+  the BM25 form log(1 + (N - n + 0.5) / (n + 0.5)) (Robertson & Zaragoza 2009) over the names.
+  A partial match is a hint, never a reason to filter.
+
+``named_categories`` are the index's categories the query names outright (all the category's
+words, or its compact form for names like ``kube-state-metrics``).
 """
 
 from __future__ import annotations
@@ -27,10 +40,24 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from rapidfuzz import fuzz, process
+
 from rag_core.models import KnowledgeDocument
 from rag_core.text import normalize, tokenize
 
 NAME_COVERAGE = 0.75
+# Fuzzy name matching (rapidfuzz fuzz.ratio, 0-100). 90 allows one missing/extra letter in a
+# 10-character name, about one per 10 characters in longer ones; below 10 characters too many
+# ordinary words are that close to a name. The margin keeps a typo between two similar names
+# (measured on the runbook corpus: distinct names reach 95) from picking either.
+FUZZY_CUTOFF = 90.0
+FUZZY_MARGIN = 3.0
+FUZZY_MIN_LEN = 10
+FUZZY_MAX_WORDS = 4
+# Length guard: a typo changes a name's length by a letter or two; "alertmanager cluster" is
+# 0.90 similar to AlertmanagerClusterDown by ratio alone but is a prefix, not a typo.
+FUZZY_LENGTH_SLACK = 0.1
+_ASCII_WORD = re.compile(r"[A-Za-z0-9]+")
 SUMMARY_CHARS = 600
 _COMPACT = re.compile(r"[\W_]+", re.UNICODE)
 # Compact names shorter than this match only as whole tokens (avoid "api" inside "rapid").
@@ -58,7 +85,8 @@ class L0Entry:
 
 @dataclass
 class DocMatch:
-    """One document L0 matched, with why (``title``, ``alias``, ``keyword:x``, ``entity:y``)."""
+    """One document L0 matched, with why (``title``, ``title~fuzzy:0.97``,
+    ``title~partial:0.80``, ``keyword:x``, ``entity:y``)."""
 
     doc_id: str
     title: str
@@ -66,14 +94,33 @@ class DocMatch:
     score: float
     reasons: list[str]
 
+    @property
+    def name_kind(self) -> str | None:
+        """``exact``, ``fuzzy``, ``partial`` or None (matched by keyword/entity only)."""
+        for r in self.reasons:
+            if r == "title":
+                return "exact"
+            if r.startswith("title~"):
+                return r[6:].split(":", 1)[0]
+        return None
+
+    @property
+    def strong_name(self) -> bool:
+        """Matched by its whole name, exactly or through a typo."""
+        return self.name_kind in ("exact", "fuzzy")
+
 
 @dataclass
 class L0Hints:
     """Structured L0 hints for one query (JSON-ready with ``asdict``).
 
-    ``domains`` are the nonblank categories of the documents matched by name, or of all
-    matched documents when none matched by name (sorted; ``domains_from_names`` says which);
-    ``matched_doc_ids`` are ordered by match score, best first.
+    ``domains`` are the nonblank categories of the documents matched by whole name (exact or
+    fuzzy), else of those matched partially by name, else of all matched documents, plus the
+    categories the query names outright (sorted; ``domains_from_names`` is True when a whole
+    name matched). ``named_categories``: categories named outright. ``matched_doc_ids`` are
+    ordered by match score, best first. ``alert_names`` / ``metric_names`` are the names lifted
+    from a pasted alert, label set or PromQL expression; ``corrections`` maps a query span to
+    the document name it fuzzy-matched (``{"kubeshedulerdown": "KubeSchedulerDown"}``).
     """
 
     matched_doc_ids: list[str] = field(default_factory=list)
@@ -83,6 +130,10 @@ class L0Hints:
     entities: list[str] = field(default_factory=list)
     matches: list[DocMatch] = field(default_factory=list)
     domains_from_names: bool = False
+    named_categories: list[str] = field(default_factory=list)
+    alert_names: list[str] = field(default_factory=list)
+    metric_names: list[str] = field(default_factory=list)
+    corrections: dict[str, str] = field(default_factory=dict)
 
     @property
     def matched(self) -> bool:
@@ -108,6 +159,18 @@ class L0Index:
         self._idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5)) for t, df in name_df.items()}
         self._default_idf = math.log(1 + (n + 0.5) / 0.5)
         self._names = {d: [self._name_form(name) for name in e.names] for d, e in self.entries.items()}
+        # Fuzzy choices: (compact name, doc id, display name), long enough to be fuzzy-matched.
+        # One per (compact form, doc); the identifier spelling (no spaces) wins, since it is
+        # what the transformer adds to the query and what the lexical index holds joined.
+        fuzzy: dict[tuple[str, str], str] = {}
+        for d, e in self.entries.items():
+            for form, name in zip(self._names[d], e.names, strict=True):
+                if len(form[0]) >= FUZZY_MIN_LEN and form[0].isascii():
+                    key = (form[0], d)
+                    if key not in fuzzy or " " in fuzzy[key]:
+                        fuzzy[key] = name
+        self._fuzzy = [(c, d, name) for (c, d), name in fuzzy.items()]
+        self._exact_names = {c for c, _, _ in self._fuzzy}
 
     def _name_form(self, name: str) -> tuple[str, frozenset[str], float]:
         """(compact form, coverage parts, their total IDF) of one name, computed once."""
@@ -150,10 +213,18 @@ class L0Index:
     def domains(self) -> set[str]:
         return {e.category for e in self.entries.values() if e.category}
 
-    def analyze_query(self, query: str) -> L0Hints:
-        """Hints for ``query``: matched documents (by name, keyword, entity) and their domains."""
-        q_tokens = set(tokenize(query))
-        q_compact = compact(query)
+    def analyze_query(self, query: str, alert_names: Iterable[str] = (),
+                      metric_names: Iterable[str] = ()) -> L0Hints:
+        """Hints for ``query``: matched documents (by name, keyword, entity) and their domains.
+
+        ``alert_names`` and ``metric_names`` (lifted from a pasted alert or PromQL by the
+        transformer) are matched as names too and reported in the hints.
+        """
+        alerts, metrics = _unique(alert_names), _unique(metric_names)
+        text = " ".join([query, *alerts, *(m.replace("_", " ") for m in metrics)])
+        q_tokens = set(tokenize(text))
+        q_compact = compact(text)
+        fuzzy, corrections = self._fuzzy_matches(text, q_compact)
         matches: list[DocMatch] = []
         keywords: list[str] = []
         entities: list[str] = []
@@ -161,8 +232,14 @@ class L0Index:
             reasons, score = [], 0.0
             name_score = max((self._name_score(f, q_tokens, q_compact) for f in self._names[e.doc_id]),
                              default=0.0)
-            if name_score >= NAME_COVERAGE:
+            if name_score >= 1.0:
                 reasons.append("title")
+                score += 2.0
+            elif e.doc_id in fuzzy:
+                reasons.append(f"title~fuzzy:{fuzzy[e.doc_id] / 100:.2f}")
+                score += 1.0 + fuzzy[e.doc_id] / 100
+            elif name_score >= NAME_COVERAGE:
+                reasons.append(f"title~partial:{name_score:.2f}")
                 score += 1.0 + name_score
             for kw in e.keywords:
                 if self._term_in(kw, q_tokens, q_compact):
@@ -177,18 +254,78 @@ class L0Index:
             if reasons:
                 matches.append(DocMatch(e.doc_id, e.title, e.category, round(score, 4), reasons))
         matches.sort(key=lambda m: (-m.score, m.doc_id))
-        # A matched name is a far stronger signal than a shared keyword: when any document
-        # matched by name, only those documents' categories are domain hints.
-        named = [m for m in matches if "title" in m.reasons] or matches
+        fuzzy_names = {m.title for m in matches if m.name_kind == "fuzzy"} | {
+            n for m in matches if m.name_kind == "fuzzy" for n in self.entries[m.doc_id].names}
+        corrections = {span: name for span, name in corrections.items() if name in fuzzy_names}
+        named_categories = self._named_categories(q_tokens, q_compact)
+        # A whole-name match is a far stronger signal than a partial one, and both than a shared
+        # keyword: domain hints come from the strongest kind present.
+        by_name = ([m for m in matches if m.strong_name]
+                   or [m for m in matches if m.name_kind == "partial"] or matches)
         return L0Hints(
             matched_doc_ids=[m.doc_id for m in matches],
-            matched_titles=_unique(m.title for m in matches if "title" in m.reasons),
+            matched_titles=_unique(m.title for m in matches if m.name_kind),
             matched_keywords=_unique(keywords),
-            domains=sorted({m.category for m in named if m.category.strip()}),
-            domains_from_names=any("title" in m.reasons for m in matches),
+            domains=sorted({m.category for m in by_name if m.category.strip()} | set(named_categories)),
+            domains_from_names=any(m.strong_name for m in matches),
             entities=_unique(entities),
             matches=matches,
+            named_categories=named_categories,
+            alert_names=alerts,
+            metric_names=metrics,
+            corrections=corrections,
         )
+
+    def _named_categories(self, q_tokens: set[str], q_compact: str) -> list[str]:
+        """Categories the query names outright; a category whose name is part of another named
+        one (``prometheus`` in ``prometheus-operator``) is dropped for the longer one."""
+        named = []
+        for cat in self.domains:
+            c, toks = _form(cat)
+            if not c:
+                continue
+            if (toks and toks <= q_tokens and len(toks) == 1) or (len(c) >= _MIN_COMPACT and len(toks) > 1
+                                                                  and c in q_compact):
+                named.append(cat)
+        return sorted(c for c in named if not any(c != o and compact(c) in compact(o) for o in named))
+
+    def _fuzzy_matches(self, text: str, q_compact: str) -> tuple[dict[str, float], dict[str, str]]:
+        """``({doc_id: best ratio}, {query span: matched name})`` for typo'd names (see module)."""
+        if not self._fuzzy:
+            return {}, {}
+        words = _ASCII_WORD.findall(normalize(text))
+        spans: dict[str, None] = {}
+        for n in range(1, FUZZY_MAX_WORDS + 1):
+            for i in range(len(words) - n + 1):
+                span = "".join(words[i:i + n]).lower()
+                if len(span) >= FUZZY_MIN_LEN and span not in self._exact_names:
+                    spans[span] = None
+        if not spans:
+            return {}, {}
+        span_list = list(spans)
+        choices = [c for c, _, _ in self._fuzzy]
+        scores = process.cdist(span_list, choices, scorer=fuzz.ratio,
+                               score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)
+        best: dict[str, float] = {}
+        corrections: dict[str, str] = {}
+        for row, span in zip(scores, span_list, strict=True):
+            per_doc: dict[str, tuple[float, str]] = {}
+            for j in row.nonzero()[0]:
+                c, doc_id, name = self._fuzzy[j]
+                if abs(len(c) - len(span)) > max(2.0, FUZZY_LENGTH_SLACK * len(c)):
+                    continue  # a prefix or a longer phrase, not a typo of the name
+                if row[j] > per_doc.get(doc_id, (0.0, ""))[0]:
+                    per_doc[doc_id] = (float(row[j]), name)
+            ranked = sorted(per_doc.items(), key=lambda kv: -kv[1][0])
+            if not ranked or ranked[0][1][0] < FUZZY_CUTOFF:
+                continue
+            if len(ranked) > 1 and ranked[1][1][0] > ranked[0][1][0] - FUZZY_MARGIN:
+                continue  # between two names: ambiguous
+            doc_id, (score, name) = ranked[0]
+            if score > best.get(doc_id, 0.0):
+                best[doc_id] = round(score, 1)
+                corrections[span] = name
+        return best, corrections
 
     def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str],
                     q_compact: str) -> float:
@@ -198,6 +335,8 @@ class L0Index:
         if len(parts) < 2 or not total:
             return 0.0  # one-word names ("where is my order" -> "order") match only compactly
         found = parts & q_tokens
+        if found == parts:
+            return 1.0
         return sum(self._idf.get(t, self._default_idf) for t in found) / total if found else 0.0
 
     @staticmethod

@@ -1,19 +1,25 @@
 """KnowledgeEvidencePostProcessor: candidates -> ranked, deduplicated evidence blocks.
 
-Steps: drop candidates below ``min_block_similarity``; score every candidate with the
+Steps: drop candidates below ``min_block_similarity`` (unless L0 matched their document by its
+whole name); score every candidate with the
 rule-based rerank (``RerankWeights``); collapse candidates of one source document into one
 block (best-scoring chunk first, then up to two more of its chunks, hit reasons of all of
-them); keep the top ``max_evidence_blocks``.
+them); keep the top ``max_evidence_blocks`` (a document the query names by its whole name
+keeps a place among them: :func:`keep_named`).
 Every block gets a ``RerankEntry`` saying how its final score was built.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
-from rag_core.l0 import L0Hints, L0Index
+from rag_core.l0 import DocMatch, L0Hints, L0Index
 from rag_core.lookup.contracts import EvidenceBlock, RerankEntry
 from rag_core.lookup.retriever import Candidate
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -23,9 +29,10 @@ class RerankWeights:
     ``lexical``: times the candidate's BM25 score divided by the best BM25 score of the
     result set (0 when found by the dense channel only). ``doc_support``: per further chunk
     of the same document among the candidates, up to ``doc_support_cap``. ``title``: L0
-    matched the document's title/H1/alias. ``keyword``/``entity``: per L0 keyword/entity
-    match of that document, up to ``term_cap``. ``domain``: the block's category is an L0
-    domain hint. ``priority``: times the document's frontmatter ``priority``, clamped to
+    matched the document's title/H1/alias exactly or through a typo (``title~fuzzy``); a
+    partial name match (``title~partial:s``) gets ``title`` times its coverage s.
+    ``keyword``/``entity``: per L0 keyword/entity match of that document, up to ``term_cap``.
+    ``domain``: the block's category is an L0 domain hint. ``priority``: times the document's frontmatter ``priority``, clamped to
     [-5, 5]. ``filtered_attempt``: found by the category-filtered attempt; kept small so an
     in-domain hit never beats a clearly stronger unfiltered one.
     """
@@ -66,7 +73,11 @@ class KnowledgeEvidencePostProcessor:
     def process(self, candidates: list[Candidate], hints: L0Hints,
                 ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
         """Blocks best first (ranks from 1) and their rerank entries, same order."""
-        kept = [c for c in candidates if c.similarity >= self.min_similarity]
+        # A document the query names by its whole name (L0 exact or fuzzy) that L1 also found is
+        # evidence even when the embedding scores it low (an English-only model on a Chinese
+        # query naming the document by its alias): the name match vouches for it.
+        named = {m.doc_id for m in hints.matches if m.strong_name}
+        kept = [c for c in candidates if c.similarity >= self.min_similarity or c.hit.doc_id in named]
         if not kept:
             return [], []
         best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
@@ -80,8 +91,9 @@ class KnowledgeEvidencePostProcessor:
             reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
             scored.append((best.similarity + sum(contrib.values()), before, best, contrib, reasons))
         scored.sort(key=lambda s: (-s[0], s[1]))
+        top = keep_named(scored, named, self.max_blocks, key=lambda s: s[2].hit.doc_id)
         blocks, entries = [], []
-        for after, (final, before, c, contrib, reasons) in enumerate(scored[: self.max_blocks], start=1):
+        for after, (final, before, c, contrib, reasons) in enumerate(top, start=1):
             match = hints.match_for(c.hit.doc_id)
             reasons = reasons + _l0_reasons(match, c.hit.category, hints)
             blocks.append(EvidenceBlock(
@@ -109,13 +121,39 @@ class KnowledgeEvidencePostProcessor:
         return {
             "lexical": w.lexical * (c.lexical_score or 0.0) / best_lex,
             "doc_support": min(w.doc_support_cap, w.doc_support * (len(group) - 1)),
-            "title_match": w.title if "title" in reasons else 0.0,
+            "title_match": _title_bonus(match, w.title),
             "keyword_match": min(w.term_cap, w.keyword * n_kw),
             "entity_match": min(w.term_cap, w.entity * n_ent),
             "domain_match": w.domain if c.hit.category and c.hit.category in hints.domains else 0.0,
             "priority": w.priority * priority,
             "filtered_attempt": w.filtered_attempt if c.filtered else 0.0,
         }
+
+
+def keep_named(ranked: list[T], named: set[str], limit: int, key: Callable[[T], str]) -> list[T]:
+    """The first ``limit`` items of ``ranked``, except that documents L0 matched by whole name
+    (``named``; at most ``limit // 2`` of them) are not cut off: each takes the place of the
+    lowest-ranked unnamed item, after it in order. The query named them; the agent should see
+    them even when the embedding ranks them low."""
+    top = ranked[:limit]
+    missing = [r for r in ranked[limit:] if key(r) in named][: max(0, limit // 2 - sum(key(r) in named for r in top))]
+    for item in missing:
+        drop = next((i for i in range(len(top) - 1, -1, -1) if key(top[i]) not in named), None)
+        if drop is None:
+            break
+        top = top[:drop] + top[drop + 1:] + [item]
+    return top
+
+
+def _title_bonus(match: DocMatch | None, weight: float) -> float:
+    """``weight`` for an exact or fuzzy name match, ``weight`` x coverage for a partial one."""
+    kind = match.name_kind if match else None
+    if kind in ("exact", "fuzzy"):
+        return weight
+    if kind == "partial" and match is not None:
+        reason = next(r for r in match.reasons if r.startswith("title~partial:"))
+        return weight * float(reason.rsplit(":", 1)[1])
+    return 0.0
 
 
 def block_content(best: Candidate, group: list[Candidate], limit: int) -> str:

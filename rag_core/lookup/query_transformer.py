@@ -1,10 +1,29 @@
-"""KnowledgeQueryTransformer: L0 analysis of the query -> TransformedQuery."""
+"""KnowledgeQueryTransformer: pasted-query analysis + L0 analysis -> TransformedQuery.
+
+Steps: NFKC and whitespace normalisation; :func:`rag_core.lookup.pasted.analyze_pasted` splits
+a pasted alert, label set, event, log line or PromQL expression into informative text and
+noise and lifts alert and metric names; L0 matches the informative text and the lifted names
+(exact, fuzzy and partial name matches, keywords, entities, named categories); the filter
+policy below picks at most one category filter.
+
+Category filter policy (the filter is never a hard restriction: the retriever runs the
+unfiltered search beside a filtered one and fuses both):
+
+1. the query names exactly one category outright (``etcd``, ``alertmanager``) and no whole-name
+   match points to another category: filter on it (``named_category``);
+2. else the documents matched by whole name (exact or fuzzy) all lie in one category and the
+   query names no other: filter on it (``name_match``);
+3. partial name matches, keywords and entities only give hints (rerank signals), never a filter;
+   conflicting or several categories give no filter (``ambiguous``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from rag_core.l0 import L0Hints, L0Index
+from rag_core.lookup.pasted import PastedQuery, analyze_pasted, split_camel_words
 from rag_core.text import lexical_terms, normalize, tokenize
 
 
@@ -12,13 +31,14 @@ from rag_core.text import lexical_terms, normalize, tokenize
 class TransformedQuery:
     """The query as the retriever sees it.
 
-    ``category_filter`` is set only when L0 found exactly one nonblank domain and that domain
-    comes from documents matched by name (title, H1, file name or alias). A domain resting on
-    keyword or entity matches alone ("bank", "backup") stays a hint (it feeds the rerank's
-    domain signal) but does not filter: the filter is a hard restriction, and a filtered
-    attempt that is good enough by similarity is never retried unfiltered.
-    ``rewritten`` is the text embedded (the original, NFKC-normalised and truncated to
-    ``max_query_chars``); ``lexical_terms`` feed the stores' full-text channel.
+    ``original``: the query as given (kept for the trace). ``rewritten``: the text embedded:
+    for a pasted query the informative part (see ``pasted``), CamelCase names written out as
+    words, names fuzzy-matched through a typo written correctly; for a plain question the
+    normalised query with CamelCase words written out; truncated to ``max_query_chars``.
+    ``lexical_terms`` feed the stores' full-text channel: the rewritten text's tokens plus the
+    pasted label values and lifted names. ``category_filter`` (None = unfiltered only) and
+    ``filter_reason`` follow the module's policy; ``proposed_filter`` is what the policy chose
+    even when the caller disabled the L0 filter (``filter_reason="disabled"``).
     """
 
     original: str
@@ -27,29 +47,70 @@ class TransformedQuery:
     category_filter: str | None
     lexical_terms: list[str] = field(default_factory=list)
     truncated: bool = False
+    filter_reason: str = "no_signal"
+    proposed_filter: str | None = None
+    pasted: PastedQuery | None = None
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {"original_chars": len(self.original), "rewritten": self.rewritten[:200],
                 "truncated": self.truncated, "category_filter": self.category_filter,
-                "domain_hints": self.hints.domains, "matched_keywords": self.hints.matched_keywords,
-                "entities": self.hints.entities, "l0_titles": self.hints.matched_titles}
+                "filter_reason": self.filter_reason, "proposed_filter": self.proposed_filter,
+                "domain_hints": self.hints.domains, "named_categories": self.hints.named_categories,
+                "matched_keywords": self.hints.matched_keywords,
+                "entities": self.hints.entities, "l0_titles": self.hints.matched_titles,
+                "name_corrections": self.hints.corrections,
+                "pasted": self.pasted.summary() if self.pasted and self.pasted.pasted else None}
+
+
+def choose_filter(hints: L0Hints) -> tuple[str | None, str]:
+    """(category filter or None, reason) by the module's policy."""
+    named = [c for c in hints.named_categories if c.strip()]
+    strong = sorted({m.category for m in hints.matches if m.strong_name and m.category.strip()})
+    if len(named) == 1:
+        if strong and strong != named:
+            return None, "ambiguous:named_category_vs_name_match"
+        return named[0], "named_category"
+    if len(named) > 1:
+        both = [c for c in named if c in strong]
+        return (both[0], "name_match") if len(both) == 1 and len(strong) == 1 else (None, "ambiguous")
+    if len(strong) == 1:
+        return strong[0], "name_match"
+    return None, "ambiguous" if strong else "no_signal"
 
 
 class KnowledgeQueryTransformer:
-    """Runs L0 on the query. ``l0`` may be None (no index yet): then there are no hints."""
+    """Runs pasted-query analysis and L0 on the query. ``l0`` may be None (no index yet): then
+    there are no hints and no filter."""
 
     def __init__(self, l0: L0Index | None, max_query_chars: int = 2000):
         self.l0 = l0
         self.max_query_chars = max_query_chars
 
-    def transform(self, query: str) -> TransformedQuery:
+    def transform(self, query: str, use_l0_filter: bool = True) -> TransformedQuery:
+        """``query`` -> TransformedQuery. ``use_l0_filter=False`` never sets a category filter
+        (the policy's choice stays in ``proposed_filter``); hints are computed either way."""
         text = " ".join(normalize(query).split())
         truncated = len(text) > self.max_query_chars
         text = text[: self.max_query_chars]
-        hints = self.l0.analyze_query(text) if self.l0 is not None else L0Hints()
-        domains = [d for d in hints.domains if d.strip()]
+        # The parsers need the line structure (events, "summary:" lines): normalise per line.
+        lines = "\n".join(" ".join(ln.split()) for ln in normalize(query).splitlines())
+        pasted = analyze_pasted(lines[: self.max_query_chars * 2])
+        informative = " ".join(pasted.text.split()) if pasted.pasted else text
+        hints = (self.l0.analyze_query(informative, pasted.alert_names, pasted.metric_names)
+                 if self.l0 is not None else L0Hints())
+        corrected = informative
+        for span, name in hints.corrections.items():  # a typo'd name written correctly
+            at = corrected.lower().find(span)
+            corrected = (corrected[:at] + name + corrected[at + len(span):] if at >= 0
+                         else f"{corrected} {name}")
+        dense = split_camel_words(corrected)[: self.max_query_chars]
+        # Lexical terms from the unsplit text: tokenize keeps a CamelCase name's joined form.
+        lexical_source = " ".join([corrected, *pasted.label_values, *pasted.alert_names])
+        proposed, reason = choose_filter(hints)
         return TransformedQuery(
-            original=query, rewritten=text, hints=hints,
-            category_filter=domains[0] if len(domains) == 1 and hints.domains_from_names else None,
-            lexical_terms=sorted(set(lexical_terms(tokenize(text)))), truncated=truncated,
+            original=query, rewritten=dense, hints=hints,
+            category_filter=proposed if use_l0_filter else None,
+            lexical_terms=sorted(set(lexical_terms(tokenize(lexical_source)))), truncated=truncated,
+            filter_reason=reason if use_l0_filter else "disabled", proposed_filter=proposed,
+            pasted=pasted,
         )

@@ -175,8 +175,8 @@ class LookupKnowledgeTool:
     def lookup_with_candidates(self, query: str, session_id: str | None = None,
                                use_l0_filter: bool = True) -> tuple[LookupResult, list[Candidate]]:
         """``lookup`` plus the fused L1 candidates before post-processing (best first), for
-        evaluation fixtures and comparisons. ``use_l0_filter=False`` ignores the L0 category
-        filter (the evaluation's filter cost accounting). Never raises."""
+        evaluation fixtures and comparisons. ``use_l0_filter=False`` runs the unfiltered
+        search only (the evaluation's filter cost accounting). Never raises."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
@@ -201,9 +201,8 @@ class LookupKnowledgeTool:
             return self._empty_result(query, session_id,
                                       "the query is empty: ask with a question or alert text"), None, []
         with _timed(timings, "l0_ms"):
-            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(query)
-            if not use_l0_filter:
-                tq.category_filter = None
+            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(
+                query, use_l0_filter=use_l0_filter)
         outcome, sidecar_status = self._retrieve(tq, timings)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(self.l0, self.settings.min_block_similarity,

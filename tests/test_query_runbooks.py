@@ -1,0 +1,122 @@
+"""Query analysis and the L0 filter policy on the real English runbook corpus (real Milvus Lite,
+real embedding model): the filter never hides the answer, pasted alerts and typo'd names find
+their runbook, and concurrent lookups on one store all succeed."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from conftest import RUNBOOKS, make_settings, need_shared
+
+from rag_core.lookup.tool import LookupKnowledgeTool
+from rag_core.stores.milvus import MilvusStore
+
+pytestmark = pytest.mark.integration
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def record(self, row: dict) -> None:
+        self.rows.append(row)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def runbook_tool(tmp_path_factory, embedder):
+    from rag_core.ingest.pipeline import ingest
+
+    root = need_shared(RUNBOOKS)
+    settings = make_settings(tmp_path_factory.mktemp("runbooks_rag"), root)
+    store = MilvusStore.from_settings(settings)
+    ingest(settings, embedder, [store], progress=False)
+    rows = _Rows()
+    tool = LookupKnowledgeTool(settings.model_copy(update={"trace_enabled": True}), embedder=embedder,
+                               store=store, recorder=rows)
+    tool.rows = rows.rows
+    yield tool
+    tool.close()
+
+
+def _sources(result) -> list[str]:
+    return [b.source for b in result.evidence_blocks]
+
+
+def test_partial_name_match_does_not_hide_the_named_category(runbook_tool):
+    # "quota ... exceeds" matches Kube Quota Exceeded partly; the query names etcd outright
+    r = runbook_tool.lookup("etcd database size exceeds 95 percent of the backend quota")
+    attempts = r.retrieval_trace.attempts
+    assert [(a.attempt, a.filter) for a in attempts] == [(1, "etcd"), (2, None)]
+    assert all(a.error is None and a.candidate_count > 0 and a.duration_ms > 0 for a in attempts)
+    assert _sources(r)[0] == "etcd/etcdBackendQuotaLowSpace.md"
+    transform = runbook_tool.rows[-1]["retrieval_details"]["query_transform"]
+    assert transform["category_filter"] == "etcd" and transform["filter_reason"] == "named_category"
+
+
+def test_lookup_without_the_l0_filter_runs_one_unfiltered_attempt(runbook_tool):
+    r, candidates = runbook_tool.lookup_with_candidates(
+        "etcd database size exceeds 95 percent of the backend quota", use_l0_filter=False)
+    assert [(a.attempt, a.filter) for a in r.retrieval_trace.attempts] == [(1, None)]
+    assert candidates and not any(c.filtered for c in candidates)
+    transform = runbook_tool.rows[-1]["retrieval_details"]["query_transform"]
+    assert transform["filter_reason"] == "disabled" and transform["proposed_filter"] == "etcd"
+
+
+@pytest.mark.parametrize(("query", "expected"), [
+    ("kubeshedulerdown firing on prod-2, all instances", "kubernetes/KubeSchedulerDown.md"),
+    ('[FIRING:1] cluster eu\nlabels: {alertname="KubeletDown", job="kubelet", severity="critical"}\n'
+     "summary: none of the kubelet targets answered a scrape for 15 minutes", "kubernetes/KubeletDown.md"),
+])
+def test_typo_names_and_pasted_alerts_find_their_runbook(runbook_tool, query, expected):
+    r = runbook_tool.lookup(query)
+    assert _sources(r)[0] == expected
+    assert r.query == query  # the original stays in the result and the trace
+    assert runbook_tool.rows[-1]["input"] == query
+
+
+def test_concurrent_lookups_on_one_store_all_succeed(runbook_tool):
+    queries = ["one etcd member went down", "alertmanager cluster members cannot find each other",
+               "kube pod crash looping", "node_filefd_allocated / node_filefd_maximum > 0.9"] * 4
+    errors: list[str] = []
+
+    def run(q: str) -> None:
+        r = runbook_tool.lookup(q)
+        errors.extend(a.error for a in r.retrieval_trace.attempts if a.error)
+        if not r.evidence_blocks:
+            errors.append(f"no evidence for {q}")
+
+    threads = [threading.Thread(target=run, args=(q,)) for q in queries]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+
+
+def test_concurrent_first_use_of_a_fresh_store(runbook_tool, embedder):
+    # a new store object connects and loads its collection lazily; eight lookups hit it at once
+    store = MilvusStore.from_settings(runbook_tool.settings)
+    tool = LookupKnowledgeTool(runbook_tool.settings.model_copy(update={"trace_enabled": False}),
+                               embedder=embedder, store=store)
+    barrier = threading.Barrier(8)
+    errors: list[str] = []
+
+    def run() -> None:
+        barrier.wait()
+        r = tool.lookup("one etcd member went down")
+        errors.extend(a.error for a in r.retrieval_trace.attempts if a.error)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    tool.close()
+    assert errors == []
