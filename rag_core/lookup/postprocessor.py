@@ -81,15 +81,16 @@ class KnowledgeEvidencePostProcessor:
         if not kept:
             return [], []
         best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
+        base = self._base_scores(kept)
         per_doc: dict[str, list[Candidate]] = {}
         for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
             per_doc.setdefault(c.hit.doc_id, []).append(c)
         scored = []
         for before, (doc_id, group) in enumerate(per_doc.items(), start=1):
             scores = [(self._contributions(c, group, hints, best_lex), c) for c in group]
-            contrib, best = max(scores, key=lambda s: (s[1].similarity + sum(s[0].values()), s[1].rrf))
+            contrib, best = max(scores, key=lambda s: (base[id(s[1])] + sum(s[0].values()), s[1].rrf))
             reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
-            scored.append((best.similarity + sum(contrib.values()), before, best, contrib, reasons))
+            scored.append((base[id(best)] + sum(contrib.values()), before, best, contrib, reasons))
         scored.sort(key=lambda s: (-s[0], s[1]))
         top = keep_named(scored, named, self.max_blocks, key=lambda s: s[2].hit.doc_id)
         blocks, entries = [], []
@@ -109,6 +110,16 @@ class KnowledgeEvidencePostProcessor:
                 final_score=round(final, 4), rank_before=before, rank_after=after))
         return blocks, entries
 
+    def _base_scores(self, kept: list[Candidate]) -> dict[int, float]:
+        import os
+        dw = float(os.environ.get("EXP_DENSE", "0"))
+        if dw <= 0:
+            return {id(c): c.similarity for c in kept}
+        lo = min(c.similarity for c in kept)
+        hi = max(c.similarity for c in kept)
+        span = (hi - lo) or 1.0
+        return {id(c): dw * (c.similarity - lo) / span for c in kept}
+
     def _contributions(self, c: Candidate, group: list[Candidate], hints: L0Hints,
                        best_lex: float) -> dict[str, float]:
         w = self.weights
@@ -119,7 +130,7 @@ class KnowledgeEvidencePostProcessor:
         entry = self.l0.entries.get(c.hit.doc_id) if self.l0 else None
         priority = max(-5.0, min(5.0, entry.priority)) if entry and entry.priority is not None else 0.0
         return {
-            "lexical": w.lexical * (c.lexical_score or 0.0) / best_lex,
+            "lexical": float(__import__("os").environ.get("EXP_LEX", w.lexical)) * (c.lexical_score or 0.0) / best_lex,
             "doc_support": min(w.doc_support_cap, w.doc_support * (len(group) - 1)),
             "title_match": _title_bonus(match, w.title),
             "keyword_match": min(w.term_cap, w.keyword * n_kw),

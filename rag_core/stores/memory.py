@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.stores.base import DimensionMismatchError, check_vectors, cosine_to_similarity
 from rag_core.text import lexical_string
@@ -37,6 +38,7 @@ class InMemoryStore:
         self._lock = threading.Lock()
         self._matrix: tuple[list[str], np.ndarray] | None = None
         self._bm25: object | None = None
+        self._model: ModelIdentity | None = None
 
     def ensure_schema(self, dim: int) -> None:
         """Fix the dimension on first use; DimensionMismatchError when it differs."""
@@ -131,6 +133,14 @@ class InMemoryStore:
 
     def close(self) -> None:
         """Nothing to release."""
+
+    def recorded_model(self) -> ModelIdentity | None:
+        """The model recorded by ``record_model`` (None before)."""
+        return self._model
+
+    def record_model(self, identity: ModelIdentity) -> None:
+        """Remember the model that filled the store."""
+        self._model = identity
 
     def _invalidate(self) -> None:
         self._matrix = None

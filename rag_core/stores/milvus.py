@@ -415,14 +415,6 @@ class MilvusStore:
         self._loaded = False
 
 
-def _set_aside_foreign_file(db: Path) -> None:
-    try:
-        milvus_server.check_format(db)
-    except milvus_server.ForeignFormatError:
-        target = db.with_name(f"{db.name}.foreign-{int(time.time())}")
-        db.rename(target)
-        log.warning("moved the foreign-format Milvus data %s aside to %s", db, target)
-
     # --- the model the collection was built with (a collection property) -------------------
 
     def recorded_model(self) -> ModelIdentity | None:
@@ -465,3 +457,11 @@ def _brief(exc: Exception) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return redact_dsn(text)[:300]
 
+
+def _set_aside_foreign_file(db: Path) -> None:
+    try:
+        milvus_server.check_format(db)
+    except milvus_server.ForeignFormatError:
+        target = db.with_name(f"{db.name}.foreign-{int(time.time())}")
+        db.rename(target)
+        log.warning("moved the foreign-format Milvus data %s aside to %s", db, target)
