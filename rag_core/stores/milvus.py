@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,7 @@ VARCHAR_LIMITS = {
     "chunk_id": 64, "doc_id": 1024, "title": 1024, "breadcrumb": 4096,
     "category": 512, "text": 65535, "content_hash": 64, "lexical": 65535,
 }
-MODEL_PROPERTY = "rag_core.embedding_model"
+MODEL_SUFFIX = "__model"
 _OUTPUT = ["chunk_id", "doc_id", "title", "breadcrumb", "category", "text"]
 # Rows per insert call: milvus-lite 2.5's insert cost grows faster than linearly with the batch
 # (measured on this machine: 5,000 rows take 1.9 s in 500-row calls, 27.5 s in one 5,000-row call).
@@ -356,6 +357,8 @@ class MilvusStore:
             _set_aside_foreign_file(Path(self.uri))
         if self.exists():
             self._call("drop_collection", lambda c: c.drop_collection(self.collection))
+        if self._call("has_collection", lambda c: c.has_collection(self.model_collection)):
+            self._call("drop_collection", lambda c: c.drop_collection(self.model_collection))
         self._loaded = False
 
     # --- reads ------------------------------------------------------------------------------
@@ -415,30 +418,47 @@ class MilvusStore:
         self._loaded = False
 
 
-    # --- the model the collection was built with (a collection property) -------------------
+    # --- the model the collection was built with (a one-row side collection) -------------
+
+    @property
+    def model_collection(self) -> str:
+        """The side collection holding the model record: collection properties cannot be
+        altered on every engine (milvus-lite 2.5 answers UNIMPLEMENTED), a row can."""
+        return f"{self.collection}{MODEL_SUFFIX}"
 
     def recorded_model(self) -> ModelIdentity | None:
-        """The embedding model recorded on the collection; None when the collection is missing
+        """The embedding model recorded for the collection; None when the collection is missing
         or unrecorded (built before models were recorded). StoreError when unreachable."""
-        if not self.exists():
+        if not self.exists() or not self._call("has_collection", lambda c: c.has_collection(self.model_collection)):
             return None
-        info = self._call("describe_collection", lambda c: c.describe_collection(self.collection))
-        raw = (info.get("properties") or {}).get(MODEL_PROPERTY)
-        if not raw:
+        rows = self._call("query", lambda c: c.query(self.model_collection, filter='key == "model"',
+                                                      output_fields=["identity"]))
+        if not rows:
             return None
         try:
-            return ModelIdentity.from_dict(json.loads(raw))
+            return ModelIdentity.from_dict(json.loads(rows[0]["identity"]))
         except (ValueError, KeyError, TypeError):
-            log.warning("collection %r has an unreadable %s property: treating it as unrecorded",
-                        self.collection, MODEL_PROPERTY)
+            log.warning("%r holds an unreadable model record: treating it as unrecorded", self.model_collection)
             return None
 
     def record_model(self, identity: ModelIdentity) -> None:
-        """Record ``identity`` as the collection's model (collection property ``MODEL_PROPERTY``)."""
-        value = json.dumps(identity.to_dict(), sort_keys=True)
-        self._call("alter_collection_properties", lambda c: c.alter_collection_properties(
-            self.collection, properties={MODEL_PROPERTY: value}))
+        """Record ``identity`` as the collection's model (one row of ``model_collection``)."""
+        self._call("record model", self._record_model, json.dumps(identity.to_dict(), sort_keys=True))
 
+    def _record_model(self, client: Any, value: str) -> None:
+        from pymilvus import DataType
+
+        if not client.has_collection(self.model_collection):
+            schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+            schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=64)
+            schema.add_field("identity", DataType.VARCHAR, max_length=4096)
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2)  # Milvus requires one
+            index = client.prepare_index_params()
+            index.add_index("vector", index_type="FLAT", metric_type="L2")
+            client.create_collection(self.model_collection, schema=schema, index_params=index)
+        client.load_collection(self.model_collection)
+        client.upsert(self.model_collection, [{"key": "model", "identity": value, "vector": [0.0, 1.0]}])
+        client.flush(self.model_collection)
 
 def _category_filter(category: str | None) -> str:
     return f"category == {escape_filter_value(category)}" if category else ""
