@@ -130,6 +130,7 @@ class MilvusStore:
         self._timeout = timeout
         self._client = None
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
         self._reconnect_lock = threading.Lock()
         self._loaded = False
         self._embedded_dir = Path(embedded_dir).resolve() if embedded_dir is not None else None
@@ -290,10 +291,13 @@ class MilvusStore:
         # A collection reopened from a Milvus Lite file is "released" until loaded.
         if self._loaded:
             return
-        state = self._call("get_load_state", lambda c: c.get_load_state(self.collection))
-        if "Loaded" not in str(state.get("state")):
-            self._call("load_collection", lambda c: c.load_collection(self.collection))
-        self._loaded = True
+        with self._load_lock:  # concurrent first searches must not race the load
+            if self._loaded:
+                return
+            state = self._call("get_load_state", lambda c: c.get_load_state(self.collection))
+            if "Loaded" not in str(state.get("state")):
+                self._call("load_collection", lambda c: c.load_collection(self.collection))
+            self._loaded = True
 
     def _ready(self) -> None:
         if not self._loaded:
