@@ -330,6 +330,7 @@ def test_rag_ingest_with_a_model_that_cannot_load_exits_with_one_line(tmp_path, 
     from rag_core.cli import app
 
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("RAG_EMBEDDING_BACKEND", "sentence-transformers")
     monkeypatch.setenv("RAG_EMBEDDING_MODEL", str(tmp_path / "no-model"))
     res = CliRunner().invoke(app, ["ingest"])
     assert res.exit_code == 2

@@ -316,7 +316,7 @@ def _tq(l0: L0Index, query: str):
 
 def test_filtered_and_unfiltered_attempts_run_concurrently_and_are_fused(l0):
     store = SlowStore(delay=0.2)
-    retriever = KnowledgeDocumentRetriever(store, RagSettings(_env_file=None))
+    retriever = KnowledgeDocumentRetriever(store, RagSettings(_env_file=None, embedding_backend="sentence-transformers"))
     retriever.search_once(_tq(l0, "warm"), np.ones(4), None, 1)  # first use runs serially
     store.calls.clear()
     store.peak = 0

@@ -86,6 +86,7 @@ class RetrievalTrace(_Camel):
     path: str
     layer: Layer
     attempts: list[RetrievalAttempt]
+    candidate_count: int = 0  # distinct chunks after fusing every attempt and channel
     fallback_reason: str | None = None
     error: str | None = None
     query_truncated: bool = False

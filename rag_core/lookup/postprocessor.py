@@ -109,7 +109,7 @@ class KnowledgeEvidencePostProcessor:
                 score=round(c.similarity, 4), raw_score=round(c.hit.raw_score, 4),
                 score_label=c.hit.score_label, final_score=round(final, 4), hit_reasons=reasons))
             entries.append(RerankEntry(
-                source=c.hit.doc_id, base_score=round(c.similarity, 4),
+                source=c.hit.doc_id, base_score=round(base[id(c)], 4),
                 contributions={k: round(v, 4) for k, v in contrib.items() if v},
                 final_score=round(final, 4), rank_before=before, rank_after=after))
         return blocks, entries

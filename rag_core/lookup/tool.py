@@ -224,7 +224,7 @@ class LookupKnowledgeTool:
                                        [b.source for b in blocks])
         trace = RetrievalTrace(
             path=getattr(self.store, "name", "milvus") if self.settings.l1_enabled else "none",
-            layer=layer, attempts=outcome.attempts,
+            layer=layer, attempts=outcome.attempts, candidate_count=len(outcome.candidates),
             fallback_reason=("l0_fallback: " + (outcome.error or _no_l1_evidence(outcome, self.settings)))
             if layer == "L0" else outcome.fallback_reason,
             error=outcome.error, query_truncated=tq.truncated, l0_hints=tq.hints.to_dict(),

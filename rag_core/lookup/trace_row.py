@@ -29,7 +29,7 @@ def build_trace_row(result: LookupResult, tq: TransformedQuery | None, timings: 
                       "layer": b.retrieval_layer, "score": b.score, "final_score": b.final_score,
                       "hit_reasons": b.hit_reasons, "content": b.content[:EVIDENCE_PREVIEW_CHARS]}
                      for b in result.evidence_blocks],
-        "candidate_count": sum(a.candidate_count for a in rt.attempts),
+        "candidate_count": rt.candidate_count,
         "final_block_count": len(result.evidence_blocks),
         "relevance_level": result.relevance_level.value,
         "stage_ms": timings,
