@@ -53,12 +53,15 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INF
 @app.command()
 def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root (default RAG_KNOWLEDGE_DIR)"),
            rebuild: bool = typer.Option(False, help="Drop and rebuild the indexes"),
+           prune: bool = typer.Option(False, help="Allow removing most (or all) of the index: no documents "
+                                      "found, or more than RAG_INGEST_MAX_REMOVE_SHARE of them gone"),
            sidecar: bool | None = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
            as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Ingest Markdown knowledge into Milvus (and pgvector) incrementally; print a report."""
     from rag_core.components import make_stores
     from rag_core.embedding import EmbedderLoadError
     from rag_core.embedding.openai_compat import EmbeddingEndpointError
+    from rag_core.ingest.pipeline import IngestRefusedError
     from rag_core.ingest.pipeline import ingest as run_ingest
     from rag_core.stores.base import StoreError
 
@@ -66,9 +69,9 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
     embedder = embedder_or_exit(settings)
     stores = make_stores(settings, sidecar)
     try:
-        report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty())
+        report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty(), prune=prune)
     except (FileNotFoundError, NotADirectoryError, StoreError, EmbedderLoadError,
-            EmbeddingEndpointError) as exc:
+            EmbeddingEndpointError, IngestRefusedError) as exc:
         console.print(f"[red]ingest failed: {exc}[/red]")
         raise typer.Exit(1) from None
     finally:

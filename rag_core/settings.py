@@ -36,7 +36,7 @@ class RagSettings(BaseSettings):
     knowledge_dir: Path = Field(SAMPLE_KNOWLEDGE_DIR, description="Root of the Markdown knowledge base")
     golden_cases: Path = Field(SAMPLE_GOLDEN_CASES, description="Golden case file (YAML or JSONL)")
 
-    milvus_uri: str = Field("", description="Milvus URI (production server); empty = the embedded Milvus of data_dir")
+    milvus_uri: SecretStr | None = Field(None, description="Milvus URI (production server); empty = the embedded Milvus of data_dir")
     milvus_mode: Literal["server", "file"] = Field(
         "server", description="Embedded Milvus when milvus_uri is empty: 'server' = one local Milvus server per "
         "data dir shared by every process (rag_core.stores.milvus_server); 'file' = MilvusClient on the file "
@@ -68,6 +68,8 @@ class RagSettings(BaseSettings):
     embedding_timeout_s: float = Field(30.0, gt=0, description="Endpoint request timeout")
     chunk_max_tokens: int = Field(240, ge=32, le=8192, description="Model tokens per chunk incl. header; "
                                   "capped by the model's window")
+    ingest_max_remove_share: float = Field(0.5, ge=0.0, le=1.0, description="An ingest that would remove more "
+                                           "than this share of an index's documents stops unless --prune")
     max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
@@ -110,7 +112,7 @@ class RagSettings(BaseSettings):
     @property
     def milvus_embedded(self) -> bool:
         """True when the main store is the embedded Milvus server of ``data_dir`` (no URI, server mode)."""
-        return not self.milvus_uri and self.milvus_mode == "server"
+        return not self.milvus_uri_value and self.milvus_mode == "server"
 
     @property
     def milvus_db_path(self) -> Path:
@@ -121,7 +123,13 @@ class RagSettings(BaseSettings):
     def milvus_target(self) -> str:
         """The URI MilvusClient gets when no embedded server is used: the configured URI or the
         Milvus Lite file in data_dir (file mode)."""
-        return self.milvus_uri or str(self.milvus_db_path)
+        return self.milvus_uri_value or str(self.milvus_db_path)
+
+    @property
+    def milvus_uri_value(self) -> str:
+        """The configured Milvus URI in clear ("" when unset). A secret type, since a URI can
+        carry a password (``http://user:pass@host``): never print or log this value."""
+        return self.milvus_uri.get_secret_value() if self.milvus_uri else ""
 
     @property
     def l0_index_path(self) -> Path:

@@ -237,7 +237,7 @@ def test_settings_resource_falls_back_to_rag_settings(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RAG_TOP_K", "7")
     settings = RagSettingsResource(data_dir=str(tmp_path)).get_settings()
-    assert settings.data_dir == tmp_path and settings.top_k == 7 and settings.milvus_uri == ""
+    assert settings.data_dir == tmp_path and settings.top_k == 7 and settings.milvus_uri is None
     assert settings.sidecar_enabled
 
     monkeypatch.setenv("RAG_MILVUS_URI", "http://milvus.example:19530")
@@ -253,7 +253,7 @@ def test_settings_resource_falls_back_to_rag_settings(monkeypatch, tmp_path):
 @dg.asset
 def _settings_probe(rag: RagSettingsResource) -> tuple:
     settings = rag.get_settings()
-    return settings.milvus_uri, settings.sidecar_enabled
+    return settings.milvus_uri_value, settings.sidecar_enabled
 
 
 # --- traces and locks ----------------------------------------------------------------------------

@@ -160,3 +160,46 @@ def test_every_ingest_write_stage_ends_with_a_flush(env):
     fresh = MilvusStore.from_settings(settings)  # another client sees exactly the same rows
     assert fresh.count() == store.count() and fresh.chunk_hashes() == store.chunk_hashes()
     fresh.close()
+
+
+def _kb(root, names):
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (root / f"{name}.md").write_text(f"---\ntitle: {name}\n---\n# {name}\n\n{name} runbook body text.\n")
+    return root
+
+
+def test_ingest_refuses_to_wipe_the_index_unless_pruning_is_asked_for(tmp_path, embedder):
+    from rag_core.ingest.pipeline import IngestRefusedError
+    from rag_core.stores.memory import InMemoryStore
+
+    full = _kb(tmp_path / "full", ["alpha", "beta", "gamma", "delta"])
+    settings = make_settings(tmp_path / "data", full)
+    store = InMemoryStore()
+    ingest(settings, embedder, [store], progress=False)
+    before, l0_before = store.chunk_hashes(), settings.l0_index_path.read_bytes()
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(IngestRefusedError, match=f"no Markdown document found under {empty}"):
+        ingest(settings, embedder, [store], knowledge_dir=empty, progress=False)
+    shrunk = _kb(tmp_path / "shrunk", ["alpha"])
+    with pytest.raises(IngestRefusedError, match=r"holds 4: this ingest would remove 3 \(75%"):
+        ingest(settings, embedder, [store], knowledge_dir=shrunk, progress=False)
+    assert store.chunk_hashes() == before and settings.l0_index_path.read_bytes() == l0_before
+
+    report = ingest(settings, embedder, [store], knowledge_dir=shrunk, progress=False, prune=True)
+    assert report.stores["memory"].removed == 3
+    assert {doc for doc, _ in store.chunk_hashes().values()} == {"alpha.md"}
+
+
+def test_rag_ingest_on_an_empty_dir_exits_1_and_names_prune(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rag_core.cli import app
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
+    res = CliRunner().invoke(app, ["ingest", "--knowledge-dir", str(empty)])
+    assert res.exit_code == 1 and "--prune" in res.output and str(empty) in res.output.replace("\n", "")

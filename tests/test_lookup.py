@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from rag_core.l0 import L0Index
 from rag_core.lookup.contracts import RelevanceLevel
@@ -176,7 +177,8 @@ def test_store_down_without_l0_match_is_a_structured_failure(make_tool, store):
 
 
 def test_missing_milvus_file_gives_l0_fallback(sample_kb, embedder, tmp_path):
-    settings = sample_kb.model_copy(update={"milvus_uri": str(tmp_path / "gone.db"), "trace_enabled": True})
+    settings = sample_kb.model_copy(update={"milvus_uri": SecretStr(str(tmp_path / "gone.db")),
+                                            "trace_enabled": True})
     rec = CapturingRecorder()
     tool = LookupKnowledgeTool(settings, embedder=embedder, recorder=rec)
     r = tool.lookup("OrdersDBReplicationLag")

@@ -102,14 +102,21 @@ def chunk_documents(docs: Sequence[KnowledgeDocument], settings: RagSettings,
     return kept, chunks
 
 
+class IngestRefusedError(RuntimeError):
+    """An ingest would empty or mostly remove an index (wrong or unmounted knowledge dir?) and
+    pruning was not asked for; nothing was written. The message names the directory and counts."""
+
+
 def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorStore],
            knowledge_dir: Path | None = None, rebuild: bool = False,
-           progress: bool = True) -> IngestReport:
+           progress: bool = True, prune: bool = False) -> IngestReport:
     """Bring ``stores`` and the L0 index in step with the Markdown files under ``knowledge_dir``.
 
     ``stores[0]`` is the main path. ``rebuild`` drops and recreates every store first.
-    Raises FileNotFoundError / NotADirectoryError for a missing root and StoreError when a
-    store is unreachable; bad documents are reported in ``report.skipped`` and skipped.
+    Raises FileNotFoundError / NotADirectoryError for a missing root, StoreError when a
+    store is unreachable, and IngestRefusedError (before any write) when no document is found
+    or more than ``settings.ingest_max_remove_share`` of a store's documents would go, unless
+    ``prune``. Bad documents are reported in ``report.skipped`` and skipped.
     """
     root = Path(knowledge_dir or settings.knowledge_dir)
     report = IngestReport(knowledge_dir=str(root))
@@ -125,6 +132,8 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
         docs, chunks = chunk_documents(docs, settings, report, embedder)
     report.documents_ingested = len(docs)
     report.chunks_total = len(chunks)
+    if not prune:
+        refuse_wipe(root, report, docs, stores, settings.ingest_max_remove_share)
     with _stage(report, "l0_index"):
         L0Index.build(docs).save(settings.l0_index_path)
 
@@ -167,6 +176,24 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     report.chunks_embedded = len(vectors)
     log.info("ingested %s: %s", root, report.stores)
     return report
+
+
+def refuse_wipe(root: Path, report: IngestReport, docs: Sequence[KnowledgeDocument],
+                stores: Sequence[VectorStore], max_share: float) -> None:
+    """IngestRefusedError when ``root`` yields no document, or when a store would lose more than
+    ``max_share`` of the documents it holds (documents that failed to load are kept, not lost)."""
+    if report.documents_seen == 0:
+        raise IngestRefusedError(f"no Markdown document found under {root}: refusing to touch the index "
+                                 "(wrong or unmounted directory?); pass --prune to empty it on purpose")
+    keep = {d.doc_id for d in docs} | {i.path for i in report.skipped}
+    for store in stores:
+        held = {doc_id for doc_id, _ in store.chunk_hashes().values()}
+        gone = held - keep
+        if held and len(gone) / len(held) > max_share:
+            raise IngestRefusedError(
+                f"{root} has {len(docs)} document(s) but {store.name} holds {len(held)}: this ingest would "
+                f"remove {len(gone)} ({len(gone) / len(held):.0%}, over RAG_INGEST_MAX_REMOVE_SHARE="
+                f"{max_share:.0%}); pass --prune if that is intended")
 
 
 def _model_differs(store: VectorStore, identity: ModelIdentity) -> bool:
