@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from rag_core.evaluation.cases import load_cases
 from rag_core.evaluation.evaluator import EvaluationReport, evaluate
@@ -36,8 +36,6 @@ class SuiteOutcome(BaseModel):
     baseline (None when there is none); ``report_dir`` holds ``current.{json,md}`` and
     ``comparison.{json,md}``.
     """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     suite: str
     status: Literal["ok", "skipped", "failed"]

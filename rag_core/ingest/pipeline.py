@@ -132,8 +132,10 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
         docs, chunks = chunk_documents(docs, settings, report, embedder)
     report.documents_ingested = len(docs)
     report.chunks_total = len(chunks)
+    # Read once: the wipe check and each store's diff use the same scan.
+    held = {store.name: store.chunk_hashes() for store in stores}
     if not prune:
-        refuse_wipe(root, report, docs, stores, settings.ingest_max_remove_share)
+        refuse_wipe(root, report, docs, held, settings.ingest_max_remove_share)
     with _stage(report, "l0_index"):
         L0Index.build(docs).save(settings.l0_index_path)
 
@@ -149,7 +151,8 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     for store in stores:
         with _stage(report, f"{store.name}_prepare"):
             recorded = prepare_store(store, identity, rebuild)
-            stored = store.chunk_hashes()
+            dropped = rebuild or (recorded is not None and recorded.dimension != identity.dimension)
+            stored = {} if dropped else held[store.name]
         if recorded is not None and recorded != identity:
             # Vectors of another model are not comparable with this one's: re-embed everything.
             log.warning("%s was built with %s; re-embedding every chunk with %s", store.name,
@@ -179,20 +182,21 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
 
 
 def refuse_wipe(root: Path, report: IngestReport, docs: Sequence[KnowledgeDocument],
-                stores: Sequence[VectorStore], max_share: float) -> None:
+                held: dict[str, dict[str, tuple[str, str]]], max_share: float) -> None:
     """IngestRefusedError when ``root`` yields no document, or when a store would lose more than
-    ``max_share`` of the documents it holds (documents that failed to load are kept, not lost)."""
+    ``max_share`` of the documents it holds (``held``: store name -> its ``chunk_hashes()``;
+    documents that failed to load are kept, not lost)."""
     if report.documents_seen == 0:
         raise IngestRefusedError(f"no Markdown document found under {root}: refusing to touch the index "
                                  "(wrong or unmounted directory?); pass --prune to empty it on purpose")
     keep = {d.doc_id for d in docs} | {i.path for i in report.skipped}
-    for store in stores:
-        held = {doc_id for doc_id, _ in store.chunk_hashes().values()}
-        gone = held - keep
-        if held and len(gone) / len(held) > max_share:
+    for name, hashes in held.items():
+        doc_ids = {doc_id for doc_id, _ in hashes.values()}
+        gone = doc_ids - keep
+        if doc_ids and len(gone) / len(doc_ids) > max_share:
             raise IngestRefusedError(
-                f"{root} has {len(docs)} document(s) but {store.name} holds {len(held)}: this ingest would "
-                f"remove {len(gone)} ({len(gone) / len(held):.0%}, over RAG_INGEST_MAX_REMOVE_SHARE="
+                f"{root} has {len(docs)} document(s) but {name} holds {len(doc_ids)}: this ingest would "
+                f"remove {len(gone)} ({len(gone) / len(doc_ids):.0%}, over RAG_INGEST_MAX_REMOVE_SHARE="
                 f"{max_share:.0%}); pass --prune if that is intended")
 
 
