@@ -4,7 +4,11 @@ English: NFKC (folds full-width forms), lower case, CamelCase and digit boundari
 (``KubePodCrashLooping`` -> ``kube pod crash looping``) with the joined form kept too, so an
 alert name matches whether it is written as one word or several. Chinese: runs of CJK
 characters are segmented with jieba (search mode, which also yields the shorter words inside
-long ones).
+long ones). The lexical (BM25) channel indexes Chinese as overlapping character bigrams plus
+jieba's words of three or more characters (:func:`lexical_tokens`): bigrams match paraphrases
+that segment differently (Lucene's CJKAnalyzer does the same; Kwok 1997, "Comparing
+representations in Chinese information retrieval", SIGIR), the long words keep exact phrases.
+The L0 index keeps jieba's words, since it matches whole names and keywords.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ import jieba
 import Stemmer
 
 jieba.setLogLevel(logging.WARNING)
+
+# Bumped whenever lexical_string changes; part of every chunk's content hash, so the next
+# ingest rewrites the stores' lexical columns (2: Chinese as character bigrams).
+LEXICAL_ANALYZER_VERSION = 2
 
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(rf"[{_CJK}]+|[A-Za-z0-9]+")
@@ -60,17 +68,28 @@ def _cjk_words(run: str) -> tuple[str, ...]:
     return tuple(w for w in jieba.cut_for_search(run) if w.strip())
 
 
-def tokenize(text: str, *, keep_stopwords: bool = False) -> list[str]:
+@lru_cache(maxsize=4096)
+def _cjk_bigrams(run: str) -> tuple[str, ...]:
+    if len(run) < 2:
+        return (run,)
+    bigrams = tuple(run[i : i + 2] for i in range(len(run) - 1))
+    return bigrams + tuple(w for w in _cjk_words(run) if len(w) > 2)
+
+
+def tokenize(text: str, *, keep_stopwords: bool = False, cjk_bigrams: bool = False) -> list[str]:
     """Lower-case retrieval tokens of ``text`` in order (duplicates kept).
 
     English words are Snowball-stemmed; a CamelCase or mixed word yields its stemmed parts
     and, when it has more than one part, the joined lower-case word unstemmed (the exact
-    alert name). Stop words are dropped unless ``keep_stopwords``.
+    alert name). Chinese runs give jieba's words, or with ``cjk_bigrams`` overlapping
+    character bigrams plus jieba's words of three or more characters. Stop words are dropped
+    unless ``keep_stopwords``.
     """
     out: list[str] = []
+    cjk = _cjk_bigrams if cjk_bigrams else _cjk_words
     for run in _RUN.findall(normalize(text)):
         if _IS_CJK.match(run):
-            out.extend(w for w in _cjk_words(run) if keep_stopwords or w not in STOPWORDS)
+            out.extend(w for w in cjk(run) if keep_stopwords or w not in STOPWORDS)
             continue
         parts = [p.lower() for p in split_camel(run)]
         out.extend(stem(p) for p in parts if keep_stopwords or p not in STOPWORDS)
@@ -95,6 +114,12 @@ def lexical_terms(tokens: list[str]) -> list[str]:
     return [("zh" + t.encode("utf-8").hex()) if _IS_CJK.search(t) else t for t in tokens]
 
 
+def lexical_tokens(text: str) -> list[str]:
+    """Store-ready lexical (BM25) tokens of ``text``: :func:`lexical_terms` of
+    :func:`tokenize` with Chinese as character bigrams (module docstring)."""
+    return lexical_terms(tokenize(text, cjk_bigrams=True))
+
+
 def lexical_string(text: str) -> str:
-    """Space-joined :func:`lexical_terms` of ``text`` (what the stores' lexical column holds)."""
-    return " ".join(lexical_terms(tokenize(text)))
+    """Space-joined :func:`lexical_tokens` of ``text`` (what the stores' lexical column holds)."""
+    return " ".join(lexical_tokens(text))

@@ -2,7 +2,7 @@
 
 from rag_core.l0 import L0Index, compact
 from rag_core.models import KnowledgeDocument
-from rag_core.text import lexical_terms, tokenize
+from rag_core.text import lexical_string, lexical_terms, lexical_tokens, tokenize
 
 
 def doc(doc_id, title, category="", h1=None, keywords=(), entities=(), aliases=(), body="text"):
@@ -29,6 +29,29 @@ def test_lexical_terms_are_ascii_and_stable():
     terms = lexical_terms(tokenize("告警 KubeAPIDown"))
     assert all(t.isascii() for t in terms)
     assert lexical_terms(tokenize("告警")) == [terms[0]]
+
+
+def test_lexical_tokens_index_chinese_as_bigrams_and_long_words():
+    # Bigrams let BM25 match a paraphrase that jieba segments differently.
+    words = set(tokenize("客户端证书续签失败"))
+    lexical = set(lexical_tokens("客户端证书续签失败"))
+    assert lexical_terms(["证书"])[0] in lexical and lexical_terms(["端证"])[0] in lexical
+    assert lexical_terms(["客户端"])[0] in lexical  # jieba's 3+ character words are kept
+    assert "端证" not in words  # the L0 index keeps jieba's words
+    assert lexical_string("告警 KubeAPIDown").split() == lexical_tokens("告警 KubeAPIDown")
+
+
+def test_lexical_tokens_of_one_character_run_and_stopword_bigrams():
+    assert lexical_tokens("卷") == lexical_terms(["卷"])
+    assert lexical_terms(["怎么"])[0] not in lexical_tokens("怎么")
+
+
+def test_content_hash_changes_with_the_lexical_analyzer(monkeypatch):
+    from rag_core.ingest import chunking
+
+    before = chunking._content_hash("t", "t", "c", "text")
+    monkeypatch.setattr(chunking, "LEXICAL_ANALYZER_VERSION", 999)
+    assert chunking._content_hash("t", "t", "c", "text") != before
 
 
 def _runbook_index():

@@ -41,6 +41,7 @@ from markdown_it.token import Token
 
 from rag_core.ingest.documents import collapse_ws, inline_text
 from rag_core.models import Chunk, KnowledgeDocument
+from rag_core.text import LEXICAL_ANALYZER_VERSION
 
 BREADCRUMB_SEPARATOR = " > "
 DEFAULT_MAX_TOKENS = 240
@@ -167,7 +168,8 @@ def _chunk_id(doc_id: str, section_key: str, ordinal: int) -> str:
 
 
 def _content_hash(title: str, breadcrumb: str, category: str, text: str) -> str:
-    joined = f"{title}\x1f{breadcrumb}\x1f{category}\x1f{text}"
+    # The analyzer version is in the hash because the stores keep the text's lexical tokens too.
+    joined = f"{LEXICAL_ANALYZER_VERSION}\x1f{title}\x1f{breadcrumb}\x1f{category}\x1f{text}"
     return hashlib.sha256(joined.encode()).hexdigest()
 
 
@@ -465,9 +467,9 @@ def chunk_document(doc: KnowledgeDocument, count_tokens: Callable[[str], int],
     ``text`` starts with the repeated table header. ``chunk_id`` is
     ``sha1(doc_id \\x1f heading path \\x1f ordinal within section)[:32]``, where a heading
     path that occurs twice in a document gets ``#2``, ``#3``... so ids stay unique; ids of
-    untouched sections survive edits elsewhere. ``content_hash`` is sha256 of title,
-    breadcrumb, category and text joined with ``\\x1f``. A body with no non-heading content
-    yields ``[]``. Raises ``ValueError`` when ``max_tokens`` < 8.
+    untouched sections survive edits elsewhere. ``content_hash`` is sha256 of the
+    lexical analyzer version, title, breadcrumb, category and text joined with ``\\x1f``.
+    A body with no non-heading content yields ``[]``. Raises ``ValueError`` when ``max_tokens`` < 8.
     """
     if max_tokens < 8:
         raise ValueError(f"max_tokens must be at least 8, got {max_tokens}")

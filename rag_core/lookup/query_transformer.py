@@ -24,7 +24,7 @@ from typing import Any
 
 from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.pasted import PastedQuery, analyze_pasted, split_camel_words
-from rag_core.text import lexical_terms, normalize, tokenize
+from rag_core.text import lexical_tokens, normalize
 
 
 @dataclass
@@ -104,13 +104,13 @@ class KnowledgeQueryTransformer:
             corrected = (corrected[:at] + name + corrected[at + len(span):] if at >= 0
                          else f"{corrected} {name}")
         dense = split_camel_words(corrected)[: self.max_query_chars]
-        # Lexical terms from the unsplit text: tokenize keeps a CamelCase name's joined form.
+        # Lexical terms from the unsplit text: the tokenizer keeps a CamelCase name's joined form.
         lexical_source = " ".join([corrected, *pasted.label_values, *pasted.alert_names])
         proposed, reason = choose_filter(hints)
         return TransformedQuery(
             original=query, rewritten=dense, hints=hints,
             category_filter=proposed if use_l0_filter else None,
-            lexical_terms=sorted(set(lexical_terms(tokenize(lexical_source)))), truncated=truncated,
+            lexical_terms=sorted(set(lexical_tokens(lexical_source))), truncated=truncated,
             filter_reason=reason if use_l0_filter else "disabled", proposed_filter=proposed,
             pasted=pasted,
         )
