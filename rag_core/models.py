@@ -14,15 +14,19 @@ class DocumentIssue:
     """A problem with one knowledge document: the document is skipped, the batch goes on.
 
     ``path`` is the doc id (POSIX path relative to the knowledge root) or the absolute path
-    when the file is outside the root; ``line`` is 1-based when known.
+    when the file is outside the root; ``line`` is 1-based when known; ``heading`` is the
+    breadcrumb of the chunk at fault when the problem is in one chunk (e.g. a bad embedding).
     """
 
     path: str
     reason: str
     line: int | None = None
+    heading: str | None = None
 
     def __str__(self) -> str:
         where = f"{self.path}:{self.line}" if self.line else self.path
+        if self.heading:
+            where = f"{where} ({self.heading})"
         return f"{where}: {self.reason}"
 
 

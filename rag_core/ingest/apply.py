@@ -1,0 +1,88 @@
+"""Ingestion stage 3: write one plan's changes to one store.
+
+``apply_plan`` first re-reads the store and refuses (``StalePlanError``) when it no longer holds
+what the plan was made against: another ingest wrote in between, and applying this diff could
+delete its chunks or leave them half-replaced. Then: drop/recreate when planned, upsert the
+planned chunks with their vectors, record the model, delete the planned chunk ids, flush.
+Documents the embed stage skipped (a bad vector) keep their stored chunks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from rag_core.ingest.embed import ChunkEmbeddings
+from rag_core.ingest.plan import IngestPlan, StoreChanges, StorePlan, read_store_state
+from rag_core.models import Chunk
+from rag_core.stores.base import VectorStore
+
+log = logging.getLogger(__name__)
+
+#: Chunks per upsert call (each store batches further to its own limits).
+UPSERT_BATCH = 512
+
+
+class StalePlanError(RuntimeError):
+    """The store changed between planning and applying (another writer); nothing was written.
+    The message names the store; plan again."""
+
+
+def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings) -> StoreChanges:
+    """Write ``plan.stores[store.name]`` to ``store`` with vectors from ``embeddings``.
+
+    Returns the chunk counts written (documents skipped by the embed stage left out). Raises
+    KeyError when the plan has no entry for the store, StalePlanError when the store's hashes
+    or recorded model changed since planning, ValueError when ``embeddings`` are of another
+    model, StoreError when the store fails mid-way (the next run converges: writes are by id).
+    """
+    store_plan = plan.stores[store.name]
+    if embeddings.identity != plan.identity:
+        raise ValueError(f"embeddings of {embeddings.identity.describe()} cannot apply a plan for "
+                         f"{plan.identity.describe()}")
+    now = read_store_state(store)
+    if now.digest() != store_plan.state_digest:
+        raise StalePlanError(
+            f"{store.name} changed since this ingest was planned (now {len(now.held)} chunks, "
+            f"planned against {len(store_plan.held)}; another ingest wrote in between): nothing written, "
+            "plan again")
+    skipped = embeddings.skipped_documents
+    upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
+    delete = _deletions(store_plan, skipped)
+    if store_plan.drop:
+        store.drop()
+    store.ensure_schema(plan.identity.dimension)
+    _upsert_in_batches(store, upsert, embeddings)
+    store.record_model(plan.identity)
+    store.delete_chunks(delete)
+    # Sealed rows are searched by the engine's index, not rebuilt per search (issue 14:
+    # 100.7 ms unflushed vs 14.2 ms flushed at 454 chunks on Milvus Lite 3).
+    store.flush()
+    return _changes(store_plan, upsert, delete)
+
+
+def _deletions(store_plan: StorePlan, skipped: frozenset[str]) -> list[str]:
+    """Planned deletions, minus those of skipped documents (they keep their old chunks) - unless
+    those chunks hold another model's vectors, which must not stay next to this model's."""
+    keep_old = not store_plan.model_changed
+    delete = [cid for cid in store_plan.delete
+              if not (keep_old and store_plan.held.get(cid, ("", ""))[0] in skipped)]
+    if not keep_old and not store_plan.drop:
+        planned = set(delete)
+        delete += [cid for cid, (doc_id, _) in store_plan.held.items() if doc_id in skipped and cid not in planned]
+    return delete
+
+
+def _changes(store_plan: StorePlan, upsert: Sequence[Chunk], delete: Sequence[str]) -> StoreChanges:
+    written = {c.chunk_id for c in upsert}
+    planned = store_plan.changes
+    held = {} if store_plan.drop else store_plan.held
+    added = sum(1 for cid in written if cid not in held)
+    return StoreChanges(added=added, updated=len(written) - added, removed=len(delete),
+                        unchanged=planned.unchanged)
+
+
+def _upsert_in_batches(store: VectorStore, chunks: Sequence[Chunk], embeddings: ChunkEmbeddings) -> None:
+    for i in range(0, len(chunks), UPSERT_BATCH):
+        part = chunks[i:i + UPSERT_BATCH]
+        store.upsert(part, embeddings.vectors_for(part))
