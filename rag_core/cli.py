@@ -61,8 +61,9 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
     from rag_core.components import make_stores
     from rag_core.embedding import EmbedderLoadError
     from rag_core.embedding.openai_compat import EmbeddingEndpointError
-    from rag_core.ingest.pipeline import IngestRefusedError
+    from rag_core.ingest.pipeline import IngestRefusedError, StalePlanError
     from rag_core.ingest.pipeline import ingest as run_ingest
+    from rag_core.ingest.plan import is_failure
     from rag_core.stores.base import StoreError
 
     settings = settings_or_exit(knowledge_dir=knowledge_dir)
@@ -71,7 +72,7 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
     try:
         report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty(), prune=prune)
     except (FileNotFoundError, NotADirectoryError, StoreError, EmbedderLoadError,
-            EmbeddingEndpointError, IngestRefusedError) as exc:
+            EmbeddingEndpointError, IngestRefusedError, StalePlanError) as exc:
         console.print(f"[red]ingest failed: {exc}[/red]")
         raise typer.Exit(1) from None
     finally:
@@ -79,10 +80,15 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
             s.close()
     if as_json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
-        return
-    from rag_core.cli_views import print_ingest_report
+    else:
+        from rag_core.cli_views import print_ingest_report
 
-    print_ingest_report(console, report)
+        print_ingest_report(console, report)
+    if report.partial:  # exit 3: the index is usable, but some documents are missing from it
+        failed = [i for i in report.skipped if is_failure(i)]
+        console.print(f"[yellow]partial ingest: {len(failed)} document(s) skipped: "
+                      f"{', '.join(sorted({i.path for i in failed}))}[/yellow]", highlight=False, soft_wrap=True)
+        raise typer.Exit(3)
 
 
 @app.command()

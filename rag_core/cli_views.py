@@ -13,7 +13,7 @@ from rag_core.lookup.contracts import LookupResult
 def print_ingest_report(console: Console, report: IngestReport) -> None:
     console.print(f"[bold]Ingested {report.knowledge_dir}[/bold]: {report.documents_ingested} of "
                   f"{report.documents_seen} documents, {report.chunks_total} chunks, "
-                  f"{report.chunks_embedded} embedded")
+                  f"{report.chunks_embedded} embedded ({report.embedding_cache_hits} from the embedding cache)")
     t = Table("store", "added", "updated", "removed", "unchanged")
     for name, c in report.stores.items():
         t.add_row(name, str(c.added), str(c.updated), str(c.removed), str(c.unchanged))
@@ -23,9 +23,9 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
                       highlight=False)
     for title, issues in (("Skipped", report.skipped), ("Warnings (ingested)", report.warnings)):
         if issues:
-            s = Table("document", "line", "reason", title=title)
+            s = Table("document", "line", "heading", "reason", title=title)
             for issue in issues:
-                s.add_row(issue.path, str(issue.line or ""), issue.reason)
+                s.add_row(issue.path, str(issue.line or ""), issue.heading or "", issue.reason)
             console.print(s)
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in report.stage_seconds.items())
     console.print(f"seconds per stage: {stages} (total {sum(report.stage_seconds.values()):.2f}s)")

@@ -8,7 +8,7 @@ import dagster as dg
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table
-from rag_core.models import KnowledgeDocument
+from rag_core.ingest.plan import DocumentScan
 
 HOW_TO_BASELINE = ("store a baseline: `cp {current} {baseline}` (or `rag eval run --cases ... "
                    "--fixtures <data_dir>/fixtures/milvus --out {folder}`) and commit it")
@@ -94,18 +94,19 @@ def sidecar_parity(rag: RagSettingsResource, evaluation: EvaluationConfigResourc
 
 
 @dg.asset_check(asset="knowledge_documents")
-def documents_have_title_and_category(knowledge_documents: list[KnowledgeDocument]) -> dg.AssetCheckResult:
+def documents_have_title_and_category(knowledge_documents: DocumentScan) -> dg.AssetCheckResult:
     """Every document has a non-blank title and category (frontmatter, H1/stem, or first folder).
 
     A document at the knowledge root without a ``category`` fails it: L0 cannot offer its domain.
     """
+    documents = knowledge_documents.documents
     bad = [[d.doc_id, "missing" if not d.title.strip() else "ok",
             "missing" if not d.category.strip() else "ok"]
-           for d in knowledge_documents if not (d.title.strip() and d.category.strip())]
+           for d in documents if not (d.title.strip() and d.category.strip())]
     return dg.AssetCheckResult(
         passed=not bad,
-        description=(f"{len(bad)} of {len(knowledge_documents)} documents lack a title or category"
-                     if bad else f"all {len(knowledge_documents)} documents have both"),
+        description=(f"{len(bad)} of {len(documents)} documents lack a title or category"
+                     if bad else f"all {len(documents)} documents have both"),
         metadata={"failing_documents": dg.MetadataValue.md(md_table(["document", "title", "category"], bad)),
                   "failing_count": len(bad)},
     )

@@ -1,21 +1,34 @@
-"""Index group: the L0 hint index, the Milvus collection (main path), the pgvector table (sidecar).
+"""Index group: the ingest plan, the L0 hint index, the chunk embeddings and the two stores.
 
-The store assets run rag_core's incremental ingest (content hashes: unchanged chunks are not
-re-embedded) under the store's inter-process lock. The sidecar never fails the run: when
-PostgreSQL is unreachable ``pgvector_table`` records ``status: unavailable`` and the reason.
+The lineage is the data flow (rag_core's ingest stages, one asset each)::
+
+    knowledge_documents -> chunks (Parquet) -> ingest_plan -> l0_index
+                                                         -> chunk_embeddings -> milvus_collection
+                                                                            -> pgvector_table
+
+One refresh scans the documents once, chunks once, embeds what changed once (through the
+embedding cache) and writes each store once. ``rag ingest`` runs the same functions
+(``rag_core.ingest.pipeline.ingest``). The store assets are in the ``rag_milvus`` /
+``rag_pgvector`` concurrency pools (one writer per store across runs, see dagster.yaml). The
+sidecar never fails the run: when PostgreSQL is unreachable ``pgvector_table`` records
+``status: unavailable`` and the reason.
 """
+
+from typing import Any
 
 import dagster as dg
 import psycopg
 
+from rag_assets.defs.ingest import ChunkTable, read_chunks
 from rag_assets.defs.resources import (
     EmbedderResource,
     MilvusStoreResource,
     PgVectorStoreResource,
     RagSettingsResource,
 )
-from rag_assets.metadata import md_table
-from rag_core.models import KnowledgeDocument
+from rag_assets.metadata import issues_table, md_table
+from rag_core.ingest.embed import ChunkEmbeddings
+from rag_core.ingest.plan import DocumentScan, IngestPlan, StoreChanges
 from rag_core.settings import redact_dsn
 from rag_core.stores.base import StoreError
 
@@ -24,16 +37,72 @@ SIDECAR_UNAVAILABLE = (StoreError, psycopg.Error, OSError)
 #: Main-path steps run first, back to back: results exist even if the sidecar is slow, and an
 #: in-process Milvus Lite connection left idle for ~30 s is dropped by its gRPC server.
 MAIN_PATH_FIRST = {"dagster/priority": "10"}
+#: Concurrency pools of the store writers (limits: ``concurrency.pools`` in dagster.yaml).
+MILVUS_POOL = "rag_milvus"
+PGVECTOR_POOL = "rag_pgvector"
+
+
+def _sidecar_reason(exc: BaseException) -> str:
+    from rag_core.stores.pgserver import scrub_secrets
+
+    return scrub_secrets(f"{type(exc).__name__}: {exc}")[:500]
+
+
+@dg.asset(group_name="index", kinds={"python"}, op_tags=MAIN_PATH_FIRST)
+def ingest_plan(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource,
+                milvus: MilvusStoreResource, pgvector: PgVectorStoreResource,
+                knowledge_documents: DocumentScan, chunks: ChunkTable) -> dg.Output[IngestPlan]:
+    """What this refresh will change in each store (``IngestPlan``), decided before any write.
+
+    Reads the chunks back from ``chunks.parquet`` and each store's chunk content hashes once,
+    and diffs them: added, changed and removed chunks per store. Fails (dg.Failure, nothing
+    written) when the wipe guard refuses: no document found, or more than
+    RAG_INGEST_MAX_REMOVE_SHARE of a store's documents would go. An unreachable sidecar is
+    recorded in the plan (``unavailable``), not an error.
+    """
+    from rag_core.ingest.plan import ChunkedDocuments, IngestRefusedError, plan_ingest, read_store_state
+
+    settings = rag.get_settings()
+    keep = set(chunks.doc_ids)
+    chunked = ChunkedDocuments(tuple(d for d in knowledge_documents.documents if d.doc_id in keep),
+                               tuple(read_chunks(chunks)), chunks.issues)
+    with milvus.open(context.log) as store:
+        states = [read_store_state(store)]
+    unavailable: dict[str, str] = {}
+    if settings.sidecar_enabled:
+        try:
+            with pgvector.open(context.log) as store:
+                states.append(read_store_state(store))
+        except SIDECAR_UNAVAILABLE as exc:
+            unavailable["pgvector"] = _sidecar_reason(exc)
+            context.log.warning("pgvector sidecar unavailable: %s", unavailable["pgvector"])
+    try:
+        plan = plan_ingest(knowledge_documents, chunked, states, embedder.get().identity(),
+                           max_remove_share=settings.ingest_max_remove_share, unavailable=unavailable)
+    except IngestRefusedError as exc:
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
+    rows = [[name, p.changes.added, p.changes.updated, p.changes.removed, p.changes.unchanged,
+             "yes" if p.model_changed else ""] for name, p in plan.stores.items()]
+    rows += [[name, "", "", "", "", f"unavailable: {reason}"] for name, reason in unavailable.items()]
+    return dg.Output(plan, metadata={
+        "chunks": len(plan.chunks),
+        "to_embed": len(plan.to_embed()),
+        "documents": len(plan.documents),
+        "skipped_documents": issues_table(list(plan.skipped)),
+        "stores": dg.MetadataValue.md(md_table(
+            ["store", "added", "updated", "removed", "unchanged", "model changed / status"], rows)),
+        "model": plan.identity.describe(),
+    })
 
 
 @dg.asset(group_name="index", kinds={"json"})
-def l0_index(rag: RagSettingsResource, knowledge_documents: list[KnowledgeDocument]) -> dg.MaterializeResult:
-    """The L0 keyword/frontmatter hint index, saved as JSON in the data dir (``l0_index.json``)."""
-    from rag_core.l0 import L0Index
+def l0_index(rag: RagSettingsResource, ingest_plan: IngestPlan) -> dg.MaterializeResult:
+    """The L0 keyword/frontmatter hint index of the plan's documents, saved as JSON in the data
+    dir (``l0_index.json``). Written after the wipe guard passed, once per refresh."""
+    from rag_core.ingest.pipeline import save_l0_index
 
     settings = rag.get_settings()
-    index = L0Index.build(knowledge_documents)
-    index.save(settings.l0_index_path)
+    index = save_l0_index(ingest_plan, settings.l0_index_path)
     domains = sorted(index.domains)
     return dg.MaterializeResult(metadata={
         "entries": len(index),
@@ -44,66 +113,96 @@ def l0_index(rag: RagSettingsResource, knowledge_documents: list[KnowledgeDocume
     })
 
 
-def ingest_metadata(report, store_name: str, stored: int) -> dict:
-    """Metadata of one store's ingest: chunk changes, totals, skipped documents, stage seconds."""
-    changes = report.stores[store_name]
+@dg.asset(group_name="index", kinds={"sqlite"}, op_tags=MAIN_PATH_FIRST)
+def chunk_embeddings(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource,
+                     ingest_plan: IngestPlan) -> dg.Output[ChunkEmbeddings]:
+    """One vector per chunk some store needs, embedded once for every store and kept in
+    ``<data_dir>/embedding_cache.sqlite3`` (by model and content hash: unchanged chunks and
+    other stores reuse them). A chunk whose vector is NaN/infinite/not unit length takes its
+    document out of this refresh (listed with path, heading and reason); the rest go on."""
+    from rag_core.ingest.embed import embed_plan
+    from rag_core.ingest.embed_cache import EmbeddingCache
+
+    settings = rag.get_settings()
+    embeddings = embed_plan(ingest_plan, embedder.get(), EmbeddingCache.under(settings.data_dir),
+                            batch_size=settings.embedding_batch_size)
+    for issue in embeddings.skipped:
+        context.log.warning("skipped: %s", issue)
+    return dg.Output(embeddings, metadata={
+        "needed": len(ingest_plan.to_embed()),
+        "passages_embedded": embeddings.embedded,
+        "cache_hits": embeddings.cache_hits,
+        "skipped_documents": dg.MetadataValue.md(md_table(
+            ["document", "heading", "reason"], [[i.path, i.heading or "", i.reason] for i in embeddings.skipped])),
+        "skipped_count": len(embeddings.skipped),
+        "cache": dg.MetadataValue.path(str(embeddings.cache.path)),
+    })
+
+
+def store_metadata(changes: StoreChanges, embeddings: ChunkEmbeddings, stored: int) -> dict[str, Any]:
+    """Metadata of one store's apply: chunk changes, rows, documents skipped for bad vectors."""
     return {
         "status": "available",
         "added": changes.added,
         "updated": changes.updated,
         "removed": changes.removed,
         "unchanged": changes.unchanged,
-        "chunks_embedded": report.chunks_embedded,
-        "documents_ingested": report.documents_ingested,
-        "skipped_documents": len(report.skipped),
+        "skipped_documents": len(embeddings.skipped),
         "dagster/row_count": stored,
-        "stage_seconds": dg.MetadataValue.json(report.stage_seconds),
     }
 
 
-@dg.asset(group_name="index", deps=["chunks", "l0_index"], kinds={"milvus"}, op_tags=MAIN_PATH_FIRST)
-def milvus_collection(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-                      embedder: EmbedderResource, milvus: MilvusStoreResource) -> dg.MaterializeResult:
-    """The main-path Milvus collection, brought in step with the knowledge directory.
+def _apply(store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings) -> tuple[StoreChanges, int]:
+    from rag_core.ingest.apply import StalePlanError, apply_plan
 
-    Incremental: only added or changed chunks are embedded; deleted documents are removed.
-    Fails with StoreError when Milvus cannot be opened (the main path must not be skipped).
+    try:
+        changes = apply_plan(store, plan, embeddings)
+    except StalePlanError as exc:
+        raise dg.Failure(description=str(exc)) from None
+    return changes, store.count()
+
+
+@dg.asset(group_name="index", deps=["l0_index"], kinds={"milvus"}, op_tags=MAIN_PATH_FIRST, pool=MILVUS_POOL)
+def milvus_collection(context: dg.AssetExecutionContext, rag: RagSettingsResource, milvus: MilvusStoreResource,
+                      ingest_plan: IngestPlan, chunk_embeddings: ChunkEmbeddings) -> dg.MaterializeResult:
+    """The main-path Milvus collection with the plan applied (upserts, deletes, model record).
+
+    ``l0_index`` is upstream so the main path is served with the L0 index of the same plan.
+    Fails with StoreError when Milvus cannot be opened (the main path must not be skipped),
+    and with a stale-plan failure when another writer changed the collection since planning.
     """
-    from rag_core.ingest.pipeline import ingest
-
     settings = rag.get_settings()
     with milvus.open(context.log) as store:
-        report = ingest(settings, embedder.get(), [store], progress=False)
-        stored = store.count()
+        changes, stored = _apply(store, ingest_plan, chunk_embeddings)
     return dg.MaterializeResult(metadata={
-        **ingest_metadata(report, store.name, stored),
+        **store_metadata(changes, chunk_embeddings, stored),
         "collection": settings.collection,
         "target": redact_dsn(settings.milvus_target),
     })
 
 
-@dg.asset(group_name="index", deps=["chunks"], kinds={"postgres"})
-def pgvector_table(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-                   embedder: EmbedderResource, pgvector: PgVectorStoreResource) -> dg.MaterializeResult:
-    """The sidecar pgvector table, ingested like the Milvus collection.
+@dg.asset(group_name="index", kinds={"postgres"}, pool=PGVECTOR_POOL)
+def pgvector_table(context: dg.AssetExecutionContext, rag: RagSettingsResource, pgvector: PgVectorStoreResource,
+                   ingest_plan: IngestPlan, chunk_embeddings: ChunkEmbeddings) -> dg.MaterializeResult:
+    """The sidecar pgvector table with the plan applied, like the Milvus collection.
 
-    When the sidecar is disabled or PostgreSQL is unreachable the asset still materializes,
-    with ``status`` (``disabled`` / ``unavailable``) and ``reason`` in its metadata.
+    When the sidecar is disabled or PostgreSQL is unreachable (at planning or now) the asset
+    still materializes, with ``status`` (``disabled`` / ``unavailable``) and ``reason``.
     """
-    from rag_core.ingest.pipeline import ingest
-    from rag_core.stores.pgserver import scrub_secrets
-
     settings = rag.get_settings()
     if not settings.sidecar_enabled:
         return dg.MaterializeResult(metadata={"status": "disabled",
                                               "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"})
-    try:
-        with pgvector.open(context.log) as store:
-            report = ingest(settings, embedder.get(), [store], progress=False)
-            stored = store.count()
-    except SIDECAR_UNAVAILABLE as exc:
-        reason = scrub_secrets(f"{type(exc).__name__}: {exc}")[:500]
+    if "pgvector" not in ingest_plan.stores:
+        reason = ingest_plan.unavailable.get("pgvector", "not read when the ingest was planned")
         context.log.warning("pgvector sidecar unavailable: %s", reason)
         return dg.MaterializeResult(metadata={"status": "unavailable", "reason": reason})
-    return dg.MaterializeResult(metadata={**ingest_metadata(report, store.name, stored),
+    try:
+        with pgvector.open(context.log) as store:
+            changes, stored = _apply(store, ingest_plan, chunk_embeddings)
+    except SIDECAR_UNAVAILABLE as exc:
+        reason = _sidecar_reason(exc)
+        context.log.warning("pgvector sidecar unavailable: %s", reason)
+        return dg.MaterializeResult(metadata={"status": "unavailable", "reason": reason})
+    return dg.MaterializeResult(metadata={**store_metadata(changes, chunk_embeddings, stored),
                                           "table": settings.pg_table})

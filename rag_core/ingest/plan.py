@@ -152,7 +152,8 @@ class IngestPlan:
     """Everything one ingest will do, decided before any write.
 
     ``documents``/``chunks``: what was loaded and chunked; ``skipped``: documents that failed
-    to load or chunk (their old chunks are kept); ``stores``: store name -> ``StorePlan``.
+    to load or chunk (their old chunks are kept); ``stores``: store name -> ``StorePlan``;
+    ``unavailable``: store name -> why it could not be read (no plan for it, e.g. a sidecar down).
     """
 
     knowledge_dir: str
@@ -163,6 +164,7 @@ class IngestPlan:
     warnings: tuple[DocumentIssue, ...]
     documents_seen: int
     stores: dict[str, StorePlan]
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     def to_embed(self) -> list[Chunk]:
         """The chunks some store must write, one per content hash (vectors are shared by hash)."""
@@ -175,7 +177,7 @@ class IngestPlan:
 
 def plan_ingest(scan: DocumentScan, chunked: ChunkedDocuments, states: Sequence[StoreState],
                 identity: ModelIdentity, *, rebuild: bool = False, prune: bool = False,
-                max_remove_share: float = 0.5) -> IngestPlan:
+                max_remove_share: float = 0.5, unavailable: Mapping[str, str] | None = None) -> IngestPlan:
     """The ``IngestPlan`` bringing each store of ``states`` in step with ``chunked``.
 
     Raises IngestRefusedError when the scan found no document, or a store would lose more
@@ -189,7 +191,7 @@ def plan_ingest(scan: DocumentScan, chunked: ChunkedDocuments, states: Sequence[
     protected = {i.path for i in skipped}
     stores = {s.name: plan_store(s, chunked.chunks, identity, protected, rebuild) for s in states}
     return IngestPlan(str(scan.root), identity, chunked.documents, chunked.chunks, skipped,
-                      tuple(scan.warnings), scan.documents_seen, stores)
+                      tuple(scan.warnings), scan.documents_seen, stores, dict(unavailable or {}))
 
 
 def plan_store(state: StoreState, chunks: Sequence[Chunk], identity: ModelIdentity,
