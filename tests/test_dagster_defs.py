@@ -71,6 +71,7 @@ def test_groups_checks_and_partitions():
     groups = {k.to_user_string(): graph.get(k).group_name for k in graph.get_all_asset_keys()}
     assert groups["knowledge_documents"] == groups["chunks"] == "ingest"
     assert groups["l0_index"] == groups["milvus_collection"] == groups["pgvector_table"] == "index"
+    assert groups["ingest_plan"] == groups["chunk_embeddings"] == "index"
     assert groups["baseline_report"] == groups["comparison_report"] == "reports"
     assert groups["trace_tables"] == "traces" and groups["golden_cases"] == "evaluation"
     checks = {c.to_user_string() for c in graph.asset_check_keys}
@@ -300,31 +301,60 @@ def test_store_lock_makes_a_second_run_wait_then_fail(tmp_path):
         pass
 
 
+def _empty_plan_and_embeddings(tmp_path: Path):
+    """A plan with nothing to do and its (empty) embeddings: the store assets' inputs."""
+    from rag_core.embedding import ModelIdentity
+    from rag_core.ingest.embed import ChunkEmbeddings
+    from rag_core.ingest.embed_cache import EmbeddingCache
+    from rag_core.ingest.plan import IngestPlan
+
+    identity = ModelIdentity("fake", "fake", 4, "0" * 16)
+    plan = IngestPlan(str(tmp_path / "kb"), identity, (), (), (), (), 0, {})
+    return plan, ChunkEmbeddings(EmbeddingCache.under(tmp_path / "data"), identity, frozenset())
+
+
 def test_store_assets_wait_for_the_store_lock(tmp_path):
+    from rag_assets.defs.index import milvus_collection
     from rag_assets.defs.resources import MilvusStoreResource
     from rag_assets.layout import AssetFiles
 
     resources = _resources(tmp_path)
-    resources["milvus"] = MilvusStoreResource(rag=resources["rag"], lock_timeout_s=0.3)
+    milvus = MilvusStoreResource(rag=resources["rag"], lock_timeout_s=0.3)
+    plan, embeddings = _empty_plan_and_embeddings(tmp_path)
     lock_file = AssetFiles.under(tmp_path / "data").lock_file("milvus")
-    with store_lock(lock_file, 1):  # another run is using Milvus
-        result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
-                                selection=dg.AssetSelection.assets("milvus_collection"),
-                                raise_on_error=False)
-    assert not result.success
-    assert "still held by another process" in _step_failure(result, "milvus_collection")
+    with store_lock(lock_file, 1), pytest.raises(StoreBusyError, match="still held by another process"):
+        milvus_collection(dg.build_asset_context(), rag=resources["rag"], milvus=milvus,
+                          ingest_plan=plan, chunk_embeddings=embeddings)
+
+
+def test_store_writers_are_in_concurrency_pools_limited_to_one():
+    import yaml
+
+    graph = defs.resolve_asset_graph()
+    pools = {k: graph.get(dg.AssetKey(k)).pools for k in ("milvus_collection", "pgvector_table")}
+    assert pools == {"milvus_collection": {"rag_milvus"}, "pgvector_table": {"rag_pgvector"}}
+    for name in ("dagster.yaml", "dagster.production.yaml"):
+        config = yaml.safe_load((ROOT / name).read_text())
+        assert config["concurrency"]["pools"]["default_limit"] == 1, name
+        assert "config" not in config["run_coordinator"], name  # run limits live under concurrency
 
 
 def test_disabled_sidecar_is_reported_not_failed(tmp_path):
-    selection = dg.AssetSelection.assets("golden_cases", "pgvector_table", "retrieval_fixtures_pgvector",
+    from rag_assets.defs.index import pgvector_table
+
+    resources = _resources(tmp_path, sidecar_enabled=False)
+    plan, embeddings = _empty_plan_and_embeddings(tmp_path)
+    table = pgvector_table(dg.build_asset_context(), rag=resources["rag"], pgvector=resources["pgvector"],
+                           ingest_plan=plan, chunk_embeddings=embeddings)
+    assert table.metadata["status"] == "disabled"
+    selection = dg.AssetSelection.assets("golden_cases", "retrieval_fixtures_pgvector",
                                          "golden_evaluation_pgvector")
-    result = dg.materialize(ALL_DEFS, resources=_resources(tmp_path, sidecar_enabled=False),
+    result = dg.materialize(ALL_DEFS, resources=resources,
                             instance=dg.DagsterInstance.ephemeral(), selection=selection,
                             raise_on_error=False)
     assert result.success
     meta = {e.asset_key.to_user_string(): e.materialization.metadata
             for e in result.get_asset_materialization_events()}
-    assert meta["pgvector_table"]["status"].value == "disabled"
     assert meta["retrieval_fixtures_pgvector"]["status"].value == "unavailable"
     evaluation = meta["golden_evaluation_pgvector"]
     assert evaluation["not_run"].value == evaluation["case_count"].value > 0
