@@ -28,8 +28,16 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 KNOWLEDGE = ROOT / "golden" / "knowledge"
 CASES = ROOT / "golden" / "cases.yaml"
-UNSET = ("RAG_PG_DSN", "RAG_MILVUS_URI", "RAG_MILVUS_TOKEN", "RAG_SIDECAR_ENABLED",
-         "RAG_REPORTS_DIR", "RAG_PUBLISHED_DIR", "RAG_COLLECTION", "RAG_PG_TABLE")
+UNSET = (
+    "RAG_PG_DSN",
+    "RAG_MILVUS_URI",
+    "RAG_MILVUS_TOKEN",
+    "RAG_SIDECAR_ENABLED",
+    "RAG_REPORTS_DIR",
+    "RAG_PUBLISHED_DIR",
+    "RAG_COLLECTION",
+    "RAG_PG_TABLE",
+)
 
 
 class Counts:
@@ -91,8 +99,13 @@ def refreshes():
     with pytest.MonkeyPatch.context() as mp:
         for var in UNSET:
             mp.delenv(var, raising=False)
-        for var, value in {"DAGSTER_HOME": home, "RAG_DATA_DIR": data, "RAG_KNOWLEDGE_DIR": kb,
-                           "RAG_GOLDEN_CASES": CASES, "RAG_BASELINE": tmp / "stored" / "baseline.json"}.items():
+        for var, value in {
+            "DAGSTER_HOME": home,
+            "RAG_DATA_DIR": data,
+            "RAG_KNOWLEDGE_DIR": kb,
+            "RAG_GOLDEN_CASES": CASES,
+            "RAG_BASELINE": tmp / "stored" / "baseline.json",
+        }.items():
             mp.setenv(var, str(value))
         mp.setattr(documents, "scan_documents", scan)
         mp.setattr(L0Index, "save", save)
@@ -102,18 +115,28 @@ def refreshes():
             for step in ("first", "unchanged", "edited"):
                 if step == "edited":
                     doc = kb / "cache" / "RedisMemoryHigh.md"
-                    doc.write_text(doc.read_text().replace(
-                        "## Mitigation", "## Mitigation\n\nFirst, page the cache owner.\n", 1))
+                    doc.write_text(
+                        doc.read_text().replace("## Mitigation", "## Mitigation\n\nFirst, page the cache owner.\n", 1)
+                    )
                 counts.reset()
-                result = defs.resolve_job_def("refresh_job").execute_in_process(instance=instance,
-                                                                                raise_on_error=False)
+                result = defs.resolve_job_def("refresh_job").execute_in_process(instance=instance, raise_on_error=False)
                 assert result.success, [e.message for e in result.all_events if e.is_failure]
-                meta = {e.asset_key.to_user_string(): {k: getattr(v, "value", v)
-                                                       for k, v in e.materialization.metadata.items()}
-                        for e in result.get_asset_materialization_events()}
-                runs.append(SimpleNamespace(step=step, scans=counts.scans, l0_writes=counts.l0_writes,
-                                            embedded=Counter(counts.embedded), meta=meta,
-                                            rows=pl.read_parquet(data / "tables" / "chunks.parquet").height))
+                meta = {
+                    e.asset_key.to_user_string(): {
+                        k: getattr(v, "value", v) for k, v in e.materialization.metadata.items()
+                    }
+                    for e in result.get_asset_materialization_events()
+                }
+                runs.append(
+                    SimpleNamespace(
+                        step=step,
+                        scans=counts.scans,
+                        l0_writes=counts.l0_writes,
+                        embedded=Counter(counts.embedded),
+                        meta=meta,
+                        rows=pl.read_parquet(data / "tables" / "chunks.parquet").height,
+                    )
+                )
             yield {r.step: r for r in runs}
         finally:
             from rag_core.stores.pgserver import stop_embedded

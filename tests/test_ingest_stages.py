@@ -64,8 +64,7 @@ class FakeEmbedder:
 def _kb(root: Path) -> Path:
     docs = {
         "ops/alpha.md": "---\ntitle: Alpha\n---\n# Alpha\n\nAlpha intro.\n\n## Diagnosis\n\nCheck alpha.\n",
-        "ops/beta.md": "---\ntitle: Beta\n---\n# Beta\n\nBeta intro.\n\n## Mitigation\n\nRestart beta "
-                       f"{POISON}.\n",
+        "ops/beta.md": f"---\ntitle: Beta\n---\n# Beta\n\nBeta intro.\n\n## Mitigation\n\nRestart beta {POISON}.\n",
         "ops/gamma.md": "---\ntitle: Gamma\n---\n# Gamma\n\nGamma intro.\n\n## Diagnosis\n\nCheck gamma.\n",
         "ops/delta.md": "---\ntitle: Delta\n---\n# Delta\n\nDelta body.\n",
     }

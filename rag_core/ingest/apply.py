@@ -38,14 +38,16 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     """
     store_plan = plan.stores[store.name]
     if embeddings.identity != plan.identity:
-        raise ValueError(f"embeddings of {embeddings.identity.describe()} cannot apply a plan for "
-                         f"{plan.identity.describe()}")
+        raise ValueError(
+            f"embeddings of {embeddings.identity.describe()} cannot apply a plan for {plan.identity.describe()}"
+        )
     now = read_store_state(store)
     if now.digest() != store_plan.state_digest:
         raise StalePlanError(
             f"{store.name} changed since this ingest was planned (now {len(now.held)} chunks, "
             f"planned against {len(store_plan.held)}; another ingest wrote in between): nothing written, "
-            "plan again")
+            "plan again"
+        )
     skipped = embeddings.skipped_documents
     upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
     delete = _deletions(store_plan, skipped)
@@ -65,8 +67,7 @@ def _deletions(store_plan: StorePlan, skipped: frozenset[str]) -> list[str]:
     """Planned deletions, minus those of skipped documents (they keep their old chunks) - unless
     those chunks hold another model's vectors, which must not stay next to this model's."""
     keep_old = not store_plan.model_changed
-    delete = [cid for cid in store_plan.delete
-              if not (keep_old and store_plan.held.get(cid, ("", ""))[0] in skipped)]
+    delete = [cid for cid in store_plan.delete if not (keep_old and store_plan.held.get(cid, ("", ""))[0] in skipped)]
     if not keep_old and not store_plan.drop:
         planned = set(delete)
         delete += [cid for cid, (doc_id, _) in store_plan.held.items() if doc_id in skipped and cid not in planned]
@@ -78,11 +79,10 @@ def _changes(store_plan: StorePlan, upsert: Sequence[Chunk], delete: Sequence[st
     planned = store_plan.changes
     held = {} if store_plan.drop else store_plan.held
     added = sum(1 for cid in written if cid not in held)
-    return StoreChanges(added=added, updated=len(written) - added, removed=len(delete),
-                        unchanged=planned.unchanged)
+    return StoreChanges(added=added, updated=len(written) - added, removed=len(delete), unchanged=planned.unchanged)
 
 
 def _upsert_in_batches(store: VectorStore, chunks: Sequence[Chunk], embeddings: ChunkEmbeddings) -> None:
     for i in range(0, len(chunks), UPSERT_BATCH):
-        part = chunks[i:i + UPSERT_BATCH]
+        part = chunks[i : i + UPSERT_BATCH]
         store.upsert(part, embeddings.vectors_for(part))

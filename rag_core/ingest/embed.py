@@ -73,13 +73,16 @@ class ChunkEmbeddings:
         missing = [c for c in chunks if c.content_hash not in found]
         if missing:
             c = missing[0]
-            raise KeyError(f"no {self.identity.describe()} vector cached for chunk {c.chunk_id} "
-                           f"({c.doc_id}, {c.breadcrumb}); run the embed stage for this plan first")
+            raise KeyError(
+                f"no {self.identity.describe()} vector cached for chunk {c.chunk_id} "
+                f"({c.doc_id}, {c.breadcrumb}); run the embed stage for this plan first"
+            )
         return np.stack([found[c.content_hash] for c in chunks]).astype(np.float32, copy=False)
 
 
-def embed_plan(plan: IngestPlan, embedder: Embedder, cache: EmbeddingCache, *, batch_size: int = 64,
-               progress: bool = False) -> ChunkEmbeddings:
+def embed_plan(
+    plan: IngestPlan, embedder: Embedder, cache: EmbeddingCache, *, batch_size: int = 64, progress: bool = False
+) -> ChunkEmbeddings:
     """Vectors for ``plan.to_embed()``: from ``cache`` when present, else from ``embedder`` (then
     cached). Raises ValueError when the embedder is not the plan's model; EmbedderLoadError
     (or the endpoint's error) when the model cannot run, before anything is written anywhere.
@@ -100,22 +103,24 @@ def embed_plan(plan: IngestPlan, embedder: Embedder, cache: EmbeddingCache, *, b
     with tqdm(total=len(missing), desc="embedding chunks", unit="chunk", disable=not progress) as bar:
         step = max(batch_size, MIN_STEP)
         for i in range(0, len(missing), step):
-            batch = missing[i:i + step]
+            batch = missing[i : i + step]
             vectors, problems, n = _embed_batch(batch, embedder, identity.dimension)
             calls += n
             cache.put_many(identity, vectors)
             good.update(vectors)
             for chunk, reason in problems:
-                issue = DocumentIssue(chunk.doc_id, f"chunk {chunk.chunk_id} skipped the document: {reason}",
-                                      heading=chunk.breadcrumb)
+                issue = DocumentIssue(
+                    chunk.doc_id, f"chunk {chunk.chunk_id} skipped the document: {reason}", heading=chunk.breadcrumb
+                )
                 log.warning("%s", issue)
                 bad.setdefault(chunk.doc_id, issue)
             bar.update(len(batch))
     return ChunkEmbeddings(cache, identity, frozenset(good), tuple(bad.values()), len(missing), hits, calls)
 
 
-def _embed_batch(batch: Sequence[Chunk], embedder: Embedder,
-                 dimension: int) -> tuple[dict[str, np.ndarray], list[tuple[Chunk, str]], int]:
+def _embed_batch(
+    batch: Sequence[Chunk], embedder: Embedder, dimension: int
+) -> tuple[dict[str, np.ndarray], list[tuple[Chunk, str]], int]:
     """``({content_hash: vector}, [(chunk, reason)], model calls)`` for one batch. A batch the
     backend rejects (BadVectorError names only its first bad row) is retried chunk by chunk."""
     rows: list[tuple[Chunk, np.ndarray | str]]

@@ -66,11 +66,12 @@ class EmbeddingCache:
         key, out = model_key(identity), {}
         with closing(self._connect()) as conn:
             for i in range(0, len(wanted), _IN_CHUNK):
-                part = wanted[i:i + _IN_CHUNK]
+                part = wanted[i : i + _IN_CHUNK]
                 marks = ",".join("?" * len(part))
                 rows = conn.execute(
                     f"SELECT content_hash, vector FROM embedding WHERE model = ? AND content_hash IN ({marks})",
-                    [key, *part]).fetchall()
+                    [key, *part],
+                ).fetchall()
                 for content_hash, blob in rows:
                     vector = np.frombuffer(blob, dtype=np.float32)
                     if vector.shape == (identity.dimension,):
@@ -82,8 +83,7 @@ class EmbeddingCache:
         key = model_key(identity)
         rows = [(key, h, np.asarray(v, dtype=np.float32).tobytes()) for h, v in vectors.items()]
         with closing(self._connect()) as conn, conn:
-            conn.executemany("INSERT OR REPLACE INTO embedding (model, content_hash, vector) VALUES (?, ?, ?)",
-                             rows)
+            conn.executemany("INSERT OR REPLACE INTO embedding (model, content_hash, vector) VALUES (?, ?, ?)", rows)
 
     def count(self, identity: ModelIdentity | None = None) -> int:
         """Cached vectors (of ``identity`` only, when given)."""
@@ -91,6 +91,5 @@ class EmbeddingCache:
             if identity is None:
                 row = conn.execute("SELECT COUNT(*) FROM embedding").fetchone()
             else:
-                row = conn.execute("SELECT COUNT(*) FROM embedding WHERE model = ?",
-                                   [model_key(identity)]).fetchone()
+                row = conn.execute("SELECT COUNT(*) FROM embedding WHERE model = ?", [model_key(identity)]).fetchone()
         return int(row[0])

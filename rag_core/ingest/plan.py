@@ -82,8 +82,9 @@ class ChunkedDocuments:
     issues: tuple[DocumentIssue, ...]
 
 
-def chunk_scan(documents: Sequence[KnowledgeDocument], count_tokens: Callable[[str], int],
-               max_tokens: int) -> ChunkedDocuments:
+def chunk_scan(
+    documents: Sequence[KnowledgeDocument], count_tokens: Callable[[str], int], max_tokens: int
+) -> ChunkedDocuments:
     """Chunk every document by headings with ``count_tokens`` and at most ``max_tokens`` per
     chunk; a document whose chunking fails (or whose fields exceed the store limits) is
     reported and left out, the rest go on."""
@@ -175,9 +176,17 @@ class IngestPlan:
         return list(seen.values())
 
 
-def plan_ingest(scan: DocumentScan, chunked: ChunkedDocuments, states: Sequence[StoreState],
-                identity: ModelIdentity, *, rebuild: bool = False, prune: bool = False,
-                max_remove_share: float = 0.5, unavailable: Mapping[str, str] | None = None) -> IngestPlan:
+def plan_ingest(
+    scan: DocumentScan,
+    chunked: ChunkedDocuments,
+    states: Sequence[StoreState],
+    identity: ModelIdentity,
+    *,
+    rebuild: bool = False,
+    prune: bool = False,
+    max_remove_share: float = 0.5,
+    unavailable: Mapping[str, str] | None = None,
+) -> IngestPlan:
     """The ``IngestPlan`` bringing each store of ``states`` in step with ``chunked``.
 
     Raises IngestRefusedError when the scan found no document, or a store would lose more
@@ -186,16 +195,32 @@ def plan_ingest(scan: DocumentScan, chunked: ChunkedDocuments, states: Sequence[
     """
     skipped = (*scan.issues, *chunked.issues)
     if not prune:
-        refuse_wipe(scan.root, scan.documents_seen, chunked.documents, skipped,
-                    {s.name: s.held for s in states}, max_remove_share)
+        refuse_wipe(
+            scan.root,
+            scan.documents_seen,
+            chunked.documents,
+            skipped,
+            {s.name: s.held for s in states},
+            max_remove_share,
+        )
     protected = {i.path for i in skipped}
     stores = {s.name: plan_store(s, chunked.chunks, identity, protected, rebuild) for s in states}
-    return IngestPlan(str(scan.root), identity, chunked.documents, chunked.chunks, skipped,
-                      tuple(scan.warnings), scan.documents_seen, stores, dict(unavailable or {}))
+    return IngestPlan(
+        str(scan.root),
+        identity,
+        chunked.documents,
+        chunked.chunks,
+        skipped,
+        tuple(scan.warnings),
+        scan.documents_seen,
+        stores,
+        dict(unavailable or {}),
+    )
 
 
-def plan_store(state: StoreState, chunks: Sequence[Chunk], identity: ModelIdentity,
-               protected: set[str], rebuild: bool) -> StorePlan:
+def plan_store(
+    state: StoreState, chunks: Sequence[Chunk], identity: ModelIdentity, protected: set[str], rebuild: bool
+) -> StorePlan:
     """One store's diff: chunks whose id is new or whose content hash changed are written,
     stored chunks no longer produced (and not of a ``protected`` document) are deleted."""
     recorded = state.recorded
@@ -219,19 +244,27 @@ def plan_store(state: StoreState, chunks: Sequence[Chunk], identity: ModelIdenti
     current = {c.chunk_id for c in chunks}
     delete = tuple(cid for cid, (doc_id, _) in stored.items() if cid not in current and doc_id not in protected)
     changes.removed = len(delete)
-    return StorePlan(state.name, state.digest(), recorded, drop, model_changed, tuple(upsert), delete,
-                     dict(state.held), changes)
+    return StorePlan(
+        state.name, state.digest(), recorded, drop, model_changed, tuple(upsert), delete, dict(state.held), changes
+    )
 
 
-def refuse_wipe(root: Path, documents_seen: int, docs: Sequence[KnowledgeDocument],
-                skipped: Sequence[DocumentIssue], held: Mapping[str, Mapping[str, tuple[str, str]]],
-                max_share: float) -> None:
+def refuse_wipe(
+    root: Path,
+    documents_seen: int,
+    docs: Sequence[KnowledgeDocument],
+    skipped: Sequence[DocumentIssue],
+    held: Mapping[str, Mapping[str, tuple[str, str]]],
+    max_share: float,
+) -> None:
     """IngestRefusedError when ``root`` yields no document, or when a store would lose more than
     ``max_share`` of the documents it holds (``held``: store name -> its chunk hashes; documents
     that failed to load are kept, not lost)."""
     if documents_seen == 0:
-        raise IngestRefusedError(f"no Markdown document found under {root}: refusing to touch the index "
-                                 "(wrong or unmounted directory?); pass --prune to empty it on purpose")
+        raise IngestRefusedError(
+            f"no Markdown document found under {root}: refusing to touch the index "
+            "(wrong or unmounted directory?); pass --prune to empty it on purpose"
+        )
     keep = {d.doc_id for d in docs} | {i.path for i in skipped}
     for name, hashes in held.items():
         doc_ids = {doc_id for doc_id, _ in hashes.values()}
@@ -240,7 +273,8 @@ def refuse_wipe(root: Path, documents_seen: int, docs: Sequence[KnowledgeDocumen
             raise IngestRefusedError(
                 f"{root} has {len(docs)} document(s) but {name} holds {len(doc_ids)}: this ingest would "
                 f"remove {len(gone)} ({len(gone) / len(doc_ids):.0%}, over RAG_INGEST_MAX_REMOVE_SHARE="
-                f"{max_share:.0%}); pass --prune if that is intended")
+                f"{max_share:.0%}); pass --prune if that is intended"
+            )
 
 
 def is_failure(issue: DocumentIssue) -> bool:
