@@ -1,6 +1,7 @@
 """Jobs, the nightly evaluation schedule and the knowledge-change sensor.
 
-- ``ingest_job``: the ingest and index groups (documents -> chunks, L0 -> Milvus, pgvector).
+- ``ingest_job``: the ingest and index groups (documents -> chunks -> plan -> L0, embeddings ->
+  Milvus, pgvector: one scan, one embedding of what changed, one write per store).
 - ``nightly_evaluation_job``: fixtures, evaluations, reports and the trace export of one day;
   the ``nightly_evaluation`` schedule runs it at 02:00 UTC for the day that has just ended.
 - ``refresh_job`` / ``trace_export_job``: everything but the traces / the traces only; what
