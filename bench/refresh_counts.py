@@ -84,6 +84,7 @@ def old_pipeline() -> ModuleType:
     spec = importlib.util.spec_from_loader("bench_old_pipeline", loader=None)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     exec(compile(source, "old rag_core/ingest/pipeline.py", "exec"), module.__dict__)  # noqa: S102
     return module
 
