@@ -196,3 +196,41 @@ def test_rag_ingest_partial_exits_3_and_lists_the_document(tmp_path, kb, monkeyp
     (kb / "ops" / "beta.md").unlink()
     monkeypatch.setenv("RAG_INGEST_MAX_REMOVE_SHARE", "1.0")
     assert CliRunner().invoke(app, ["ingest", "--knowledge-dir", str(kb)]).exit_code == 0
+
+
+class NanForOneSection:
+    """The real embedder, except that passages of one section come back NaN (a model fault)."""
+
+    def __init__(self, inner, marker: str) -> None:
+        self.inner, self.marker = inner, marker
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+    def embed_passages(self, texts, ids=None):
+        out = np.array(self.inner.embed_passages(texts, ids), copy=True)
+        for i, text in enumerate(texts):
+            if text.startswith(self.marker):
+                out[i] = np.nan
+        return out
+
+
+@pytest.mark.integration
+def test_nan_vector_on_milvus_with_the_real_model_skips_only_its_document(tmp_path, kb_copy, embedder):
+    from rag_core.stores.milvus import MilvusStore
+
+    settings = make_settings(tmp_path / "data", kb_copy)
+    store = MilvusStore.from_settings(settings)
+    try:
+        report = ingest(settings, NanForOneSection(embedder, "RedisMemoryHigh > Mitigation"), [store], progress=False)
+        [issue] = report.skipped
+        assert issue.path == "cache/RedisMemoryHigh.md" and issue.heading == "RedisMemoryHigh > Mitigation"
+        assert "non-finite" in issue.reason and report.partial
+        docs = {doc for doc, _ in store.chunk_hashes().values()}
+        assert "cache/RedisMemoryHigh.md" not in docs
+        assert len(docs) == report.documents_ingested >= 5 and store.count() == report.chunks_total
+        healed = ingest(settings, embedder, [store], progress=False)  # the model is fixed: it comes in
+        assert not healed.partial and healed.main.added > 0 and healed.passages_embedded < healed.chunks_total
+        assert "cache/RedisMemoryHigh.md" in {doc for doc, _ in store.chunk_hashes().values()}
+    finally:
+        store.close()
