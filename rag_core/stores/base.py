@@ -9,6 +9,9 @@ import numpy as np
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
+from rag_core.stores.vectors import check_stored_vectors, cosine_to_similarity
+
+__all__ = ["cosine_to_similarity", "check_vectors"]
 
 
 class StoreError(RuntimeError):
@@ -27,25 +30,10 @@ class DimensionMismatchError(StoreError):
         self.model_dim = model_dim
 
 
-def cosine_to_similarity(cosine: float) -> float:
-    """Normalised similarity in [0, 1] from a cosine similarity in [-1, 1] (negatives -> 0)."""
-    return float(min(1.0, max(0.0, cosine)))
-
-
 def check_vectors(chunk_ids: Sequence[str], vectors: np.ndarray, dim: int) -> None:
-    """Reject NaN/inf or all-zero vectors and wrong shapes before any write.
-
-    Raises ValueError naming the first offending chunk id.
-    """
-    if vectors.ndim != 2 or vectors.shape[0] != len(chunk_ids):
-        raise ValueError(f"expected {len(chunk_ids)} vectors of shape (n, {dim}), got {vectors.shape}")
-    if vectors.shape[1] != dim:
-        raise DimensionMismatchError("the batch", vectors.shape[1], dim)
-    finite = np.isfinite(vectors).all(axis=1)
-    nonzero = np.abs(vectors).sum(axis=1) > 0
-    for i in np.flatnonzero(~(finite & nonzero)):
-        kind = "non-finite" if not finite[i] else "all-zero"
-        raise ValueError(f"chunk {chunk_ids[i]}: {kind} embedding vector rejected")
+    """Reject NaN/inf, all-zero or non-unit vectors and wrong shapes before any write
+    (``rag_core.stores.vectors.check_stored_vectors``; kept under this name for callers)."""
+    check_stored_vectors(chunk_ids, vectors, dim)
 
 
 class VectorStore(Protocol):

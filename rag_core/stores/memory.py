@@ -17,6 +17,7 @@ import numpy as np
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.stores.base import DimensionMismatchError, check_vectors, cosine_to_similarity
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 SCORE_LABEL = "memory_cosine_similarity[-1,1]"
@@ -85,10 +86,11 @@ class InMemoryStore:
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Exact top-k by cosine similarity, optionally within one category."""
+        query = check_query_vector(vector)
         ids, matrix = self._dense()
         if not ids:
             return []
-        scores = matrix @ np.asarray(vector, dtype=np.float32)
+        scores = matrix @ query
         order = np.argsort(-scores, kind="stable")
         hits = []
         for i in order:
@@ -111,7 +113,7 @@ class InMemoryStore:
         scores = bm25.get_scores(list(terms))  # type: ignore[attr-defined]
         order = np.argsort(-scores, kind="stable")
         hits = []
-        query = np.asarray(vector, dtype=np.float32)
+        query = check_query_vector(vector)
         for i in order:
             if scores[i] <= 0:
                 break
@@ -169,5 +171,5 @@ class InMemoryStore:
 def _hit(chunk: Chunk, cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
     return StoreHit(chunk_id=chunk.chunk_id, doc_id=chunk.doc_id, title=chunk.title,
                     breadcrumb=chunk.breadcrumb, category=chunk.category, text=chunk.text,
-                    raw_score=cosine, score_label=SCORE_LABEL, similarity=cosine_to_similarity(cosine),
+                    raw_score=finite_score(cosine), score_label=SCORE_LABEL, similarity=cosine_to_similarity(cosine),
                     channel=channel, lexical_score=lexical_score)

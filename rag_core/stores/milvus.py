@@ -14,10 +14,10 @@ import json
 import logging
 import threading
 import time
-from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from rag_core.stores.base import (
     check_vectors,
     cosine_to_similarity,
 )
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
@@ -393,12 +394,13 @@ class MilvusStore:
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k by COSINE similarity (raw score in [-1, 1]); ``category`` filters exactly."""
+        q = check_query_vector(vector)
         self._ready()
         res = self._call("search", lambda c: c.search(
-            self.collection, data=[vector.tolist()], anns_field="vector", limit=top_k,
+            self.collection, data=[q.tolist()], anns_field="vector", limit=top_k,
             filter=_category_filter(category), output_fields=_OUTPUT,
             search_params=self.index.search_params(top_k)))
-        return [_hit(h, float(h["distance"]), "dense") for h in res[0]]
+        return [_hit(h, finite_score(h["distance"]), "dense") for h in res[0]]
 
     def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
                        category: str | None = None) -> list[StoreHit]:
@@ -406,6 +408,7 @@ class MilvusStore:
         from the stored vector so both channels share one similarity scale."""
         if not terms:
             return []
+        vector = check_query_vector(vector)
         self._ready()
         res = self._call("search", lambda c: c.search(
             self.collection, data=[" ".join(terms)], anns_field="sparse", limit=top_k,
@@ -414,7 +417,7 @@ class MilvusStore:
         hits = []
         for h in res[0]:
             cosine = float(np.dot(np.asarray(h["entity"]["vector"], dtype=np.float32), vector))
-            hits.append(_hit(h, cosine, "lexical", lexical_score=abs(float(h["distance"]))))
+            hits.append(_hit(h, cosine, "lexical", lexical_score=abs(finite_score(h["distance"]))))
         return hits
 
     def close(self) -> None:
@@ -472,7 +475,7 @@ def _hit(h: dict, cosine: float, channel: str, lexical_score: float | None = Non
     e = h["entity"]
     return StoreHit(chunk_id=e.get("chunk_id", h.get("chunk_id", h.get("id"))), doc_id=e["doc_id"],
                     title=e["title"], breadcrumb=e["breadcrumb"], category=e["category"],
-                    text=e["text"], raw_score=cosine, score_label=SCORE_LABEL,
+                    text=e["text"], raw_score=finite_score(cosine), score_label=SCORE_LABEL,
                     similarity=cosine_to_similarity(cosine), channel=channel,
                     lexical_score=lexical_score)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -40,6 +41,7 @@ from rag_core.stores.base import (
     cosine_to_similarity,
 )
 from rag_core.stores.pgserver import PgConnectionPool, redacted, resolve_dsn, store_error
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string, lexical_terms
 
 log = logging.getLogger(__name__)
@@ -156,9 +158,7 @@ class PgVectorStore:
         dim = self._require_dim()
         if q.shape[0] != dim:
             raise DimensionMismatchError(f"pgvector table {self.table!r}", dim, q.shape[0])
-        if not np.isfinite(q).all() or not np.abs(q).sum() > 0:
-            raise ValueError("query vector is non-finite or all-zero")
-        return q
+        return check_query_vector(q)
 
     # --- schema -----------------------------------------------------------------------------
 
@@ -372,7 +372,7 @@ class PgVectorStore:
         params: dict[str, Any] = {"terms": words[:_MAX_TERMS], "q": q, "k": top_k, "cat": category}
         statement = self._lexical_sql(category is not None)
         rows = self._run("lexical search", lambda conn: conn.execute(statement, params).fetchall())
-        return [self._hit(r[:-1], "lexical", lexical_score=float(r[-1])) for r in rows]
+        return [self._hit(r[:-1], "lexical", lexical_score=finite_score(r[-1])) for r in rows]
 
     def _lexical_sql(self, filtered: bool) -> sql.Composed:
         where = sql.SQL("AND category = %(cat)s") if filtered else sql.SQL("")
@@ -391,7 +391,8 @@ class PgVectorStore:
             t=self._ident, where=where)
 
     def _hit(self, row: Sequence[Any], channel: str, lexical_score: float | None = None) -> StoreHit:
-        distance = float(row[6])
+        # A non-finite distance claims nothing: the far end of the scale, similarity 0.
+        distance = float(row[6]) if math.isfinite(float(row[6])) else 2.0
         return StoreHit(chunk_id=row[0], doc_id=row[1], title=row[2], breadcrumb=row[3],
                         category=row[4], text=row[5], raw_score=distance, score_label=SCORE_LABEL,
                         similarity=cosine_to_similarity(1.0 - distance), channel=channel,
