@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from rag_core.breaker import CircuitBreaker
 from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.assembler import LookupResultAssembler
 from rag_core.lookup.contracts import (
@@ -102,6 +103,10 @@ class LookupKnowledgeTool:
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
         self.assembler = LookupResultAssembler(self.settings)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sidecar")
+        # A sidecar that fails or hangs is skipped until a probe succeeds (the trace recorder's
+        # breaker), and at most sidecar_queue_max searches wait on it: lookups never queue behind it.
+        self.sidecar_breaker = CircuitBreaker(retry_after=2.0, max_retry_after=60.0)
+        self._sidecar_slots = threading.BoundedSemaphore(self.settings.sidecar_queue_max)
 
     # --- lazily built components ------------------------------------------------------------
 
@@ -152,7 +157,9 @@ class LookupKnowledgeTool:
                 from rag_core.stores.pgvector import PgVectorStore
 
                 self._sidecar = PgVectorStore(resolve_dsn(self.settings), self.settings.pg_table,
-                                              ef_search=self.settings.pg_ef_search)
+                                              ef_search=self.settings.pg_ef_search,
+                                              connect_timeout=self.settings.pg_connect_timeout_s,
+                                              statement_timeout_ms=self.settings.pg_statement_timeout_ms)
             return self._sidecar
 
     @property
@@ -288,29 +295,58 @@ class LookupKnowledgeTool:
         self._model_checks[id(store)] = (now, error)
         return error
 
-    def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | None:
+    def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | SidecarStatus | None:
+        """The sidecar search as a future, or the status saying why it was skipped (breaker
+        open after a failure, or ``sidecar_queue_max`` searches already in flight)."""
         if not self.settings.sidecar_enabled:
             return None
+        breaker = self.sidecar_breaker
+        if not breaker.allow():
+            return SidecarStatus(status="unavailable", reason=(
+                f"skipped: sidecar failed ({breaker.last_error or 'error'}); "
+                f"next try in {breaker.retry_in():.1f} s")[:300])
+        if not self._sidecar_slots.acquire(blocking=False):
+            return SidecarStatus(status="unavailable", reason=(
+                f"skipped: {self.settings.sidecar_queue_max} sidecar searches already in flight "
+                "(RAG_SIDECAR_QUEUE_MAX)"))
 
         def run():
             t0 = time.perf_counter()
-            mismatch = self._index_model_error(self.sidecar)
-            if mismatch:
-                return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
-            outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
+            try:
+                mismatch = self._index_model_error(self.sidecar)
+                if mismatch:
+                    breaker.success()  # reachable: a model mismatch is reported, not retried
+                    return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
+                outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
+            except Exception as exc:
+                breaker.failure(f"{type(exc).__name__}: {exc}"[:200])
+                raise
+            if outcome.error:
+                breaker.failure(outcome.error[:200])
+            else:
+                breaker.success()
             return outcome, (time.perf_counter() - t0) * 1000
 
-        return self._pool.submit(run)
+        try:
+            future = self._pool.submit(run)
+        except RuntimeError as exc:  # pool shut down (tool closed)
+            self._sidecar_slots.release()
+            return SidecarStatus(status="unavailable", reason=str(exc)[:300])
+        future.add_done_callback(lambda _f: self._sidecar_slots.release())
+        return future
 
-    @staticmethod
-    def _sidecar_status(future: Future | None) -> SidecarStatus:
+    def _sidecar_status(self, future: Future | SidecarStatus | None) -> SidecarStatus:
         if future is None:
             return SidecarStatus(status="disabled")
+        if isinstance(future, SidecarStatus):
+            return future
         try:
             # The sidecar must not hold up the agent: a short grace after the main path is done.
             outcome, ms = future.result(timeout=SIDECAR_GRACE_SECONDS)
         except TimeoutError:
-            return SidecarStatus(status="unavailable", reason=f"no answer within {SIDECAR_GRACE_SECONDS} s")
+            reason = f"no answer within {SIDECAR_GRACE_SECONDS} s"
+            self.sidecar_breaker.failure(reason)  # a hung sidecar is skipped from now on
+            return SidecarStatus(status="unavailable", reason=reason)
         except Exception as exc:
             return SidecarStatus(status="unavailable", reason=f"{type(exc).__name__}: {exc}"[:300])
         if outcome.error:
@@ -355,11 +391,11 @@ class LookupKnowledgeTool:
             log.warning("warm-up incomplete: %s", exc)
 
     def close(self) -> None:
-        """Flush traces and release stores."""
-        self._pool.shutdown(wait=False)
+        """Flush traces (no reconnect to a trace store known to be down) and release stores;
+        sidecar searches still running are abandoned, not waited for."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         if self._recorder is not None:
-            self._recorder.flush(10)
-            self._recorder.close()
+            self._recorder.close(timeout=10)
         for s in (self._store, self._sidecar):
             if s is not None:
                 s.close()

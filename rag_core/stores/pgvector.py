@@ -80,7 +80,7 @@ class PgVectorStore:
 
     def __init__(self, dsn: str, table: str = "knowledge_chunks", *, pool_size: int = 8,
                  connect_timeout: float = 5.0, exact_scan_max_rows: int = EXACT_SCAN_MAX_ROWS,
-                 ef_search: int = EF_SEARCH):
+                 ef_search: int = EF_SEARCH, statement_timeout_ms: int = 0):
         if not _TABLE_NAME.match(table):
             raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
         self.table = table
@@ -91,7 +91,7 @@ class PgVectorStore:
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
         self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
-                                      configure=self._configure)
+                                      configure=self._configure, statement_timeout_ms=statement_timeout_ms)
 
     @classmethod
     def from_settings(cls, settings: RagSettings) -> PgVectorStore:
