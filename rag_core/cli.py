@@ -130,6 +130,41 @@ def compare(query: str = typer.Argument(..., help="Question or alert text")) -> 
     print_compare(console, compare_paths(settings_or_exit(), query))
 
 
+@app.command()
+def doctor(sidecar: bool | None = typer.Option(None, help="Also check pgvector (default RAG_SIDECAR_ENABLED)"),
+           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+    """Verify each store against the last ingest: row counts, model, a sample of chunks (content
+    hashes, vectors, self-search). Exit 0 when healthy, 1 when something is wrong."""
+    from rag_core.components import make_stores
+    from rag_core.health import check_health
+
+    settings = settings_or_exit()
+    stores = make_stores(settings, sidecar)
+    try:
+        active = None
+        try:
+            active = embedder_or_exit(settings).identity()
+        except typer.Exit:
+            console.print("[yellow]model not loaded: the stores' model records are checked against the "
+                          "index state only[/yellow]")
+        report = check_health(settings, stores, active)
+    finally:
+        for s in stores:
+            s.close()
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        if report.state_problem:
+            console.print(f"[red]{report.state_problem}[/red]", highlight=False, soft_wrap=True)
+        for h in report.stores:
+            if h.ok:
+                console.print(f"{h.store}: ok ({h.rows} rows, {h.checked_chunks} sampled chunks verified)")
+            for problem in h.problems:
+                console.print(f"[red]{h.store}: {problem}[/red]", highlight=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
 server_app = typer.Typer(help="The embedded Milvus and PostgreSQL servers of the data dir.", no_args_is_help=True)
 app.add_typer(server_app, name="server")
 

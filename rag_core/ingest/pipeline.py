@@ -19,6 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from rag_core.embedding import BadVectorError, Embedder, ModelIdentity, make_embedder
+from rag_core.health import write_index_state
 from rag_core.ingest.chunking import chunk_document
 from rag_core.ingest.documents import scan_documents
 from rag_core.l0 import L0Index
@@ -148,6 +149,7 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
         # Something is about to be dropped or re-embedded: the model must work first, so a
         # model that cannot load (EmbedderLoadError, endpoint down) loses nothing of the index.
         embedder.embed_passages(["model check"], ["model check"])
+    rejected_any: set[str] = set()
     for store in stores:
         with _stage(report, f"{store.name}_prepare"):
             recorded = prepare_store(store, identity, rebuild)
@@ -162,6 +164,7 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
         todo, changes = _diff(chunks, stored, protected)
         _embed_missing(todo, vectors, embedder, settings.embedding_batch_size, report, progress)
         rejected = {c.chunk_id for c in todo if c.chunk_id not in vectors}
+        rejected_any |= rejected
         todo = [c for c in todo if c.chunk_id not in rejected]
         with _stage(report, f"{store.name}_write"):
             _upsert_in_batches(store, todo, vectors)
@@ -177,6 +180,8 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
         changes.removed = len(stale)
         report.stores[store.name] = changes
     report.chunks_embedded = len(vectors)
+    # What `rag doctor` / warm_up verify the stores against (rag_core.health).
+    write_index_state(settings, stores, chunks, identity, frozenset(rejected_any))
     log.info("ingested %s: %s", root, report.stores)
     return report
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -36,6 +37,20 @@ def check_vectors(chunk_ids: Sequence[str], vectors: np.ndarray, dim: int) -> No
     check_stored_vectors(chunk_ids, vectors, dim)
 
 
+@dataclass(frozen=True)
+class StoredChunk:
+    """One chunk as a store holds it (``fetch``): its fields, content hash and vector (float32)."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    breadcrumb: str
+    category: str
+    text: str
+    content_hash: str
+    vector: np.ndarray
+
+
 class VectorStore(Protocol):
     """A chunk store with dense (cosine) and lexical search.
 
@@ -67,6 +82,9 @@ class VectorStore(Protocol):
 
     def count(self) -> int:
         """Number of stored chunks."""
+
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored rows of ``chunk_ids`` (ids not stored are absent), for health checks."""
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k chunks by cosine similarity, optionally only of one category; best first."""

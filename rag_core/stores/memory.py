@@ -16,7 +16,7 @@ import numpy as np
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
-from rag_core.stores.base import DimensionMismatchError, check_vectors, cosine_to_similarity
+from rag_core.stores.base import DimensionMismatchError, StoredChunk, check_vectors, cosine_to_similarity
 from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
@@ -76,6 +76,13 @@ class InMemoryStore:
     def chunk_hashes(self) -> dict[str, tuple[str, str]]:
         """``{chunk_id: (doc_id, content_hash)}``."""
         return {cid: (c.doc_id, c.content_hash) for cid, c in self._chunks.items()}
+
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored chunks of ``chunk_ids`` (absent ids are left out)."""
+        with self._lock:
+            found = [(self._chunks[c], self._vectors[c]) for c in chunk_ids if c in self._chunks]
+        return {c.chunk_id: StoredChunk(c.chunk_id, c.doc_id, c.title, c.breadcrumb, c.category, c.text,
+                                        c.content_hash, v) for c, v in found}
 
     def count(self) -> int:
         """Number of chunks."""

@@ -27,6 +27,7 @@ from rag_core.settings import RagSettings, redact_dsn
 from rag_core.stores import milvus_server
 from rag_core.stores.base import (
     DimensionMismatchError,
+    StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
@@ -384,6 +385,18 @@ class MilvusStore:
             return out
 
         return self._call("query", scan)
+
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored rows of ``chunk_ids`` by primary key (absent ids are left out)."""
+        if not chunk_ids or not self.exists():
+            return {}
+        self._ready()
+        rows = self._call("get", lambda c: c.get(self.collection, ids=list(chunk_ids),
+                                                 output_fields=[*_OUTPUT, "content_hash", "vector"]))
+        return {r["chunk_id"]: StoredChunk(
+            chunk_id=r["chunk_id"], doc_id=r["doc_id"], title=r["title"], breadcrumb=r["breadcrumb"],
+            category=r["category"], text=r["text"], content_hash=r["content_hash"],
+            vector=np.asarray(r["vector"], dtype=np.float32)) for r in rows}
 
     def count(self) -> int:
         if not self.exists():

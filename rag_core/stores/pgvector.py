@@ -36,6 +36,7 @@ from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings
 from rag_core.stores.base import (
     DimensionMismatchError,
+    StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
@@ -287,6 +288,15 @@ class PgVectorStore:
         statement = self._sql("SELECT chunk_id, doc_id, content_hash FROM {t}")
         rows = self._run("read", lambda conn: conn.execute(statement).fetchall())
         return {r[0]: (r[1], r[2]) for r in rows}
+
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored rows of ``chunk_ids`` (absent ids are left out; {} without a table)."""
+        if not chunk_ids or not self.exists():
+            return {}
+        statement = self._sql("SELECT chunk_id, doc_id, title, breadcrumb, category, text, content_hash, "
+                              "embedding FROM {t} WHERE chunk_id = ANY(%s)")
+        rows = self._run("fetch", lambda conn: conn.execute(statement, (list(chunk_ids),)).fetchall())
+        return {r[0]: StoredChunk(*r[:7], vector=np.asarray(r[7], dtype=np.float32)) for r in rows}
 
     def count(self) -> int:
         """Number of stored chunks; 0 when the table does not exist."""
