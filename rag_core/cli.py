@@ -72,7 +72,12 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
         report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty(), prune=prune)
     except (FileNotFoundError, NotADirectoryError, StoreError, EmbedderLoadError,
             EmbeddingEndpointError, IngestRefusedError) as exc:
-        console.print(f"[red]ingest failed: {exc}[/red]")
+        console.print(f"[red]ingest failed: {exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except OSError as exc:  # a read-only or full data dir: one line naming the path, no traceback
+        where = exc.filename or settings.data_dir
+        console.print(f"[red]ingest failed: cannot write {where}: {exc.strerror or exc} "
+                      f"(RAG_DATA_DIR={settings.data_dir})[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     finally:
         for s in stores:
@@ -107,13 +112,18 @@ def lookup(query: str = typer.Argument(..., help="Question or alert text"),
 @app.command()
 def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent invocations")) -> None:
     """Show the most recent tool_invocation rows."""
+    from rag_core.stores.base import StoreError
     from rag_core.stores.pgserver import resolve_dsn
     from rag_core.traces.store import TraceStore
 
     settings = settings_or_exit()
-    store = TraceStore(resolve_dsn(settings))
-    store.ensure_schema()
-    rows = store.recent(last)
+    try:
+        store = TraceStore(resolve_dsn(settings), connect_timeout=settings.pg_connect_timeout_s)
+        store.ensure_schema()
+        rows = store.recent(last)
+    except StoreError as exc:  # PostgreSQL down: one line (the DSN's password redacted)
+        console.print(f"[red]traces unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     table = Table("created_at", "session", "layer", "status", "latency ms", "input", "error")
     for r in rows:
         table.add_row(str(r["created_at"])[:19], r["session_id"] or "", r["retrieval_layer"] or "",
