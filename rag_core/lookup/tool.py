@@ -452,7 +452,7 @@ class LookupKnowledgeTool:
         sidecar searches still running are abandoned, not waited for."""
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._recorder is not None:
-            self._recorder.close(timeout=10)
+            self._recorder.close()
         for s in (self._store, self._sidecar):
             if s is not None:
                 s.close()
