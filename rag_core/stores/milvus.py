@@ -38,7 +38,16 @@ from rag_core.text import lexical_string
 log = logging.getLogger(__name__)
 # milvus-lite 2.5's server returns no MVCC timestamp to query iterators; pymilvus then warns on
 # every scan and uses a client-side timestamp, which is right for one local server.
-logging.getLogger("pymilvus.client.iterator.query_iterator").setLevel(logging.ERROR)
+_QUIET_LOGGERS = ("pymilvus.client.iterator.query_iterator",)
+
+
+def _quiet_pymilvus() -> None:
+    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels set before.
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+_quiet_pymilvus()
 
 SCORE_LABEL = "milvus_cosine_similarity[-1,1]"
 # VARCHAR max_length in Milvus counts UTF-8 bytes, not characters.
@@ -168,6 +177,7 @@ class MilvusStore:
                 return self._client
             from pymilvus import MilvusClient
 
+            _quiet_pymilvus()
             if self._embedded_dir is not None:
                 state = milvus_server.ensure_server(self._embedded_dir, self._idle_stop)
                 self.uri, self._server_pid = state.uri, state.pid

@@ -296,7 +296,7 @@ class PgVectorStore:
         statement = self._sql("SELECT chunk_id, doc_id, title, breadcrumb, category, text, content_hash, "
                               "embedding FROM {t} WHERE chunk_id = ANY(%s)")
         rows = self._run("fetch", lambda conn: conn.execute(statement, (list(chunk_ids),)).fetchall())
-        return {r[0]: StoredChunk(*r[:7], vector=np.asarray(r[7], dtype=np.float32)) for r in rows}
+        return {r[0]: StoredChunk(*r[:7], vector=_as_array(r[7])) for r in rows}
 
     def count(self) -> int:
         """Number of stored chunks; 0 when the table does not exist."""
@@ -455,3 +455,10 @@ def _set_local(conn: psycopg.Connection, settings: dict[str, Any]) -> None:
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """A pgvector value (``pgvector.Vector`` from the loader, or a sequence) as float32."""
+    if hasattr(value, "to_numpy"):
+        value = value.to_numpy()
+    return np.asarray(value, dtype=np.float32)

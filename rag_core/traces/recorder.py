@@ -97,6 +97,7 @@ class ToolInvocationRecorder:
         self._overflow: collections.deque[dict[str, Any]] = collections.deque()
         self._overflow_retry_at = 0.0
         self._spool_error: str | None = None
+        self._closing = False
         self._cond = threading.Condition()
         self._submitted = 0
         self._settled = 0
@@ -153,7 +154,9 @@ class ToolInvocationRecorder:
         """Flush, stop the writer, spool whatever is left; later ``record`` calls spool."""
         if self._closed:
             return
-        # A store known to be down is not dialled again: close stays fast (rows go to the spool).
+        # A store known to be down is not dialled again: close stays fast (rows go to the spool);
+        # at most a connect already in progress is waited for.
+        self._closing = True
         self.flush(timeout, reconnect=not self.breaker.is_open)
         self._closed = True
         self._stop.set()
@@ -224,7 +227,8 @@ class ToolInvocationRecorder:
         with self._cond:
             request = self._flush_requests
         forced = request > self._flush_served
-        self._replay(force=forced)
+        # Closing: a store that failed meanwhile is not dialled again (close stays fast).
+        self._replay(force=forced and not (self._closing and self.breaker.is_open))
         if forced:
             with self._cond:
                 self._flush_served = request
@@ -272,6 +276,8 @@ class ToolInvocationRecorder:
     def _get_store(self, force: bool) -> TraceStore | None:
         if self._store is not None or self._factory is None:
             return self._store
+        if self._closing and not force:
+            return None
         if not self.breaker.allow(force):
             return None
         store = None
