@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -403,11 +404,14 @@ class FaultRun:
         tool = LookupKnowledgeTool(hung_settings, embedder=self.embedder, store=Borrowed(self.stores[0]))
         failed_off = failed_hung = 0
         ms_off, ms_hung, results = [], [], []
-        for q in qs:  # interleaved, so load on the machine hits both series alike
-            f, ms, res = run_lookups(tool, [q])
-            failed_hung, ms_hung, results = failed_hung + f, ms_hung + ms, results + res
-            f, ms, _ = run_lookups(tool_off, [q])
-            failed_off, ms_off = failed_off + f, ms_off + ms
+        for i, q in enumerate(qs):  # interleaved, order alternating: load hits both series alike
+            for which in ((0, 1) if i % 2 else (1, 0)):
+                if which:
+                    f, ms, res = run_lookups(tool, [q])
+                    failed_hung, ms_hung, results = failed_hung + f, ms_hung + ms, results + res
+                else:
+                    f, ms, _ = run_lookups(tool_off, [q])
+                    failed_off, ms_off = failed_off + f, ms_off + ms
         tool_off.close()
         t0 = time.perf_counter()
         tool.close()
@@ -419,7 +423,9 @@ class FaultRun:
         p50_off, p50_hung = statistics.median(ms_off), statistics.median(ms_hung)
         ratio = p50_hung / p50_off
         skipped = sum(1 for r in results if (r.retrieval_trace.sidecar.reason or "").startswith("skipped"))
-        did = (f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}); "
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        did = (f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}, "
+               f"load average {load}); "
                f"first lookup {ms_hung[0]:.0f} ms, {skipped}/{n} sidecar calls skipped by the breaker, "
                f"{len(hung.conns)} connections dialled; close() {close_s:.2f} s; "
                f"{spooled}/{n} traces spooled (trace store on the same hung server)")
@@ -506,7 +512,7 @@ def JsonlSpoolRows(path: Path) -> list[dict[str, Any]]:  # noqa: N802 - reads li
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--knowledge-dir", type=Path, default=RUNBOOKS)
-    parser.add_argument("--lookups", type=int, default=30, help="lookups per latency series (row 6)")
+    parser.add_argument("--lookups", type=int, default=60, help="lookups per latency series (row 6)")
     args = parser.parse_args(argv)
     if not args.knowledge_dir.is_dir():
         print(f"knowledge dir {args.knowledge_dir} not found (RUNBOOKS corpus)")
