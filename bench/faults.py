@@ -134,6 +134,10 @@ class SwitchableProxy:
 
     def down(self) -> None:
         if self._listener is not None:
+            try:  # wakes the thread blocked in accept(); close() alone leaves it listening
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._listener.close()
             self._listener = None
         with self._lock:
@@ -475,30 +479,37 @@ class FaultRun:
                                           retry_interval=0.5, max_retry_interval=2.0)
         tool = self.tool(self.settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": True}),
                          recorder=recorder)
-        threads, per_thread = 4, max(10, self.n_lookups // 2)
+        threads, per_thread = 4, max(5, self.n_lookups // 6)
         failed = [0] * threads
 
-        def worker(k: int) -> None:
-            qs = [self.qs[(k + i) % len(self.qs)] for i in range(per_thread)]
-            failed[k] = run_lookups(tool, qs)[0]
+        def burst() -> None:  # 4 threads at once, per_thread lookups each
+            def worker(k: int) -> None:
+                qs = [self.qs[(k + i) % len(self.qs)] for i in range(per_thread)]
+                failed[k] += run_lookups(tool, qs)[0]
 
-        pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-        for t in pool:
-            t.start()
-        time.sleep(0.5)
+            pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+
+        burst()  # store up
+        recorder.flush(30)
         proxy.down()
-        for t in pool:
-            t.join()
+        burst()  # store down
+        recorder.flush(30, reconnect=False)
         spooled_during = len(JsonlSpoolRows(spool))
+        breaker_failures = recorder.breaker.failures
         proxy.up()
+        burst()  # back up: the spool is replayed
         recorder.flush(30)
         tool.close()
-        total = threads * per_thread
+        total = 3 * threads * per_thread
         stored = direct.count()
         direct.close()
         proxy.down()
-        did = (f"{spooled_during} rows spooled during the outage, replayed after; {stored}/{total} rows in "
-               f"{table}")
+        did = (f"{spooled_during} rows spooled during the outage ({breaker_failures} failed connects), "
+               f"replayed after; {stored}/{total} rows in {table}")
         self.emit(line("trace", f"trace store cut (connection refused) during {threads}-thread lookups, "
                        "then back", did, total - stored, sum(failed), stored == total))
 
@@ -512,14 +523,18 @@ def JsonlSpoolRows(path: Path) -> list[dict[str, Any]]:  # noqa: N802 - reads li
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--knowledge-dir", type=Path, default=RUNBOOKS)
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only these faults (row1 row2 row5 row6 row7 trace)")
     parser.add_argument("--lookups", type=int, default=60, help="lookups per latency series (row 6)")
     args = parser.parse_args(argv)
     if not args.knowledge_dir.is_dir():
         print(f"knowledge dir {args.knowledge_dir} not found (RUNBOOKS corpus)")
         return 2
     run = FaultRun(args.knowledge_dir, args.lookups)
-    steps: list[Callable[[], None]] = [run.setup, run.row1_wipe, run.row2_nan, run.row5_vectors,
-                                       run.row6_hung_sidecar, run.row7_damaged_index, run.trace_outage]
+    faults: dict[str, Callable[[], None]] = {
+        "row1": run.row1_wipe, "row2": run.row2_nan, "row5": run.row5_vectors,
+        "row6": run.row6_hung_sidecar, "row7": run.row7_damaged_index, "trace": run.trace_outage}
+    steps = [run.setup] + [fn for name, fn in faults.items() if args.only is None or name in args.only]
     try:
         for step in steps:
             log(f"{step.__name__} ...")
