@@ -426,10 +426,11 @@ class FaultRun:
         hung.close()
         p50_off, p50_hung = statistics.median(ms_off), statistics.median(ms_hung)
         ratio = p50_hung / p50_off
+        paired = statistics.median(h / o for h, o in zip(ms_hung, ms_off, strict=True))
         skipped = sum(1 for r in results if (r.retrieval_trace.sidecar.reason or "").startswith("skipped"))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        did = (f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}, "
-               f"load average {load}); "
+        did = (f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}; "
+               f"median of paired ratios {paired:.2f}; load average {load}); "
                f"first lookup {ms_hung[0]:.0f} ms, {skipped}/{n} sidecar calls skipped by the breaker, "
                f"{len(hung.conns)} connections dialled; close() {close_s:.2f} s; "
                f"{spooled}/{n} traces spooled (trace store on the same hung server)")
@@ -525,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--knowledge-dir", type=Path, default=RUNBOOKS)
     parser.add_argument("--only", nargs="*", default=None,
                         help="run only these faults (row1 row2 row5 row6 row7 trace)")
-    parser.add_argument("--lookups", type=int, default=60, help="lookups per latency series (row 6)")
+    parser.add_argument("--lookups", type=int, default=150, help="lookups per latency series (row 6)")
     args = parser.parse_args(argv)
     if not args.knowledge_dir.is_dir():
         print(f"knowledge dir {args.knowledge_dir} not found (RUNBOOKS corpus)")
