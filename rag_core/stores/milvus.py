@@ -326,7 +326,7 @@ class MilvusStore:
             return
         check_vectors([c.chunk_id for c in chunks], vectors, vectors.shape[1])
         rows = []
-        for chunk, vector in zip(chunks, vectors):
+        for chunk, vector in zip(chunks, vectors, strict=True):
             lexical = lexical_string(chunk.embed_text)
             check_varchar_limits(chunk, lexical)
             rows.append({"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "title": chunk.title,
