@@ -7,7 +7,7 @@ EXTRAS ?= dev,use
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test ui bench lint
+.PHONY: setup run test ui bench lint faults
 
 setup: $(STAMP)
 
@@ -34,3 +34,7 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check rag_core rag_assets tests bench
+
+# Fault injection on the runbook corpus (issue 12): one line per fault, exit 1 on any FAIL.
+faults: setup
+	$(PY) -m bench.faults

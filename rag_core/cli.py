@@ -73,7 +73,12 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
         report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty(), prune=prune)
     except (FileNotFoundError, NotADirectoryError, StoreError, EmbedderLoadError,
             EmbeddingEndpointError, IngestRefusedError, StalePlanError) as exc:
-        console.print(f"[red]ingest failed: {exc}[/red]")
+        console.print(f"[red]ingest failed: {exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except OSError as exc:  # a read-only or full data dir: one line naming the path, no traceback
+        where = exc.filename or settings.data_dir
+        console.print(f"[red]ingest failed: cannot write {where}: {exc.strerror or exc} "
+                      f"(RAG_DATA_DIR={settings.data_dir})[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     finally:
         for s in stores:
@@ -113,13 +118,18 @@ def lookup(query: str = typer.Argument(..., help="Question or alert text"),
 @app.command()
 def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent invocations")) -> None:
     """Show the most recent tool_invocation rows."""
+    from rag_core.stores.base import StoreError
     from rag_core.stores.pgserver import resolve_dsn
     from rag_core.traces.store import TraceStore
 
     settings = settings_or_exit()
-    store = TraceStore(resolve_dsn(settings))
-    store.ensure_schema()
-    rows = store.recent(last)
+    try:
+        store = TraceStore(resolve_dsn(settings), connect_timeout=settings.pg_connect_timeout_s)
+        store.ensure_schema()
+        rows = store.recent(last)
+    except StoreError as exc:  # PostgreSQL down: one line (the DSN's password redacted)
+        console.print(f"[red]traces unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     table = Table("created_at", "session", "layer", "status", "latency ms", "input", "error")
     for r in rows:
         table.add_row(str(r["created_at"])[:19], r["session_id"] or "", r["retrieval_layer"] or "",
@@ -134,6 +144,41 @@ def compare(query: str = typer.Argument(..., help="Question or alert text")) -> 
     from rag_core.compare import compare_paths
 
     print_compare(console, compare_paths(settings_or_exit(), query))
+
+
+@app.command()
+def doctor(sidecar: bool | None = typer.Option(None, help="Also check pgvector (default RAG_SIDECAR_ENABLED)"),
+           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+    """Verify each store against the last ingest: row counts, model, a sample of chunks (content
+    hashes, vectors, self-search). Exit 0 when healthy, 1 when something is wrong."""
+    from rag_core.components import make_stores
+    from rag_core.health import check_health
+
+    settings = settings_or_exit()
+    stores = make_stores(settings, sidecar)
+    try:
+        active = None
+        try:
+            active = embedder_or_exit(settings).identity()
+        except typer.Exit:
+            console.print("[yellow]model not loaded: the stores' model records are checked against the "
+                          "index state only[/yellow]")
+        report = check_health(settings, stores, active)
+    finally:
+        for s in stores:
+            s.close()
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        if report.state_problem:
+            console.print(f"[red]{report.state_problem}[/red]", highlight=False, soft_wrap=True)
+        for h in report.stores:
+            if h.ok:
+                console.print(f"{h.store}: ok ({h.rows} rows, {h.checked_chunks} sampled chunks verified)")
+            for problem in h.problems:
+                console.print(f"[red]{h.store}: {problem}[/red]", highlight=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 server_app = typer.Typer(help="The embedded Milvus and PostgreSQL servers of the data dir.", no_args_is_help=True)

@@ -5,6 +5,7 @@ These are plain dataclasses (no I/O) so every stage can be tested with small inp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,3 +107,10 @@ class StoreHit:
     similarity: float
     channel: str = "dense"
     lexical_score: float | None = None
+
+    def __post_init__(self) -> None:
+        # Any non-finite score claims nothing (0): results must always be strict JSON (issue 12).
+        for name in ("raw_score", "similarity", "lexical_score"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                object.__setattr__(self, name, 0.0)

@@ -76,6 +76,12 @@ class RagSettings(BaseSettings):
     sidecar_enabled: bool = Field(False, description="Also query the pgvector sidecar beside Milvus")
     pg_table: str = Field("knowledge_chunks", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     pg_ef_search: int = Field(100, ge=1, le=1000, description="pgvector hnsw.ef_search (raised to top_k)")
+    pg_connect_timeout_s: float = Field(2.0, gt=0, le=300, description="PostgreSQL connect timeout of "
+                                        "lookups and traces (libpq counts whole seconds, at least 2)")
+    pg_statement_timeout_ms: int = Field(5000, ge=0, le=3_600_000, description="statement_timeout of the "
+                                         "lookup-side sidecar and the trace store (0 = none; ingest has none)")
+    sidecar_queue_max: int = Field(8, ge=1, le=1024, description="Sidecar searches in flight at once; more "
+                                   "are skipped (status unavailable) rather than queued")
 
     l1_enabled: bool = True
     top_k: int = Field(20, ge=1, le=200, description="Candidates fetched per retrieval channel")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_core.embedding import Embedder, make_embedder
+from rag_core.health import write_index_state
 from rag_core.ingest.apply import StalePlanError, apply_plan
 from rag_core.ingest.embed import ChunkEmbeddings, embed_plan
 from rag_core.ingest.embed_cache import EmbeddingCache
@@ -155,6 +156,9 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
         with _stage(report, f"{store.name}_write"):
             changes[store.name] = apply_plan(store, plan, embeddings)
     fill_report(report, plan, embeddings, changes)
+    # What `rag doctor` / warm_up verify the stores against (rag_core.health).
+    rejected = frozenset(c.chunk_id for c in plan.chunks if c.doc_id in embeddings.skipped_documents)
+    write_index_state(settings, stores, plan.chunks, plan.identity, rejected)
     log.info("ingested %s: %s", root, report.stores)
     return report
 

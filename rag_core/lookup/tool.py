@@ -15,8 +15,9 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from rag_core.breaker import CircuitBreaker
 from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.assembler import LookupResultAssembler
 from rag_core.lookup.contracts import (
@@ -35,6 +36,9 @@ from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, Ret
 from rag_core.lookup.session import SessionState
 from rag_core.lookup.trace_row import build_trace_row
 from rag_core.settings import RagSettings
+
+if TYPE_CHECKING:
+    from rag_core.health import HealthReport
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +102,15 @@ class LookupKnowledgeTool:
         self._weights = weights
         self._init_lock = threading.Lock()
         self._model_checks: dict[int, tuple[float, str | None]] = {}
+        self.health: HealthReport | None = None  # the last check_health() / warm_up() verdict
         self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
         self.assembler = LookupResultAssembler(self.settings)
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="sidecar")
+        # A sidecar that fails or hangs is skipped until a probe succeeds (the trace recorder's
+        # breaker), and at most sidecar_queue_max searches wait on it: lookups never queue behind it.
+        self.sidecar_breaker = CircuitBreaker(retry_after=2.0, max_retry_after=60.0)
+        self._sidecar_slots = threading.BoundedSemaphore(self.settings.sidecar_queue_max)
 
     # --- lazily built components ------------------------------------------------------------
 
@@ -152,7 +161,9 @@ class LookupKnowledgeTool:
                 from rag_core.stores.pgvector import PgVectorStore
 
                 self._sidecar = PgVectorStore(resolve_dsn(self.settings), self.settings.pg_table,
-                                              ef_search=self.settings.pg_ef_search)
+                                              ef_search=self.settings.pg_ef_search,
+                                              connect_timeout=self.settings.pg_connect_timeout_s,
+                                              statement_timeout_ms=self.settings.pg_statement_timeout_ms)
             return self._sidecar
 
     @property
@@ -204,6 +215,9 @@ class LookupKnowledgeTool:
             tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(
                 query, use_l0_filter=use_l0_filter)
         outcome, sidecar_status = self._retrieve(tq, timings)
+        if self.settings.l1_enabled and not outcome.error:
+            # A damaged or vanished index is an error in the trace, never "found nothing".
+            outcome.error = self._index_problem(outcome)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(self.l0, self.settings.min_block_similarity,
                                                   self.settings.max_evidence_blocks, self._weights)
@@ -288,29 +302,58 @@ class LookupKnowledgeTool:
         self._model_checks[id(store)] = (now, error)
         return error
 
-    def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | None:
+    def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | SidecarStatus | None:
+        """The sidecar search as a future, or the status saying why it was skipped (breaker
+        open after a failure, or ``sidecar_queue_max`` searches already in flight)."""
         if not self.settings.sidecar_enabled:
             return None
+        breaker = self.sidecar_breaker
+        if not breaker.allow():
+            return SidecarStatus(status="unavailable", reason=(
+                f"skipped: sidecar failed ({breaker.last_error or 'error'}); "
+                f"next try in {breaker.retry_in():.1f} s")[:300])
+        if not self._sidecar_slots.acquire(blocking=False):
+            return SidecarStatus(status="unavailable", reason=(
+                f"skipped: {self.settings.sidecar_queue_max} sidecar searches already in flight "
+                "(RAG_SIDECAR_QUEUE_MAX)"))
 
         def run():
             t0 = time.perf_counter()
-            mismatch = self._index_model_error(self.sidecar)
-            if mismatch:
-                return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
-            outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
+            try:
+                mismatch = self._index_model_error(self.sidecar)
+                if mismatch:
+                    breaker.success()  # reachable: a model mismatch is reported, not retried
+                    return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
+                outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
+            except Exception as exc:
+                breaker.failure(f"{type(exc).__name__}: {exc}"[:200])
+                raise
+            if outcome.error:
+                breaker.failure(outcome.error[:200])
+            else:
+                breaker.success()
             return outcome, (time.perf_counter() - t0) * 1000
 
-        return self._pool.submit(run)
+        try:
+            future = self._pool.submit(run)
+        except RuntimeError as exc:  # pool shut down (tool closed)
+            self._sidecar_slots.release()
+            return SidecarStatus(status="unavailable", reason=str(exc)[:300])
+        future.add_done_callback(lambda _f: self._sidecar_slots.release())
+        return future
 
-    @staticmethod
-    def _sidecar_status(future: Future | None) -> SidecarStatus:
+    def _sidecar_status(self, future: Future | SidecarStatus | None) -> SidecarStatus:
         if future is None:
             return SidecarStatus(status="disabled")
+        if isinstance(future, SidecarStatus):
+            return future
         try:
             # The sidecar must not hold up the agent: a short grace after the main path is done.
             outcome, ms = future.result(timeout=SIDECAR_GRACE_SECONDS)
         except TimeoutError:
-            return SidecarStatus(status="unavailable", reason=f"no answer within {SIDECAR_GRACE_SECONDS} s")
+            reason = f"no answer within {SIDECAR_GRACE_SECONDS} s"
+            self.sidecar_breaker.failure(reason)  # a hung sidecar is skipped from now on
+            return SidecarStatus(status="unavailable", reason=reason)
         except Exception as exc:
             return SidecarStatus(status="unavailable", reason=f"{type(exc).__name__}: {exc}"[:300])
         if outcome.error:
@@ -344,21 +387,71 @@ class LookupKnowledgeTool:
         except Exception:  # tracing must never fail a lookup
             log.warning("could not hand the trace to the recorder", exc_info=True)
 
-    def warm_up(self) -> None:
+    def warm_up(self) -> HealthReport:
         """Load the model, the L0 index and open the store now, so the first ``lookup`` does
-        not pay for them (a cold start costs seconds, mostly loading torch). Never raises."""
+        not pay for them, then verify the stores against the last ingest (``rag_core.health``).
+
+        Returns the health report (``.ok``, ``.summary()``); while it names a problem of the main
+        store, every lookup carries that problem as its trace error (status degraded or error).
+        Never raises.
+        """
         try:
             self.embedder.embed_query("warm up")
             _ = self.l0
             self.store.count()
         except Exception as exc:
             log.warning("warm-up incomplete: %s", exc)
+        return self.check_health()
+
+    def check_health(self) -> HealthReport:
+        """Verify the main store (and the sidecar when enabled) against the index state; the
+        result is kept for later lookups. Never raises."""
+        from rag_core.health import HealthReport, check_health
+
+        try:
+            stores = [self.store] + ([self.sidecar] if self.settings.sidecar_enabled else [])
+            report = check_health(self.settings, stores, self.embedder.identity())
+        except Exception as exc:
+            report = HealthReport(stores=[], state_problem=f"health check failed: {type(exc).__name__}: {exc}")
+        self.health = report
+        if not report.ok:
+            log.error("knowledge index check failed: %s (run `rag doctor`)", report.summary())
+        return report
+
+    def _index_problem(self, outcome: RetrievalOutcome) -> str | None:
+        """Why the L1 answer cannot be trusted, or None: the last health check failed for the
+        main store, the data dir vanished under this process, or a non-empty index returned
+        nothing at all."""
+        store_name = getattr(self.store, "name", "milvus")
+        if self.health is not None and self.health.problems_of(store_name):
+            return ("index check failed: " + "; ".join(self.health.problems_of(store_name))
+                    + " (run `rag doctor`)")[:500]
+        if not self._l0_given and self._l0_mtime is not None and not self.settings.data_dir.exists():
+            return (f"the data dir {self.settings.data_dir} is gone (deleted under this process?): the "
+                    "index may be stale or empty; run `rag ingest`")
+        if outcome.candidates:
+            return None
+        try:
+            rows = self.store.count()
+        except Exception as exc:
+            return f"L1 returned nothing and the {store_name} index cannot be counted: {exc}"[:500]
+        if rows > 0:
+            return (f"L1 returned nothing from a {store_name} index of {rows} rows: the index is damaged "
+                    "(run `rag doctor`)")
+        from rag_core.health import read_index_state
+
+        state, _ = read_index_state(self.settings)
+        expected = state.get(store_name) if state else None
+        if expected is not None and expected.rows > 0:
+            return (f"the {store_name} index is empty but the last ingest left {expected.rows} rows: "
+                    "run `rag doctor` / `rag ingest`")
+        return None
 
     def close(self) -> None:
-        """Flush traces and release stores."""
-        self._pool.shutdown(wait=False)
+        """Flush traces (no reconnect to a trace store known to be down) and release stores;
+        sidecar searches still running are abandoned, not waited for."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
         if self._recorder is not None:
-            self._recorder.flush(10)
             self._recorder.close()
         for s in (self._store, self._sidecar):
             if s is not None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
+from rag_core.stores.vectors import check_stored_vectors, cosine_to_similarity
+
+__all__ = ["cosine_to_similarity", "check_vectors"]
 
 
 class StoreError(RuntimeError):
@@ -27,25 +31,24 @@ class DimensionMismatchError(StoreError):
         self.model_dim = model_dim
 
 
-def cosine_to_similarity(cosine: float) -> float:
-    """Normalised similarity in [0, 1] from a cosine similarity in [-1, 1] (negatives -> 0)."""
-    return float(min(1.0, max(0.0, cosine)))
-
-
 def check_vectors(chunk_ids: Sequence[str], vectors: np.ndarray, dim: int) -> None:
-    """Reject NaN/inf or all-zero vectors and wrong shapes before any write.
+    """Reject NaN/inf, all-zero or non-unit vectors and wrong shapes before any write
+    (``rag_core.stores.vectors.check_stored_vectors``; kept under this name for callers)."""
+    check_stored_vectors(chunk_ids, vectors, dim)
 
-    Raises ValueError naming the first offending chunk id.
-    """
-    if vectors.ndim != 2 or vectors.shape[0] != len(chunk_ids):
-        raise ValueError(f"expected {len(chunk_ids)} vectors of shape (n, {dim}), got {vectors.shape}")
-    if vectors.shape[1] != dim:
-        raise DimensionMismatchError("the batch", vectors.shape[1], dim)
-    finite = np.isfinite(vectors).all(axis=1)
-    nonzero = np.abs(vectors).sum(axis=1) > 0
-    for i in np.flatnonzero(~(finite & nonzero)):
-        kind = "non-finite" if not finite[i] else "all-zero"
-        raise ValueError(f"chunk {chunk_ids[i]}: {kind} embedding vector rejected")
+
+@dataclass(frozen=True)
+class StoredChunk:
+    """One chunk as a store holds it (``fetch``): its fields, content hash and vector (float32)."""
+
+    chunk_id: str
+    doc_id: str
+    title: str
+    breadcrumb: str
+    category: str
+    text: str
+    content_hash: str
+    vector: np.ndarray
 
 
 class VectorStore(Protocol):
@@ -79,6 +82,9 @@ class VectorStore(Protocol):
 
     def count(self) -> int:
         """Number of stored chunks."""
+
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored rows of ``chunk_ids`` (ids not stored are absent), for health checks."""
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k chunks by cosine similarity, optionally only of one category; best first."""

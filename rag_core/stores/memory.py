@@ -16,7 +16,8 @@ import numpy as np
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
-from rag_core.stores.base import DimensionMismatchError, check_vectors, cosine_to_similarity
+from rag_core.stores.base import DimensionMismatchError, StoredChunk, check_vectors, cosine_to_similarity
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 SCORE_LABEL = "memory_cosine_similarity[-1,1]"
@@ -76,6 +77,13 @@ class InMemoryStore:
         """``{chunk_id: (doc_id, content_hash)}``."""
         return {cid: (c.doc_id, c.content_hash) for cid, c in self._chunks.items()}
 
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored chunks of ``chunk_ids`` (absent ids are left out)."""
+        with self._lock:
+            found = [(self._chunks[c], self._vectors[c]) for c in chunk_ids if c in self._chunks]
+        return {c.chunk_id: StoredChunk(c.chunk_id, c.doc_id, c.title, c.breadcrumb, c.category, c.text,
+                                        c.content_hash, v) for c, v in found}
+
     def count(self) -> int:
         """Number of chunks."""
         return len(self._chunks)
@@ -85,10 +93,11 @@ class InMemoryStore:
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Exact top-k by cosine similarity, optionally within one category."""
+        query = check_query_vector(vector)
         ids, matrix = self._dense()
         if not ids:
             return []
-        scores = matrix @ np.asarray(vector, dtype=np.float32)
+        scores = matrix @ query
         order = np.argsort(-scores, kind="stable")
         hits = []
         for i in order:
@@ -111,7 +120,7 @@ class InMemoryStore:
         scores = bm25.get_scores(list(terms))  # type: ignore[attr-defined]
         order = np.argsort(-scores, kind="stable")
         hits = []
-        query = np.asarray(vector, dtype=np.float32)
+        query = check_query_vector(vector)
         for i in order:
             if scores[i] <= 0:
                 break
@@ -169,5 +178,5 @@ class InMemoryStore:
 def _hit(chunk: Chunk, cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
     return StoreHit(chunk_id=chunk.chunk_id, doc_id=chunk.doc_id, title=chunk.title,
                     breadcrumb=chunk.breadcrumb, category=chunk.category, text=chunk.text,
-                    raw_score=cosine, score_label=SCORE_LABEL, similarity=cosine_to_similarity(cosine),
+                    raw_score=finite_score(cosine), score_label=SCORE_LABEL, similarity=cosine_to_similarity(cosine),
                     channel=channel, lexical_score=lexical_score)

@@ -14,10 +14,10 @@ import json
 import logging
 import threading
 import time
-from typing import Any
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,16 +27,27 @@ from rag_core.settings import RagSettings, redact_dsn
 from rag_core.stores import milvus_server
 from rag_core.stores.base import (
     DimensionMismatchError,
+    StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
 )
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
 # milvus-lite 2.5's server returns no MVCC timestamp to query iterators; pymilvus then warns on
 # every scan and uses a client-side timestamp, which is right for one local server.
-logging.getLogger("pymilvus.client.iterator.query_iterator").setLevel(logging.ERROR)
+_QUIET_LOGGERS = ("pymilvus.client.iterator.query_iterator",)
+
+
+def _quiet_pymilvus() -> None:
+    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels set before.
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+_quiet_pymilvus()
 
 SCORE_LABEL = "milvus_cosine_similarity[-1,1]"
 # VARCHAR max_length in Milvus counts UTF-8 bytes, not characters.
@@ -166,6 +177,7 @@ class MilvusStore:
                 return self._client
             from pymilvus import MilvusClient
 
+            _quiet_pymilvus()
             if self._embedded_dir is not None:
                 state = milvus_server.ensure_server(self._embedded_dir, self._idle_stop)
                 self.uri, self._server_pid = state.uri, state.pid
@@ -314,7 +326,7 @@ class MilvusStore:
             return
         check_vectors([c.chunk_id for c in chunks], vectors, vectors.shape[1])
         rows = []
-        for chunk, vector in zip(chunks, vectors):
+        for chunk, vector in zip(chunks, vectors, strict=True):
             lexical = lexical_string(chunk.embed_text)
             check_varchar_limits(chunk, lexical)
             rows.append({"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "title": chunk.title,
@@ -384,6 +396,18 @@ class MilvusStore:
 
         return self._call("query", scan)
 
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored rows of ``chunk_ids`` by primary key (absent ids are left out)."""
+        if not chunk_ids or not self.exists():
+            return {}
+        self._ready()
+        rows = self._call("get", lambda c: c.get(self.collection, ids=list(chunk_ids),
+                                                 output_fields=[*_OUTPUT, "content_hash", "vector"]))
+        return {r["chunk_id"]: StoredChunk(
+            chunk_id=r["chunk_id"], doc_id=r["doc_id"], title=r["title"], breadcrumb=r["breadcrumb"],
+            category=r["category"], text=r["text"], content_hash=r["content_hash"],
+            vector=np.asarray(r["vector"], dtype=np.float32)) for r in rows}
+
     def count(self) -> int:
         if not self.exists():
             return 0
@@ -393,12 +417,13 @@ class MilvusStore:
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k by COSINE similarity (raw score in [-1, 1]); ``category`` filters exactly."""
+        q = check_query_vector(vector)
         self._ready()
         res = self._call("search", lambda c: c.search(
-            self.collection, data=[vector.tolist()], anns_field="vector", limit=top_k,
+            self.collection, data=[q.tolist()], anns_field="vector", limit=top_k,
             filter=_category_filter(category), output_fields=_OUTPUT,
             search_params=self.index.search_params(top_k)))
-        return [_hit(h, float(h["distance"]), "dense") for h in res[0]]
+        return [_hit(h, finite_score(h["distance"]), "dense") for h in res[0]]
 
     def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
                        category: str | None = None) -> list[StoreHit]:
@@ -406,6 +431,7 @@ class MilvusStore:
         from the stored vector so both channels share one similarity scale."""
         if not terms:
             return []
+        vector = check_query_vector(vector)
         self._ready()
         res = self._call("search", lambda c: c.search(
             self.collection, data=[" ".join(terms)], anns_field="sparse", limit=top_k,
@@ -414,7 +440,7 @@ class MilvusStore:
         hits = []
         for h in res[0]:
             cosine = float(np.dot(np.asarray(h["entity"]["vector"], dtype=np.float32), vector))
-            hits.append(_hit(h, cosine, "lexical", lexical_score=abs(float(h["distance"]))))
+            hits.append(_hit(h, cosine, "lexical", lexical_score=abs(finite_score(h["distance"]))))
         return hits
 
     def close(self) -> None:
@@ -472,7 +498,7 @@ def _hit(h: dict, cosine: float, channel: str, lexical_score: float | None = Non
     e = h["entity"]
     return StoreHit(chunk_id=e.get("chunk_id", h.get("chunk_id", h.get("id"))), doc_id=e["doc_id"],
                     title=e["title"], breadcrumb=e["breadcrumb"], category=e["category"],
-                    text=e["text"], raw_score=cosine, score_label=SCORE_LABEL,
+                    text=e["text"], raw_score=finite_score(cosine), score_label=SCORE_LABEL,
                     similarity=cosine_to_similarity(cosine), channel=channel,
                     lexical_score=lexical_score)
 

@@ -248,9 +248,13 @@ class PgConnectionPool:
 
     def __init__(self, dsn: str, *, max_size: int = 8, connect_timeout: float = 5.0,
                  acquire_timeout: float = 30.0,
-                 configure: Callable[[psycopg.Connection], None] | None = None):
+                 configure: Callable[[psycopg.Connection], None] | None = None,
+                 statement_timeout_ms: int = 0):
         self._dsn = dsn
         self._connect_timeout = max(1, round(connect_timeout))
+        # Server-side limit per statement, set at connect time (0 = the server's default).
+        self._options = {"options": f"-c statement_timeout={int(statement_timeout_ms)}"} \
+            if statement_timeout_ms > 0 else {}
         self._acquire_timeout = acquire_timeout
         self._configure = configure
         self._idle: list[psycopg.Connection] = []
@@ -306,14 +310,16 @@ class PgConnectionPool:
 
     def _connect(self) -> psycopg.Connection:
         try:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout,
+                                   **self._options)
         except psycopg.OperationalError:
             embedded = _EMBEDDED.get(self._dsn)
             if embedded is None:
                 raise
             # The embedded server went away (idle stop, `rag server stop`): start it once more.
             embedded_dsn(embedded[0], idle_stop_seconds=embedded[1])
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout)
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout,
+                                   **self._options)
         try:
             if self._configure is not None:
                 self._configure(conn)

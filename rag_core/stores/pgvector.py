@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -35,11 +36,13 @@ from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings
 from rag_core.stores.base import (
     DimensionMismatchError,
+    StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
 )
 from rag_core.stores.pgserver import PgConnectionPool, redacted, resolve_dsn, store_error
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string, lexical_terms
 
 log = logging.getLogger(__name__)
@@ -78,7 +81,7 @@ class PgVectorStore:
 
     def __init__(self, dsn: str, table: str = "knowledge_chunks", *, pool_size: int = 8,
                  connect_timeout: float = 5.0, exact_scan_max_rows: int = EXACT_SCAN_MAX_ROWS,
-                 ef_search: int = EF_SEARCH):
+                 ef_search: int = EF_SEARCH, statement_timeout_ms: int = 0):
         if not _TABLE_NAME.match(table):
             raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
         self.table = table
@@ -89,7 +92,7 @@ class PgVectorStore:
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
         self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
-                                      configure=self._configure)
+                                      configure=self._configure, statement_timeout_ms=statement_timeout_ms)
 
     @classmethod
     def from_settings(cls, settings: RagSettings) -> PgVectorStore:
@@ -156,9 +159,7 @@ class PgVectorStore:
         dim = self._require_dim()
         if q.shape[0] != dim:
             raise DimensionMismatchError(f"pgvector table {self.table!r}", dim, q.shape[0])
-        if not np.isfinite(q).all() or not np.abs(q).sum() > 0:
-            raise ValueError("query vector is non-finite or all-zero")
-        return q
+        return check_query_vector(q)
 
     # --- schema -----------------------------------------------------------------------------
 
@@ -288,6 +289,15 @@ class PgVectorStore:
         rows = self._run("read", lambda conn: conn.execute(statement).fetchall())
         return {r[0]: (r[1], r[2]) for r in rows}
 
+    def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
+        """The stored rows of ``chunk_ids`` (absent ids are left out; {} without a table)."""
+        if not chunk_ids or not self.exists():
+            return {}
+        statement = self._sql("SELECT chunk_id, doc_id, title, breadcrumb, category, text, content_hash, "
+                              "embedding FROM {t} WHERE chunk_id = ANY(%s)")
+        rows = self._run("fetch", lambda conn: conn.execute(statement, (list(chunk_ids),)).fetchall())
+        return {r[0]: StoredChunk(*r[:7], vector=_as_array(r[7])) for r in rows}
+
     def count(self) -> int:
         """Number of stored chunks; 0 when the table does not exist."""
         if not self.exists():
@@ -372,7 +382,7 @@ class PgVectorStore:
         params: dict[str, Any] = {"terms": words[:_MAX_TERMS], "q": q, "k": top_k, "cat": category}
         statement = self._lexical_sql(category is not None)
         rows = self._run("lexical search", lambda conn: conn.execute(statement, params).fetchall())
-        return [self._hit(r[:-1], "lexical", lexical_score=float(r[-1])) for r in rows]
+        return [self._hit(r[:-1], "lexical", lexical_score=finite_score(r[-1])) for r in rows]
 
     def _lexical_sql(self, filtered: bool) -> sql.Composed:
         where = sql.SQL("AND category = %(cat)s") if filtered else sql.SQL("")
@@ -391,7 +401,8 @@ class PgVectorStore:
             t=self._ident, where=where)
 
     def _hit(self, row: Sequence[Any], channel: str, lexical_score: float | None = None) -> StoreHit:
-        distance = float(row[6])
+        # A non-finite distance claims nothing: the far end of the scale, similarity 0.
+        distance = float(row[6]) if math.isfinite(float(row[6])) else 2.0
         return StoreHit(chunk_id=row[0], doc_id=row[1], title=row[2], breadcrumb=row[3],
                         category=row[4], text=row[5], raw_score=distance, score_label=SCORE_LABEL,
                         similarity=cosine_to_similarity(1.0 - distance), channel=channel,
@@ -444,3 +455,10 @@ def _set_local(conn: psycopg.Connection, settings: dict[str, Any]) -> None:
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def _as_array(value: Any) -> np.ndarray:
+    """A pgvector value (``pgvector.Vector`` from the loader, or a sequence) as float32."""
+    if hasattr(value, "to_numpy"):
+        value = value.to_numpy()
+    return np.asarray(value, dtype=np.float32)

@@ -33,6 +33,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from rag_core.breaker import CircuitBreaker
 from rag_core.settings import RagSettings
 from rag_core.stores.base import StoreError
 from rag_core.stores.pgserver import scrub_secrets
@@ -90,12 +91,13 @@ class ToolInvocationRecorder:
         self._batch_size = max(1, batch_size)
         self._poll = poll_interval
         self._retry_interval = retry_interval
-        self._max_retry_interval = max_retry_interval
-        self._backoff = retry_interval
-        self._next_attempt = 0.0
+        # Shared implementation with the sidecar (rag_core.breaker): skip the store while down.
+        self.breaker = CircuitBreaker(retry_interval, max_retry_interval)
         self._store: TraceStore | None = None
         self._overflow: collections.deque[dict[str, Any]] = collections.deque()
         self._overflow_retry_at = 0.0
+        self._spool_error: str | None = None
+        self._closing = False
         self._cond = threading.Condition()
         self._submitted = 0
         self._settled = 0
@@ -134,13 +136,14 @@ class ToolInvocationRecorder:
         with self._cond:
             self._submitted += 1
 
-    def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until every row recorded so far is in the store or the spool, and the writer
-        has tried to replay the spool (forcing a reconnect). True when that happened within
-        ``timeout`` seconds and no row is held only in memory."""
+    def flush(self, timeout: float = 10.0, reconnect: bool = True) -> bool:
+        """Wait until every row recorded so far is in the store or the spool, and (when
+        ``reconnect``) the writer has tried to replay the spool (forcing a reconnect). True when
+        that happened within ``timeout`` seconds and no row is held only in memory."""
         with self._cond:
             target = self._submitted
-            self._flush_requests += 1
+            if reconnect:
+                self._flush_requests += 1
             request = self._flush_requests
             done = self._cond.wait_for(
                 lambda: (self._settled >= target and self._flush_served >= request)
@@ -151,7 +154,10 @@ class ToolInvocationRecorder:
         """Flush, stop the writer, spool whatever is left; later ``record`` calls spool."""
         if self._closed:
             return
-        self.flush(timeout)
+        # A store known to be down is not dialled again: close stays fast (rows go to the spool);
+        # at most a connect already in progress is waited for.
+        self._closing = True
+        self.flush(timeout, reconnect=not self.breaker.is_open)
         self._closed = True
         self._stop.set()
         self._thread.join(timeout)
@@ -162,6 +168,11 @@ class ToolInvocationRecorder:
                 leftover.append(self._queue.get_nowait())
         if leftover:
             self._spill(leftover)
+        if self._overflow:
+            # Once, loudly: these rows exist only in this process and are about to be lost.
+            log.error("%d trace row(s) LOST at exit: the trace store is unavailable and the spool %s "
+                      "cannot be written (%s); check RAG_DATA_DIR permissions",
+                      len(self._overflow), self._spool.path, self._spool_error)
         self._drop_store()
         with contextlib.suppress(Exception):
             atexit.unregister(self._close_at_exit)
@@ -173,9 +184,15 @@ class ToolInvocationRecorder:
         try:
             self._spool.append(rows)
         except (OSError, Timeout, TypeError, ValueError) as exc:
-            log.error("trace spool %s not writable (%s); keeping %d rows in memory",
-                      self._spool.path, exc, len(rows))
+            if self._spool_error is None:  # reported once, not per row
+                log.error("trace spool %s not writable (%s); keeping trace rows in memory until it is",
+                          self._spool.path, exc)
+            self._spool_error = str(exc)
             self._keep_in_memory(rows)
+            return
+        if self._spool_error is not None:
+            log.warning("trace spool %s writable again", self._spool.path)
+            self._spool_error = None
 
     def _keep_in_memory(self, rows: list[dict[str, Any]]) -> None:
         self._overflow_retry_at = time.monotonic() + self._retry_interval
@@ -210,7 +227,8 @@ class ToolInvocationRecorder:
         with self._cond:
             request = self._flush_requests
         forced = request > self._flush_served
-        self._replay(force=forced)
+        # Closing: a store that failed meanwhile is not dialled again (close stays fast).
+        self._replay(force=forced and not (self._closing and self.breaker.is_open))
         if forced:
             with self._cond:
                 self._flush_served = request
@@ -258,7 +276,9 @@ class ToolInvocationRecorder:
     def _get_store(self, force: bool) -> TraceStore | None:
         if self._store is not None or self._factory is None:
             return self._store
-        if not force and time.monotonic() < self._next_attempt:
+        if self._closing and not force:
+            return None
+        if not self.breaker.allow(force):
             return None
         store = None
         try:
@@ -270,18 +290,16 @@ class ToolInvocationRecorder:
                     store.close()
             self._mark_down(exc)
             return None
-        if self._next_attempt:
+        if self.breaker.success():
             log.info("trace store reachable again")
-        self._store, self._backoff, self._next_attempt = store, self._retry_interval, 0.0
+        self._store = store
         return store
 
     def _mark_down(self, exc: BaseException) -> None:
-        level = logging.WARNING if self._next_attempt == 0.0 else logging.DEBUG
-        log.log(level, "trace store unavailable, spooling to %s: %s", self._spool.path,
-                scrub_secrets(str(exc))[:300])
+        message = scrub_secrets(str(exc))[:300]
+        level = logging.WARNING if self.breaker.failure(message) else logging.DEBUG
+        log.log(level, "trace store unavailable, spooling to %s: %s", self._spool.path, message)
         self._drop_store()
-        self._next_attempt = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, self._max_retry_interval)
 
     def _drop_store(self) -> None:
         if self._store is not None:

@@ -67,19 +67,21 @@ class TraceStore:
     """
 
     def __init__(self, dsn: str, table: str = "tool_invocation", *, pool_size: int = 4,
-                 connect_timeout: float = 5.0):
+                 connect_timeout: float = 5.0, statement_timeout_ms: int = 0):
         if not _TABLE_NAME.match(table):
             raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
         self.table = table
         self._dsn = dsn
         self._ident = sql.Identifier(table)
-        self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout)
+        self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
+                                      statement_timeout_ms=statement_timeout_ms)
 
     @classmethod
     def from_settings(cls, settings: RagSettings) -> TraceStore:
         """The trace store on ``settings.pg_dsn`` or the embedded server (which this may start;
         StoreError when it cannot)."""
-        return cls(resolve_dsn(settings))
+        return cls(resolve_dsn(settings), connect_timeout=settings.pg_connect_timeout_s,
+                   statement_timeout_ms=settings.pg_statement_timeout_ms)
 
     def __repr__(self) -> str:
         return f"TraceStore({redacted(self._dsn)!r}, table={self.table!r})"

@@ -1,0 +1,206 @@
+"""Store health: verify each vector store against what the last ingest wrote.
+
+``rag ingest`` ends by writing the index state (``<data_dir>/index_state.json``): per store the
+row count, the embedding model and a deterministic sample of chunk ids with their content
+hashes. ``check_health`` compares a store with it:
+
+* rows: ``count()`` equals the recorded count;
+* model: the store's model record equals the recorded one (and the active model, when given);
+* sample: ``fetch(ids)`` returns every sampled chunk with the recorded hash, the hash recomputed
+  from the stored title/breadcrumb/category/text matches (the row is not damaged), the stored
+  vector passes the shared vector check, and searching with it finds the chunk itself first
+  (the vector index answers correctly).
+
+Used by ``LookupKnowledgeTool.warm_up`` (its return value), ``rag doctor`` and the fault bench.
+A store that fails a check is an error in every lookup's trace, never "found nothing".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag_core.embedding.base import ModelIdentity
+from rag_core.ingest.chunking import _content_hash as content_hash  # the hash chunking stores
+from rag_core.models import Chunk
+from rag_core.settings import RagSettings
+from rag_core.stores.base import VectorStore
+from rag_core.stores.vectors import VectorCheckError, check_query_vector
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "index_state.json"
+SAMPLE_SIZE = 64  # chunks whose stored rows are verified
+PROBE_SIZE = 8  # of those, chunks searched for with their own vector
+_SELF_MATCH = 0.99  # a chunk's own vector must come back at (near) cosine 1
+
+
+def state_path(settings: RagSettings) -> Path:
+    """Where the index state of ``settings.data_dir`` lives."""
+    return settings.data_dir / STATE_FILE
+
+
+@dataclass
+class StoreState:
+    """What the last ingest left in one store."""
+
+    rows: int
+    model: dict[str, Any] | None
+    sample: dict[str, str]  # chunk_id -> content_hash
+
+
+def sample_chunks(chunks: Sequence[Chunk], size: int = SAMPLE_SIZE) -> dict[str, str]:
+    """A deterministic, evenly spread sample ``{chunk_id: content_hash}`` of ``chunks``."""
+    ordered = sorted(chunks, key=lambda c: c.chunk_id)
+    step = max(1, len(ordered) // size)
+    return {c.chunk_id: c.content_hash for c in ordered[::step][:size]}
+
+
+def write_index_state(settings: RagSettings, stores: Sequence[VectorStore], chunks: Sequence[Chunk],
+                      identity: ModelIdentity, rejected: frozenset[str] = frozenset()) -> None:
+    """Record each store's row count, model and a sample of ``chunks`` (those written, i.e. not
+    in ``rejected``) after an ingest. Written atomically; a failure to write is logged, not raised
+    (the ingest itself succeeded)."""
+    sample = sample_chunks([c for c in chunks if c.chunk_id not in rejected])
+    data = {"version": 1, "stores": {
+        s.name: asdict(StoreState(rows=s.count(), model=identity.to_dict(), sample=sample)) for s in stores}}
+    path = state_path(settings)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".index_state.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not write the index state %s (%s): `rag doctor` cannot verify this index",
+                    path, exc.strerror or exc)
+
+
+def read_index_state(settings: RagSettings) -> tuple[dict[str, StoreState] | None, str | None]:
+    """``({store name: StoreState}, None)``, or ``(None, why)`` when missing or unreadable."""
+    path = state_path(settings)
+    try:
+        raw = json.loads(path.read_text())
+        return {name: StoreState(**value) for name, value in raw["stores"].items()}, None
+    except FileNotFoundError:
+        return None, f"no index state at {path}: run `rag ingest`"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return None, f"index state {path} is unreadable ({exc}): run `rag ingest`"
+
+
+@dataclass
+class StoreHealth:
+    """One store's verdict: ``ok`` and, when not, ``problems`` (one line each)."""
+
+    store: str
+    ok: bool = True
+    rows: int | None = None
+    expected_rows: int | None = None
+    checked_chunks: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def fail(self, problem: str) -> None:
+        self.ok = False
+        self.problems.append(problem)
+
+
+@dataclass
+class HealthReport:
+    """Every store's verdict; ``ok`` only when all are. ``summary()`` is one line."""
+
+    stores: list[StoreHealth]
+    state_problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.state_problem is None and all(s.ok for s in self.stores)
+
+    def problems_of(self, store: str) -> list[str]:
+        """Problems found in one store (a missing index state is not one: nothing to compare)."""
+        return [p for s in self.stores if s.store == store for p in s.problems]
+
+    def summary(self) -> str:
+        if self.ok:
+            return "; ".join(f"{s.store}: ok ({s.rows} rows, {s.checked_chunks} chunks verified)"
+                             for s in self.stores)
+        parts = [self.state_problem] if self.state_problem else []
+        parts += [f"{s.store}: {'; '.join(s.problems)}" for s in self.stores if s.problems]
+        return " | ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "state_problem": self.state_problem, "stores": [asdict(s) for s in self.stores]}
+
+
+def check_health(settings: RagSettings, stores: Sequence[VectorStore],
+                 active: ModelIdentity | None = None) -> HealthReport:
+    """Verify ``stores`` against the index state of ``settings.data_dir`` (module docstring).
+    Never raises: an unreachable store is a problem in the report."""
+    state, why = read_index_state(settings)
+    report = HealthReport(stores=[], state_problem=why)
+    for store in stores:
+        health = StoreHealth(store=store.name)
+        report.stores.append(health)
+        try:
+            _check_store(store, (state or {}).get(store.name), active, health, state is not None)
+        except Exception as exc:  # any failure to read the store is what we report
+            health.fail(f"cannot be read: {type(exc).__name__}: {exc}"[:400])
+    return report
+
+
+def _check_store(store: VectorStore, expected: StoreState | None, active: ModelIdentity | None,
+                 health: StoreHealth, have_state: bool) -> None:
+    health.rows = store.count()
+    recorded = store.recorded_model()
+    if active is not None and recorded is not None and recorded != active:
+        health.fail(f"built with {recorded.describe()} but the active model is {active.describe()}: "
+                    "run `rag ingest`")
+    if expected is None:
+        if have_state:
+            health.fail("not in the index state: it was not written by the last ingest")
+        return
+    health.expected_rows = expected.rows
+    if health.rows != expected.rows:
+        health.fail(f"holds {health.rows} rows but the last ingest left {expected.rows}")
+    if expected.model and (recorded is None or recorded.to_dict() != expected.model):
+        found = recorded.describe() if recorded else "no model record"
+        health.fail(f"model record is {found}, the last ingest recorded "
+                    f"{ModelIdentity.from_dict(expected.model).describe()}")
+    _check_sample(store, expected.sample, health)
+
+
+def _check_sample(store: VectorStore, sample: dict[str, str], health: StoreHealth) -> None:
+    rows = store.fetch(list(sample))
+    missing = [cid for cid in sample if cid not in rows]
+    if missing:
+        health.fail(f"{len(missing)} of {len(sample)} sampled chunks are missing (e.g. {missing[0]})")
+    damaged, bad_vectors, probes, misses = [], [], 0, []
+    for cid, row in rows.items():
+        recomputed = content_hash(row.title, row.breadcrumb, row.category, row.text)
+        if row.content_hash != sample[cid] or recomputed != row.content_hash:
+            damaged.append(cid)
+            continue
+        try:
+            vector = check_query_vector(row.vector)
+        except VectorCheckError as exc:
+            bad_vectors.append(f"{cid} ({exc})")
+            continue
+        if probes < PROBE_SIZE:
+            probes += 1
+            hits = store.search(vector, 3)
+            if not hits or hits[0].chunk_id != cid and hits[0].similarity < _SELF_MATCH:
+                misses.append(cid)
+    health.checked_chunks = len(rows)
+    if damaged:
+        health.fail(f"{len(damaged)} sampled chunks have content that does not match their hash "
+                    f"(damaged rows, e.g. {damaged[0]})")
+    if bad_vectors:
+        health.fail(f"{len(bad_vectors)} sampled chunks have invalid vectors, e.g. {bad_vectors[0]}")
+    if misses:
+        health.fail(f"the vector index does not find {len(misses)} of {probes} sampled chunks by their own "
+                    f"vector (damaged index, e.g. {misses[0]}): rebuild with `rag ingest --rebuild`")
