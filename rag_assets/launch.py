@@ -43,20 +43,27 @@ def remote_job_origin(job_name: str, workspace_yaml: Path = WORKSPACE_YAML) -> R
     """
     origins = {o.location_name: o for o in location_origins_from_yaml_paths([str(workspace_yaml)])}
     if LOCATION_NAME not in origins:
-        raise LaunchError(f"{workspace_yaml}: no code location named {LOCATION_NAME!r} "
-                          f"(found: {', '.join(sorted(origins)) or 'none'})")
+        raise LaunchError(
+            f"{workspace_yaml}: no code location named {LOCATION_NAME!r} "
+            f"(found: {', '.join(sorted(origins)) or 'none'})"
+        )
     return RemoteJobOrigin(RemoteRepositoryOrigin(origins[LOCATION_NAME], REPOSITORY_NAME), job_name)
 
 
 def reconstructable_job(job_name: str) -> ReconstructableJob:
     """``job_name`` of ``rag_assets.definitions.defs`` as a job a run worker can rebuild."""
-    repo = ReconstructableRepository.for_module(DEFINITIONS_MODULE, "defs",
-                                                working_directory=str(PROJECT_ROOT))
+    repo = ReconstructableRepository.for_module(DEFINITIONS_MODULE, "defs", working_directory=str(PROJECT_ROOT))
     return repo.get_reconstructable_job(job_name)
 
 
-def launch_job(instance: dg.DagsterInstance, job_name: str, *, run_config: Mapping[str, Any] | None = None,
-               tags: Mapping[str, str] | None = None, partition_key: str | None = None) -> JobExecutionResult:
+def launch_job(
+    instance: dg.DagsterInstance,
+    job_name: str,
+    *,
+    run_config: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    partition_key: str | None = None,
+) -> JobExecutionResult:
     """Create a run of ``job_name`` on ``instance`` and execute it here; returns its result.
 
     Step failures do not raise: ``result.success`` is False and the run is marked failed.
@@ -71,6 +78,10 @@ def launch_job(instance: dg.DagsterInstance, job_name: str, *, run_config: Mappi
     if partition_key is not None:
         run_tags["dagster/partition"] = partition_key
     run = instance.create_run_for_job(
-        job_def=job_def, run_config=dict(run_config or {}), tags=run_tags,
-        remote_job_origin=remote_job_origin(job_name), job_code_origin=recon.get_python_origin())
+        job_def=job_def,
+        run_config=dict(run_config or {}),
+        tags=run_tags,
+        remote_job_origin=remote_job_origin(job_name),
+        job_code_origin=recon.get_python_origin(),
+    )
     return execute_run(recon, run, instance)
