@@ -229,6 +229,28 @@ def test_baseline_report_metadata_types(tmp_path):
     assert isinstance(metadata["mrr"], dg.FloatMetadataValue)
 
 
+def test_report_metadata_shows_the_chart_inline_and_survives_the_renderer(tmp_path):
+    resources = _resources(tmp_path, golden_cases=str(_write_cases(tmp_path / "cases.yaml")))
+    _write_milvus_fixtures(tmp_path / "data", hits={"c1", "c2", "c3"})
+    result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
+                            selection=REPORT_SELECTION, raise_on_error=False)
+    metadata = next(e.materialization.metadata for e in result.get_asset_materialization_events()
+                    if e.asset_key == dg.AssetKey("baseline_report"))
+    report = metadata["report"].value
+    # The file keeps its relative link; the UI gets the PNG itself (its renderer allows data:).
+    assert "![recall@K per path](baseline-recall.png)" in (tmp_path / "data" / "reports" / "baseline.md").read_text()
+    assert "![recall@K per path](data:image/png;base64,iVBORw0KGgo" in report
+    assert "baseline-recall.png)" not in report
+    assert metadata["recall_chart"].value.startswith("![recall@K per path](data:image/png;base64,")
+    assert "<br>" not in report
+    case_rows = [line for line in report.splitlines() if line.startswith(("| `c1`", "| `c2`", "| `c3`"))]
+    assert case_rows and all(line.count(" | ") == 5 for line in case_rows)  # one row per case, 6 cells
+    for value in metadata.values():  # 4 decimal places at most
+        if isinstance(value, dg.FloatMetadataValue):
+            assert value.value == round(value.value, 4)
+    assert "0.3333333" not in json.dumps(metadata["summary"].value)
+
+
 # --- resources -----------------------------------------------------------------------------------
 
 
