@@ -112,6 +112,7 @@ def print_locations(materialized: dict[str, dict], home: Path, out=None) -> None
                               ("comparison_report", "markdown_path", "comparison report (Markdown)"),
                               ("comparison_report", "json_path", "comparison report (JSON)"),
                               ("publish_reports", "published_dir", "published reports"),
+                              ("retrieval_history", "markdown_path", "morning view (history)"),
                               ("trace_tables", "path", "trace export (Parquet)")):
         path = _path_of(materialized.get(asset), key)
         print(f"  {label:30} {path or '(not materialized in this run)'}", file=out)

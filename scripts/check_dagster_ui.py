@@ -44,6 +44,7 @@ EXPECTED_LINEAGE: dict[str, list[str]] = {
     "comparison_report": ["golden_evaluation_milvus", "golden_evaluation_pgvector",
                           "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector"],
     "publish_reports": ["baseline_report", "comparison_report"],
+    "retrieval_history": ["golden_evaluation_milvus", "golden_evaluation_pgvector"],
     "tool_invocation": [],
     "trace_tables": ["tool_invocation"],
     # One self-contained asset per golden suite (golden/suites.yaml): ingest, record, evaluate.

@@ -35,7 +35,7 @@ UNSET = ("RAG_PG_DSN", "RAG_MILVUS_URI", "RAG_MILVUS_TOKEN", "RAG_SIDECAR_ENABLE
 BUILT = ("knowledge_documents", "chunks", "l0_index", "milvus_collection", "pgvector_table",
          "golden_cases", "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector",
          "golden_evaluation_milvus", "golden_evaluation_pgvector", "baseline_report",
-         "comparison_report", "publish_reports", "trace_tables")
+         "comparison_report", "publish_reports", "retrieval_history", "trace_tables")
 
 
 def _main(*argv: str) -> tuple[int, str]:
