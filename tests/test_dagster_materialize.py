@@ -254,9 +254,15 @@ def test_sidecar_unavailable_reports_instead_of_failing(runs, env):
 # --- the UI --------------------------------------------------------------------------------------
 
 
-def test_ui_serves_the_expected_lineage():
+def test_ui_serves_the_lineage_runs_descriptions_and_charts(runs, env):
+    """The webserver on the instance ``make run`` filled: lineage, descriptions, the runs in
+    their job's history, re-execution accepted, charts inline in the report metadata."""
     script = ROOT / "scripts" / "check_dagster_ui.py"
-    done = subprocess.run([sys.executable, str(script), "--timeout", "150"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, str(script), "--timeout", "150", "--dagster-home", str(env.home),
+                           "--data-dir", str(env.data)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "trace_tables <- tool_invocation" in done.stdout
+    assert "job refresh_job: 2 of 2 `make run` run(s) in its history" in done.stdout
+    assert "re-execute refresh_job run" in done.stdout and "accepted" in done.stdout
+    assert "baseline_report.recall_chart: chart inline" in done.stdout
+    assert "retrieval_history.trend_chart: chart inline" in done.stdout
