@@ -151,7 +151,9 @@ def test_ingest_job_runs_on_postgres_storage_and_is_read_back(prod):
         result = launch_job(instance, "ingest_job", tags={"rag/trigger": "test"})
         assert result.success
         runs = instance.get_runs(
-            dg.RunsFilter(job_name="ingest_job", tags={".dagster/repository": "__repository__@rag_assets"})
+            dg.RunsFilter(
+                job_name="ingest_job", tags={".dagster/repository": "__repository__@rag_assets", "rag/trigger": "test"}
+            )
         )
         assert [r.run_id for r in runs] == [result.run_id]
         assert runs[0].status == dg.DagsterRunStatus.SUCCESS and runs[0].remote_job_origin is not None
@@ -193,3 +195,28 @@ def test_schedule_tick_and_sensor_evaluation_on_postgres(prod):
         ):
             ticks = instance.get_ticks(states[name].instigator_origin_id, states[name].selector_id)
             assert ticks and ticks[0].status.value == "SUCCESS", (name, kind, ticks[:1])
+
+
+def test_a_run_that_never_started_is_marked_failed_by_run_monitoring(prod, monkeypatch):
+    """A run whose worker crashed before starting stays NOT_STARTED; the daemon's run monitoring
+    (enabled in the production YAML) fails it once start_timeout_seconds have passed."""
+    from dagster._daemon.monitoring import run_monitoring
+
+    from rag_assets.launch import reconstructable_job, remote_job_origin
+
+    with dg.DagsterInstance.get() as instance:
+        assert instance.run_monitoring_enabled and instance.run_monitoring_start_timeout_seconds == 180
+        recon = reconstructable_job("ingest_job")
+        run = instance.create_run_for_job(
+            job_def=recon.get_definition(),
+            tags={"rag/trigger": "crash-test"},
+            remote_job_origin=remote_job_origin("ingest_job"),
+            job_code_origin=recon.get_python_origin(),
+        )
+        [record] = instance.get_run_records(dg.RunsFilter(run_ids=[run.run_id]))
+        assert record.dagster_run.status == dg.DagsterRunStatus.NOT_STARTED
+        later = record.create_timestamp.timestamp() + 181
+        monkeypatch.setattr(run_monitoring, "get_current_timestamp", lambda: later)
+        run_monitoring.monitor_starting_run(instance, record, logging.getLogger("test"))
+        failed = instance.get_run_by_id(run.run_id)
+        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
