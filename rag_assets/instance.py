@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
@@ -77,8 +78,9 @@ def pg_storage(config: Mapping[str, Any], config_path: Path) -> PgStorage | None
     if "postgres_url" in storage:
         url = _resolve(storage["postgres_url"], f"{base}.postgres_url", names)
         where = names[f"{base}.postgres_url"]
-        password = ""
+        password = unquote(urlsplit(url).password or "")
         scheme = url.split("://", 1)[0]
+        scheme_setting = where
     else:
         db = storage.get("postgres_db") or {}
         values = {f: _resolve(db.get(f), f, names) for f in DB_FIELDS if f in db}
@@ -86,9 +88,10 @@ def pg_storage(config: Mapping[str, Any], config_path: Path) -> PgStorage | None
         url = get_conn_string(**values, params=db.get("params"), scheme=scheme)
         where = f"{base}.postgres_db ({', '.join(names[f] for f in DB_FIELDS if f in names)})"
         password = values.get("password", "")
+        scheme_setting = f"{base}.postgres_db.scheme"
     if scheme != REQUIRED_SCHEME:
         raise InstanceConfigError(
-            f"{base}.postgres_db.scheme is {scheme!r}: use {REQUIRED_SCHEME!r} (a bare postgresql:// "
+            f"{scheme_setting}: scheme is {scheme!r}: use {REQUIRED_SCHEME!r} (a bare postgresql:// "
             "selects psycopg 3, on which dagster-postgres fails at the first write)"
         )
     return PgStorage(url=url, where=where, password=password)
