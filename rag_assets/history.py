@@ -318,6 +318,7 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     shown = list(nights[-TREND_NIGHTS:])
@@ -325,12 +326,23 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     paths = list(dict.fromkeys(p for n in shown for p in n.paths))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
     try:
-        for path in paths:
-            label = PATH_LABELS.get(path, path)
+        for index, path in enumerate(paths):
+            label, color = PATH_LABELS.get(path, path), f"C{index}"  # one colour per path
             series = [n.paths.get(path) for n in shown]
-            top.plot(days, [s.recall_at_5 if s else None for s in series], marker="o", label=f"{label} recall@5")
-            top.plot(days, [s.mrr if s else None for s in series], marker="s", linestyle="--", label=f"{label} MRR")
-            bottom.plot(days, [s.latency_p95_ms if s else None for s in series], marker="o", label=label)
+            top.plot(
+                days, [s.recall_at_5 if s else None for s in series], marker="o", color=color, label=f"{label} recall@5"
+            )
+            top.plot(
+                days,
+                [s.mrr if s else None for s in series],
+                marker="s",
+                linestyle="--",
+                color=color,
+                label=f"{label} MRR",
+            )
+            bottom.plot(days, [s.latency_p95_ms if s else None for s in series], marker="o", color=color, label=label)
+        bottom.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, len(shown) // 10)))
+        bottom.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
         top.set_ylim(0, 1.05)
         top.set_ylabel("recall@5 / MRR")
         top.grid(True, alpha=0.3)
