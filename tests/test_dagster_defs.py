@@ -3,6 +3,7 @@ bad input, the blocking regression gate, the trace statistics and the store lock
 
 import importlib.util
 import json
+import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +21,7 @@ from rag_assets.defs.resources import (
 )
 from rag_assets.defs.traces import trace_frame, trace_stats
 from rag_assets.locks import StoreBusyError, store_lock
-from rag_assets.timing import DAILY_PARTITIONS, previous_day_key
+from rag_assets.timing import DAILY_PARTITIONS, TRACE_START_DATE, previous_day_key, trace_start_date
 from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixture_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,15 +91,36 @@ def test_groups_checks_and_partitions():
 
 def test_nightly_tick_targets_the_previous_day():
     schedule = defs.resolve_schedule_def("nightly_evaluation")
-    tick = datetime(2026, 11, 29, 2, 0, tzinfo=UTC)
+    tick = datetime.now(UTC).replace(hour=2, minute=0, second=0, microsecond=0)
     context = dg.build_schedule_context(scheduled_execution_time=tick,
                                        repository_def=defs.get_repository_def())
     data = schedule.evaluate_tick(context)
     [request] = data.run_requests
-    assert request.partition_key == "2026-11-28"
+    assert request.partition_key == previous_day_key(tick)
     assert schedule.job_name == "nightly_evaluation_job"
-    assert "2026-11-28" in DAILY_PARTITIONS.get_partition_keys(current_time=tick)
+    assert previous_day_key(tick) in DAILY_PARTITIONS.get_partition_keys(current_time=tick)
     assert previous_day_key(datetime(2026, 1, 1, 2, 0)) == "2025-12-31"
+
+
+def test_schedules_and_sensor_have_descriptions_and_the_ingest_retries():
+    for name in ("nightly_evaluation", "nightly_golden_suites"):
+        assert len(defs.resolve_schedule_def(name).description or "") > 40
+    assert "walker" in (defs.resolve_sensor_def("knowledge_change_sensor").description or "")
+    policy = defs.resolve_job_def("ingest_job").op_retry_policy
+    assert policy is not None and policy.max_retries == 2 and policy.backoff == dg.Backoff.EXPONENTIAL
+
+
+def test_trace_partitions_start_where_the_traces_start(tmp_path):
+    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
+    assert trace_start_date({}, tmp_path, now) == "2026-11-30"  # no traces: yesterday, the first nightly day
+    for day in ("2026-11-02", "2026-10-17"):
+        (tmp_path / "traces" / "tool_invocation" / f"day={day}").mkdir(parents=True)
+    (tmp_path / "traces" / "tool_invocation" / "day=garbage").mkdir()
+    assert trace_start_date({}, tmp_path, now) == "2026-10-17"
+    assert trace_start_date({"RAG_TRACE_START_DATE": "2026-09-01"}, tmp_path, now) == "2026-09-01"
+    with pytest.raises(ValueError, match="RAG_TRACE_START_DATE='Sept' is not a UTC day"):
+        trace_start_date({"RAG_TRACE_START_DATE": "Sept"}, tmp_path, now)
+    assert DAILY_PARTITIONS.start.date().isoformat() == TRACE_START_DATE
 
 
 def test_sensor_requests_ingest_when_markdown_changes(tmp_path):
@@ -123,6 +145,22 @@ def test_sensor_requests_ingest_when_markdown_changes(tmp_path):
     assert len(changed.run_requests) == 1 and new_cursor != cursor
     (knowledge / "notes.txt").write_text("not markdown")
     assert not tick(new_cursor)[0].run_requests
+    # What ingestion does not read does not trigger: hidden dirs and files, an outside symlinked dir.
+    (knowledge / ".git").mkdir()
+    (knowledge / ".git" / "HEAD.md").write_text("# x\n\ny\n")
+    (knowledge / "ops" / ".draft.md").write_text("# x\n\ny\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "B.md").write_text("# B\n\nb\n")
+    (knowledge / "linked").symlink_to(outside, target_is_directory=True)
+    assert not tick(new_cursor)[0].run_requests
+    (outside / "B.md").write_text("# B\n\nchanged\n")
+    assert not tick(new_cursor)[0].run_requests
+    # A touch (mtime moves, bytes do not) updates the cursor without a run.
+    stat = doc.stat()
+    os.utime(doc, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+    touched, touched_cursor = tick(new_cursor)
+    assert not touched.run_requests and "unchanged" in touched.skip_message and touched_cursor != new_cursor
 
     missing = RagSettingsResource(knowledge_dir=str(tmp_path / "nope"))
     result = sensor.evaluate_tick(dg.build_sensor_context(resources={"rag": missing}, definitions=defs))
@@ -228,6 +266,28 @@ def test_baseline_report_metadata_types(tmp_path):
     assert isinstance(metadata["summary"], dg.JsonMetadataValue)
     assert isinstance(metadata["recall@5"], dg.FloatMetadataValue) and metadata["recall@5"].value == 0.75
     assert isinstance(metadata["mrr"], dg.FloatMetadataValue)
+
+
+def test_report_metadata_shows_the_chart_inline_and_survives_the_renderer(tmp_path):
+    resources = _resources(tmp_path, golden_cases=str(_write_cases(tmp_path / "cases.yaml")))
+    _write_milvus_fixtures(tmp_path / "data", hits={"c1", "c2", "c3"})
+    result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
+                            selection=REPORT_SELECTION, raise_on_error=False)
+    metadata = next(e.materialization.metadata for e in result.get_asset_materialization_events()
+                    if e.asset_key == dg.AssetKey("baseline_report"))
+    report = metadata["report"].value
+    # The file keeps its relative link; the UI gets the PNG itself (its renderer allows data:).
+    assert "![recall@K per path](baseline-recall.png)" in (tmp_path / "data" / "reports" / "baseline.md").read_text()
+    assert "![recall@K per path](data:image/png;base64,iVBORw0KGgo" in report
+    assert "baseline-recall.png)" not in report
+    assert metadata["recall_chart"].value.startswith("![recall@K per path](data:image/png;base64,")
+    assert "<br>" not in report
+    case_rows = [line for line in report.splitlines() if line.startswith(("| `c1`", "| `c2`", "| `c3`"))]
+    assert case_rows and all(line.count(" | ") == 5 for line in case_rows)  # one row per case, 6 cells
+    for value in metadata.values():  # 4 decimal places at most
+        if isinstance(value, dg.FloatMetadataValue):
+            assert value.value == round(value.value, 4)
+    assert "0.3333333" not in json.dumps(metadata["summary"].value)
 
 
 # --- resources -----------------------------------------------------------------------------------
@@ -364,7 +424,7 @@ def test_disabled_sidecar_is_reported_not_failed(tmp_path):
 def test_unreachable_trace_store_fails_the_export_without_leaking_the_password(tmp_path):
     resources = _resources(tmp_path, pg_dsn="postgresql://rag:s3cret-pw@127.0.0.1:9/rag")
     result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
-                            selection=dg.AssetSelection.assets("trace_tables"), partition_key="2026-11-28",
+                            selection=dg.AssetSelection.assets("trace_tables"), partition_key=TRACE_START_DATE,
                             raise_on_error=False)
     assert not result.success
     message = _step_failure(result, "trace_tables")

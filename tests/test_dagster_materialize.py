@@ -23,7 +23,7 @@ import pytest
 from rag_assets import run
 from rag_assets.definitions import defs
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource, build_resources
-from rag_assets.timing import today_key
+from rag_assets.timing import TRACE_START_DATE, today_key
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ UNSET = ("RAG_PG_DSN", "RAG_MILVUS_URI", "RAG_MILVUS_TOKEN", "RAG_SIDECAR_ENABLE
 BUILT = ("knowledge_documents", "chunks", "l0_index", "milvus_collection", "pgvector_table",
          "golden_cases", "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector",
          "golden_evaluation_milvus", "golden_evaluation_pgvector", "baseline_report",
-         "comparison_report", "publish_reports", "trace_tables")
+         "comparison_report", "publish_reports", "retrieval_history", "trace_tables")
 
 
 def _main(*argv: str) -> tuple[int, str]:
@@ -197,13 +197,31 @@ def test_todays_trace_partition_holds_the_evaluation_lookups(runs, env):
 
 
 def test_trace_partition_of_a_given_day(runs, env):
+    day = TRACE_START_DATE  # the first partition: no lookups were traced that day here
     result = defs.resolve_job_def("trace_export_job").execute_in_process(
-        instance=runs.instance, partition_key="2026-01-01", raise_on_error=False)
+        instance=runs.instance, partition_key=day, raise_on_error=False)
     assert result.success
-    meta = _metadata(runs.instance, "trace_tables", "2026-01-01")
-    assert meta["dagster/row_count"] == 0 and "fallback_rate" not in meta
-    path = env.data / "traces" / "tool_invocation" / "day=2026-01-01" / "part-0.parquet"
+    meta = _metadata(runs.instance, "trace_tables", day)
+    if day != today_key():
+        assert meta["dagster/row_count"] == 0 and "fallback_rate" not in meta
+    path = env.data / "traces" / "tool_invocation" / f"day={day}" / "part-0.parquet"
     assert pl.read_parquet(path).columns == [c.name for c in meta["dagster/column_schema"].columns]
+
+
+def test_main_command_runs_are_in_their_job_history(runs, env):
+    """``make run``'s runs carry the code location's origin: the UI lists them under the job
+    (runs filtered by job name and repository tag) and can re-execute them."""
+    for job in ("refresh_job", "trace_export_job"):
+        history = runs.instance.get_runs(dg.RunsFilter(
+            job_name=job, tags={".dagster/repository": "__repository__@rag_assets",
+                                "rag/trigger": "rag_assets.run"}))
+        assert history, f"no {job} run in the job's history"
+        for run_ in history:
+            assert run_.remote_job_origin is not None and run_.job_code_origin is not None
+            assert run_.remote_job_origin.location_name == "rag_assets"
+    [traces] = runs.instance.get_runs(dg.RunsFilter(job_name="trace_export_job",
+                                                    tags={"rag/trigger": "rag_assets.run"}), limit=1)
+    assert traces.tags["dagster/partition"] == today_key() and traces.status == dg.DagsterRunStatus.SUCCESS
 
 
 # --- the sidecar down --------------------------------------------------------------------------
@@ -236,9 +254,15 @@ def test_sidecar_unavailable_reports_instead_of_failing(runs, env):
 # --- the UI --------------------------------------------------------------------------------------
 
 
-def test_ui_serves_the_expected_lineage():
+def test_ui_serves_the_lineage_runs_descriptions_and_charts(runs, env):
+    """The webserver on the instance ``make run`` filled: lineage, descriptions, the runs in
+    their job's history, re-execution accepted, charts inline in the report metadata."""
     script = ROOT / "scripts" / "check_dagster_ui.py"
-    done = subprocess.run([sys.executable, str(script), "--timeout", "150"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, str(script), "--timeout", "150", "--dagster-home", str(env.home),
+                           "--data-dir", str(env.data)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "trace_tables <- tool_invocation" in done.stdout
+    assert "job refresh_job: 2 of 2 `make run` run(s) in its history" in done.stdout
+    assert "re-execute refresh_job run" in done.stdout and "accepted" in done.stdout
+    assert "baseline_report.recall_chart: chart inline" in done.stdout
+    assert "retrieval_history.trend_chart: chart inline" in done.stdout

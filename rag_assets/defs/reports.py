@@ -1,8 +1,9 @@
 """Reports group: the main path's baseline report, the main-vs-sidecar comparison, publishing.
 
 Reports are JSON + Markdown (+ a recall@K chart) in the reports dir (``<data_dir>/reports`` by
-default). ``publish_reports`` copies them to the published dir; it sits downstream of the
-blocking ``baseline_regression`` check, so a regression keeps the last good reports published.
+default); in the UI the chart is inlined in the report metadata (a PNG data URI).
+``publish_reports`` copies them to the published dir; it sits downstream of the blocking
+``baseline_regression`` check, so a regression keeps the last good reports published.
 """
 
 import json
@@ -14,7 +15,7 @@ from rag_assets.defs.evaluation import load_evaluation, metric_values, summary_j
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.files import copy_atomic
 from rag_assets.layout import AssetFiles
-from rag_assets.metadata import floats, md_table
+from rag_assets.metadata import chart_md, floats, inline_images, md_table, rounded
 from rag_assets.timing import NIGHTLY_FRESHNESS
 
 REPORT_NAMES = ("baseline", "comparison")
@@ -24,6 +25,17 @@ REPORT_SUFFIXES = (".json", ".md", "-recall.png")
 def _report_files(md_path: Path, json_path: Path) -> dict:
     return {"json_path": dg.MetadataValue.path(str(json_path)),
             "markdown_path": dg.MetadataValue.path(str(md_path))}
+
+
+def report_metadata(md_path: Path) -> dict:
+    """The Markdown report with its recall@K chart inline (the UI cannot follow the file's
+    relative image link), and the chart on its own as ``recall_chart``."""
+    chart = md_path.with_name(f"{md_path.stem}-recall.png")
+    metadata = {"report": dg.MetadataValue.md(inline_images(md_path.read_text(encoding="utf-8"),
+                                                            md_path.parent))}
+    if chart.is_file():
+        metadata["recall_chart"] = chart_md(chart, "recall@K per path")
+    return metadata
 
 
 @dg.asset(group_name="reports", deps=["golden_evaluation_milvus"], kinds={"json", "markdown"},
@@ -43,8 +55,8 @@ def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResour
     files = evaluation.files(settings)
     json_path, md_path = write_baseline_report(report, files.reports_dir, "baseline")
     return dg.MaterializeResult(metadata={
-        "report": dg.MetadataValue.md(md_path.read_text(encoding="utf-8")),
-        "summary": dg.MetadataValue.json(summary_json(report)),
+        **report_metadata(md_path),
+        "summary": dg.MetadataValue.json(rounded(summary_json(report))),
         "status": report.path_status.status,
         **floats(metric_values(report)),
         **_report_files(md_path, json_path),
@@ -84,12 +96,12 @@ def comparison_report(context: dg.AssetExecutionContext, rag: RagSettingsResourc
         context.log.warning("sidecar unavailable: %s", side_status.get("reason"))
     overlap = comparison["mean_rank_overlap"]
     return dg.MaterializeResult(metadata={
-        "report": dg.MetadataValue.md(md_path.read_text(encoding="utf-8")),
-        "summary": dg.MetadataValue.json({
+        **report_metadata(md_path),
+        "summary": dg.MetadataValue.json(rounded({
             "sidecar_status": side_status, "mean_rank_overlap": overlap,
             "main": comparison["main"]["summary"],
             "sidecar": (comparison.get("sidecar") or {}).get("summary"),
-        }),
+        })),
         "sidecar_status": side_status["status"],
         "sidecar_reason": side_status.get("reason") or "",
         **floats({f"top{k}_overlap": v for k, v in overlap.items()}),

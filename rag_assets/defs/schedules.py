@@ -26,9 +26,15 @@ EXECUTABLE = dg.AssetSelection.all() - dg.AssetSelection.assets("tool_invocation
 STORE_TAGS = {"rag/stores": "shared"}
 SUITES_CRON = "0 3 * * *"
 
+#: The sensor-triggered ingest retries a failed step (a store briefly down, a lock timeout):
+#: 3 tries in all, 30 s then 60 s apart. Bad input (no knowledge dir) fails without retry.
+INGEST_RETRY = dg.RetryPolicy(max_retries=2, delay=30, backoff=dg.Backoff.EXPONENTIAL)
+
 ingest_job = dg.define_asset_job(
     "ingest_job", selection=dg.AssetSelection.groups(*INGEST_GROUPS),
-    tags=STORE_TAGS, description="Scan, chunk and index the knowledge directory (incremental).")
+    tags=STORE_TAGS, op_retry_policy=INGEST_RETRY,
+    description="Scan, chunk and index the knowledge directory (incremental). Failed steps are "
+                "retried (3 tries, exponential backoff from 30 s).")
 
 nightly_evaluation_job = dg.define_asset_job(
     "nightly_evaluation_job",
@@ -50,7 +56,11 @@ trace_export_job = dg.define_asset_job(
 
 
 @dg.schedule(cron_schedule=NIGHTLY_CRON, execution_timezone=TIMEZONE, job=nightly_evaluation_job,
-             default_status=dg.DefaultScheduleStatus.RUNNING)
+             default_status=dg.DefaultScheduleStatus.RUNNING,
+             description="Nightly at 02:00 UTC: record both paths (Milvus, pgvector) on the golden "
+                         "cases, evaluate, report, gate against the baseline, publish, append the "
+                         "retrieval history, and export the traces of the UTC day that has just ended "
+                         "(partition = that day).")
 def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     """At 02:00 UTC: the nightly evaluation, exporting the traces of the previous UTC day."""
     tick = context.scheduled_execution_time or datetime.now(UTC)
@@ -59,7 +69,9 @@ def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
 
 
 @dg.schedule(cron_schedule=SUITES_CRON, execution_timezone=TIMEZONE, job=golden_suites_job,
-             default_status=dg.DefaultScheduleStatus.RUNNING)
+             default_status=dg.DefaultScheduleStatus.RUNNING,
+             description="Nightly at 03:00 UTC, after the nightly evaluation: every golden suite of "
+                         "golden/suites.yaml on its own index, each gated against its stored baseline.")
 def nightly_golden_suites(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     """At 03:00 UTC, after the nightly evaluation: every golden suite (English, hard English,
     Chinese runbooks and the sample knowledge base), each gated against its stored baseline."""
@@ -67,26 +79,33 @@ def nightly_golden_suites(context: dg.ScheduleEvaluationContext) -> dg.RunReques
     return dg.RunRequest(run_key=f"suites-{tick:%Y-%m-%d}", tags={"rag/trigger": "nightly"})
 
 
-@dg.sensor(job=ingest_job, minimum_interval_seconds=60,
-           default_status=dg.DefaultSensorStatus.RUNNING)
+@dg.sensor(job=ingest_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Every minute: requests ingest_job when a Markdown file that ingestion reads "
+                       "(same walker: hidden entries and outside symlinks excluded) was added, removed "
+                       "or changed. Sizes and mtimes are compared first; contents are hashed only "
+                       "when they moved, so a touch alone does not re-ingest.")
 def knowledge_change_sensor(context: dg.SensorEvaluationContext,
                             rag: RagSettingsResource) -> dg.RunRequest | dg.SkipReason:
-    """Requests an ingest when the content hash of the Markdown files differs from the cursor.
+    """Requests an ingest when the content of the ingested Markdown files differs from the cursor.
 
-    The first evaluation (no cursor) requests one too: the index may predate the sensor.
-    A missing or Markdown-free knowledge directory is skipped with the reason.
+    The first evaluation (no cursor, or a cursor of an older format) requests one too: the
+    index may predate the sensor. A missing or Markdown-free knowledge directory is skipped
+    with the reason.
     """
-    from rag_core.evaluation.record import corpus_hash
+    from rag_assets.fingerprint import fingerprint, parse_cursor
 
     root = rag.get_settings().knowledge_dir
     if not root.is_dir():
         return dg.SkipReason(f"knowledge directory {root} does not exist")
-    if not any(p.suffix.lower() in (".md", ".markdown") for p in root.rglob("*") if p.is_file()):
+    previous = parse_cursor(context.cursor)
+    now = fingerprint(root, previous)
+    if now.files == 0:
         return dg.SkipReason(f"no Markdown files under {root}")
-    digest = corpus_hash(root)
-    if digest == context.cursor:
-        return dg.SkipReason("knowledge unchanged")
-    previous = context.cursor
-    context.update_cursor(digest)
-    return dg.RunRequest(tags={"rag/trigger": "knowledge_change", "rag/corpus_hash": digest[:16],
-                               "rag/previous_hash": (previous or "none")[:16]})
+    if previous is not None and now.stat == previous.stat:
+        return dg.SkipReason("knowledge unchanged (sizes and mtimes)")
+    context.update_cursor(now.cursor())
+    if previous is not None and now.content == previous.content:
+        return dg.SkipReason("files touched but their contents are unchanged")
+    return dg.RunRequest(tags={"rag/trigger": "knowledge_change",
+                               "rag/corpus_hash": (now.content or "")[:16],
+                               "rag/previous_hash": ((previous.content if previous else None) or "none")[:16]})

@@ -152,6 +152,8 @@ class CaseFixture(BaseModel):
     context_pack_sources: list[str] = Field(default_factory=list)
     filter_probe: FilterProbe | None = None
     relevance_level: str | None = None
+    #: Wall time of the recorded lookup in milliseconds (None in fixtures recorded before it).
+    latency_ms: float | None = None
 
     @field_validator("retrieval_layer", mode="before")
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -95,7 +96,9 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
     session = f"eval-{path}-{datetime.now(UTC):%Y%m%d}"
     try:
         for case in tqdm(cases, desc=f"recording {path}", unit="case", disable=not progress):
+            started = time.perf_counter()
             result, candidates = tool.lookup_with_candidates(case.query, session_id=session)
+            latency_ms = round((time.perf_counter() - started) * 1000, 2)
             write_fixture(out_dir, {
                 "case_id": case.id, "path": path, "query": case.query, "status": result.status,
                 "error": result.retrieval_trace.error, "retrieval_layer": result.retrieval_trace.layer,
@@ -104,6 +107,7 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
                 "context_pack_sources": result.context_pack.included_sources,
                 "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
                 "relevance_level": result.relevance_level.value,
+                "latency_ms": latency_ms,
             })
     finally:
         tool.close()

@@ -286,9 +286,10 @@ def _case_rows(cases: Sequence[CaseResult]) -> list[list[str]]:
             c.scenario,
             _LEVEL_MARK[c.hit_level],
             "—" if c.first_hit_rank is None else str(c.first_hit_rank),
-            # Cells are escaped once, by _table.
-            "<br>".join(c.top_candidates[:3]),
-            "<br>".join(c.failed_checks) or c.not_run_reason,
+            # "; "-separated, not <br>: renderers that do not pass raw HTML (the Dagster UI)
+            # drop the tag. Cells are escaped once, by _table.
+            "; ".join(c.top_candidates[:3]),
+            "; ".join(c.failed_checks) or c.not_run_reason,
         ]
         for c in cases
     ]

@@ -525,3 +525,14 @@ def scan_documents(root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
         except DocumentProblem as problem:
             issues.append(problem.issue)
     return docs, issues
+
+
+def markdown_files(root: Path) -> list[Path]:
+    """The Markdown files ``scan_documents`` reads under ``root``, sorted by doc id: the same
+    walk (hidden entries skipped, directory symlinks not followed, symlinked directories
+    outside the root refused). Listing problems are ``scan_documents``' to report; a missing
+    ``root`` yields ``[]``. For change detection (the Dagster sensor) without loading anything."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(_walk(root, []), key=lambda p: doc_id_for(p, root))
