@@ -319,7 +319,7 @@ def test_ingest_skips_a_chunk_whose_vector_is_rejected_and_names_it(endpoint, tm
     store = MilvusStore.from_settings(settings)
     report = ingest(settings, make_embedder(settings), [store], progress=False)
     issues = [i for i in report.skipped if "near-zero" in i.reason]
-    assert len(issues) == 1 and issues[0].path == "ops/bad.md" and "Broken" in issues[0].reason
+    assert len(issues) == 1 and issues[0].path == "ops/bad.md" and issues[0].heading == "Bad > Broken"
     assert store.count() == report.chunks_total - 1
     store.close()
 
