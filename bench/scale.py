@@ -397,8 +397,14 @@ def milvus_bm25(client, base: BaseData, ds: Dataset, k: int, n: int) -> dict[str
         words = base.meta[int(rng.integers(0, len(base.meta)))]["lexical"].split() or ["pod"]
         terms = " ".join(rng.choice(words, size=min(3, len(words)), replace=False))
         t0 = time.perf_counter()
-        client.search(COLLECTION, data=[terms], anns_field="sparse", limit=k, output_fields=["chunk_id"],
-                      search_params={"metric_type": "BM25"})
+        client.search(
+            COLLECTION,
+            data=[terms],
+            anns_field="sparse",
+            limit=k,
+            output_fields=["chunk_id"],
+            search_params={"metric_type": "BM25"},
+        )
         if i:
             times.append((time.perf_counter() - t0) * 1000)
     return summarize(times)
@@ -828,8 +834,7 @@ def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
                             configs.append(milvus_measure(client, ds, opts.k, {"ef": ef}, n_single, f"HNSW ef={ef}"))
                         est.learn("milvus_hnsw", n, time.perf_counter() - t0)
                     best = best_config(configs)
-                    res["stores"]["milvus"] = {"configs": configs, "best": best,
-                                               "bm25_ms": bm25_ms}
+                    res["stores"]["milvus"] = {"configs": configs, "best": best, "bm25_ms": bm25_ms}
                     if n <= opts.milvus_hnsw_max_size:
                         milvus_choice = best
                     current = "HNSW" if any(c["config"].startswith("HNSW") for c in configs) else "FLAT"

@@ -80,12 +80,16 @@ def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path,
     for doc in held:
         (kb / doc.relative_to(new)).unlink()
     text = changed.read_text(encoding="utf-8")
-    changed.write_text(text + "\n\n## Ingest-while-serving note\n\nA paragraph added by the benchmark.\n",
-                       encoding="utf-8")
+    changed.write_text(
+        text + "\n\n## Ingest-while-serving note\n\nA paragraph added by the benchmark.\n", encoding="utf-8"
+    )
     deleted.unlink()
     rel = lambda p: p.relative_to(new).as_posix()  # noqa: E731
-    return kb, new, {"added": rel(held[0]), "changed": rel(changed), "deleted": rel(deleted),
-                     "added_count": str(len(held))}
+    return (
+        kb,
+        new,
+        {"added": rel(held[0]), "changed": rel(changed), "deleted": rel(deleted), "added_count": str(len(held))},
+    )
 
 
 def chunk_texts(kb: Path, settings: RagSettings) -> dict[str, str]:
@@ -98,8 +102,16 @@ def chunk_texts(kb: Path, settings: RagSettings) -> dict[str, str]:
     return {c.chunk_id: c.text for c in chunks}
 
 
-def run(settings: RagSettings, embedder: Any, queries: list[str], corpus: Path, work: Path,
-        threads: int = 8, timeout_s: float = 600.0, after_lookups: int = 16) -> ServingRun:
+def run(
+    settings: RagSettings,
+    embedder: Any,
+    queries: list[str],
+    corpus: Path,
+    work: Path,
+    threads: int = 8,
+    timeout_s: float = 600.0,
+    after_lookups: int = 16,
+) -> ServingRun:
     """One ingest-while-serving run in ``work`` (data dir ``settings.data_dir``); see the module doc."""
     from rag_core.ingest.pipeline import ingest
     from rag_core.lookup.tool import LookupKnowledgeTool
@@ -131,8 +143,11 @@ def run(settings: RagSettings, embedder: Any, queries: list[str], corpus: Path, 
             result, cands = tool.lookup_with_candidates(q, session_id=session)
             errors = [a.error for a in result.retrieval_trace.attempts if a.error]
             problem = result.message if result.status != "ok" else (errors[0] if errors else None)
-            foreign = [c.hit.chunk_id for c in cands
-                       if c.hit.text not in (old_chunks.get(c.hit.chunk_id), new_chunks.get(c.hit.chunk_id))]
+            foreign = [
+                c.hit.chunk_id
+                for c in cands
+                if c.hit.text not in (old_chunks.get(c.hit.chunk_id), new_chunks.get(c.hit.chunk_id))
+            ]
         except Exception as exc:  # lookup() never raises; count it anyway
             problem, foreign = f"{type(exc).__name__}: {exc}", []
         ms = (time.perf_counter() - t0) * 1000
@@ -150,12 +165,22 @@ def run(settings: RagSettings, embedder: Any, queries: list[str], corpus: Path, 
             one(queries[(n + i * threads) % len(queries)], f"serve-{n}")
             i += 1
 
-    env = dict(os.environ, RAG_DATA_DIR=str(settings.data_dir), RAG_KNOWLEDGE_DIR=str(kb), HF_HUB_OFFLINE="1",
-               RAG_EMBEDDING_MODEL=settings.embedding_model)
+    env = dict(
+        os.environ,
+        RAG_DATA_DIR=str(settings.data_dir),
+        RAG_KNOWLEDGE_DIR=str(kb),
+        HF_HUB_OFFLINE="1",
+        RAG_EMBEDDING_MODEL=settings.embedding_model,
+    )
     pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", _CLI, "ingest", "--json"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLI, "ingest", "--json"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     for t in pool:
         t.start()
     try:

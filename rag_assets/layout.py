@@ -34,13 +34,14 @@ class AssetFiles:
     published_dir: Path
 
     @classmethod
-    def under(cls, data_dir: Path, reports_dir: Path | None = None,
-              published_dir: Path | None = None) -> AssetFiles:
+    def under(cls, data_dir: Path, reports_dir: Path | None = None, published_dir: Path | None = None) -> AssetFiles:
         """The layout of ``data_dir`` (resolved to an absolute path)."""
         root = Path(data_dir).expanduser().resolve()
-        return cls(root,
-                   Path(reports_dir).expanduser().resolve() if reports_dir else root / "reports",
-                   Path(published_dir).expanduser().resolve() if published_dir else root / "published")
+        return cls(
+            root,
+            Path(reports_dir).expanduser().resolve() if reports_dir else root / "reports",
+            Path(published_dir).expanduser().resolve() if published_dir else root / "published",
+        )
 
     @property
     def chunks_parquet(self) -> Path:

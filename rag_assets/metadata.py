@@ -13,8 +13,7 @@ import polars as pl
 
 from rag_core.models import DocumentIssue
 
-_POLARS_TYPES = {pl.Utf8: "string", pl.Int64: "int", pl.Int32: "int", pl.Float64: "float",
-                 pl.Boolean: "bool"}
+_POLARS_TYPES = {pl.Utf8: "string", pl.Int64: "int", pl.Int32: "int", pl.Float64: "float", pl.Boolean: "bool"}
 
 
 def md_cell(value: Any) -> str:
@@ -25,19 +24,17 @@ def md_cell(value: Any) -> str:
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |",
-             "|" + "|".join("---" for _ in headers) + "|"]
+    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     lines += ["| " + " | ".join(md_cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def issues_table(issues: Sequence[DocumentIssue]) -> dg.TableMetadataValue:
     """Skipped documents as a table: path, line (0 = unknown), reason."""
-    schema = dg.TableSchema(columns=[dg.TableColumn("path", "string"),
-                                     dg.TableColumn("line", "int"),
-                                     dg.TableColumn("reason", "string")])
-    records = [dg.TableRecord({"path": i.path, "line": i.line or 0, "reason": i.reason})
-               for i in issues]
+    schema = dg.TableSchema(
+        columns=[dg.TableColumn("path", "string"), dg.TableColumn("line", "int"), dg.TableColumn("reason", "string")]
+    )
+    records = [dg.TableRecord({"path": i.path, "line": i.line or 0, "reason": i.reason}) for i in issues]
     return dg.MetadataValue.table(records, schema=schema)
 
 
@@ -58,8 +55,7 @@ _IMAGE_REF = re.compile(r"!\[([^\]]*)\]\(([^)\s:]+\.png)\)")
 
 def floats(values: Mapping[str, float | None]) -> dict[str, dg.MetadataValue]:
     """Numeric metadata the UI plots over time, rounded to ``FLOAT_DIGITS``; ``None`` left out."""
-    return {k: dg.MetadataValue.float(round(float(v), FLOAT_DIGITS)) for k, v in values.items()
-            if v is not None}
+    return {k: dg.MetadataValue.float(round(float(v), FLOAT_DIGITS)) for k, v in values.items() if v is not None}
 
 
 def rounded(value: Any) -> Any:
@@ -82,6 +78,7 @@ def inline_images(markdown: str, base_dir: Path) -> str:
     """``markdown`` with each relative ``![alt](name.png)`` whose file is in ``base_dir``
     replaced by a data URI: the Dagster UI cannot resolve a path relative to a report file,
     but its Markdown renderer displays ``data:`` images. Missing files are left as they are."""
+
     def embed(match: re.Match[str]) -> str:
         file = base_dir / match.group(2)
         return f"![{match.group(1)}]({png_data_uri(file)})" if file.is_file() else match.group(0)

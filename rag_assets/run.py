@@ -55,9 +55,24 @@ def _metadata_value(value) -> object:
     return getattr(value, "value", value)
 
 
-HEADLINE_KEYS = ("status", "reason", "dagster/row_count", "entries", "domains", "added", "updated",
-                 "removed", "unchanged", "fixture_count", "recall@5", "mrr", "top5_overlap",
-                 "fallback_rate", "latency_p95_ms", "file_count")
+HEADLINE_KEYS = (
+    "status",
+    "reason",
+    "dagster/row_count",
+    "entries",
+    "domains",
+    "added",
+    "updated",
+    "removed",
+    "unchanged",
+    "fixture_count",
+    "recall@5",
+    "mrr",
+    "top5_overlap",
+    "fallback_rate",
+    "latency_p95_ms",
+    "file_count",
+)
 
 
 def _headline(metadata: dict) -> str:
@@ -107,13 +122,15 @@ def print_locations(materialized: dict[str, dict], home: Path, out=None) -> None
     """Print where the reports, the published copies and the trace export are."""
     out = out or sys.stdout
     print("\nWhere things are:", file=out)
-    for asset, key, label in (("baseline_report", "markdown_path", "baseline report (Markdown)"),
-                              ("baseline_report", "json_path", "baseline report (JSON)"),
-                              ("comparison_report", "markdown_path", "comparison report (Markdown)"),
-                              ("comparison_report", "json_path", "comparison report (JSON)"),
-                              ("publish_reports", "published_dir", "published reports"),
-                              ("retrieval_history", "markdown_path", "morning view (history)"),
-                              ("trace_tables", "path", "trace export (Parquet)")):
+    for asset, key, label in (
+        ("baseline_report", "markdown_path", "baseline report (Markdown)"),
+        ("baseline_report", "json_path", "baseline report (JSON)"),
+        ("comparison_report", "markdown_path", "comparison report (Markdown)"),
+        ("comparison_report", "json_path", "comparison report (JSON)"),
+        ("publish_reports", "published_dir", "published reports"),
+        ("retrieval_history", "markdown_path", "morning view (history)"),
+        ("trace_tables", "path", "trace export (Parquet)"),
+    ):
         path = _path_of(materialized.get(asset), key)
         print(f"  {label:30} {path or '(not materialized in this run)'}", file=out)
     print(f"  {'Dagster instance':30} {home}  (browse it with `make ui`)", file=out)
@@ -122,14 +139,19 @@ def print_locations(materialized: dict[str, dict], home: Path, out=None) -> None
 def main(argv: list[str] | None = None) -> int:
     """Entry point; see the module docstring. Returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m rag_assets.run", description=__doc__.split("\n")[0])
-    parser.add_argument("--trace-day", default=None, metavar="YYYY-MM-DD",
-                        help="UTC day of tool_invocation rows to export (default: today)")
+    parser.add_argument(
+        "--trace-day",
+        default=None,
+        metavar="YYYY-MM-DD",
+        help="UTC day of tool_invocation rows to export (default: today)",
+    )
     args = parser.parse_args(argv)
     day = args.trace_day or today_key()
     if day not in DAILY_PARTITIONS.get_partition_keys():
         parser.print_usage(sys.stderr)
-        print(f"--trace-day must be a UTC day YYYY-MM-DD from {TRACE_START_DATE} to today, got {day!r}",
-              file=sys.stderr)
+        print(
+            f"--trace-day must be a UTC day YYYY-MM-DD from {TRACE_START_DATE} to today, got {day!r}", file=sys.stderr
+        )
         return 2
 
     home = prepare_dagster_home()
@@ -149,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     print_locations(materialized, home)
     ok = refresh.success and traces.success
     if not ok:
-        print("\nFAILED: see the failed steps and checks above (details: `make ui`, Runs).",
-              file=sys.stderr)
+        print("\nFAILED: see the failed steps and checks above (details: `make ui`, Runs).", file=sys.stderr)
     return 0 if ok else 1
 
 

@@ -42,8 +42,9 @@ def _default_data_dir() -> Path | None:
         return None
 
 
-def trace_start_date(env: Mapping[str, str] | None = None, data_dir: Path | None = None,
-                     now: datetime | None = None) -> str:
+def trace_start_date(
+    env: Mapping[str, str] | None = None, data_dir: Path | None = None, now: datetime | None = None
+) -> str:
     """The first trace partition (``YYYY-MM-DD``).
 
     ``RAG_TRACE_START_DATE`` when set; else the earliest exported trace day in the data dir,
@@ -68,13 +69,12 @@ TRACE_START_DATE = trace_start_date()
 
 #: One partition per UTC day. ``end_offset=1`` makes today's (still growing) day a partition
 #: too, so ``run.py`` and the UI can export it; the nightly run re-exports it complete.
-DAILY_PARTITIONS = dg.DailyPartitionsDefinition(start_date=TRACE_START_DATE, timezone=TIMEZONE,
-                                                end_offset=1)
+DAILY_PARTITIONS = dg.DailyPartitionsDefinition(start_date=TRACE_START_DATE, timezone=TIMEZONE, end_offset=1)
 
 #: A missed or failed nightly run leaves the evaluation assets overdue after 04:00 UTC.
-NIGHTLY_FRESHNESS = dg.FreshnessPolicy.cron(deadline_cron="0 4 * * *",
-                                            lower_bound_delta=timedelta(hours=3),
-                                            timezone=TIMEZONE)
+NIGHTLY_FRESHNESS = dg.FreshnessPolicy.cron(
+    deadline_cron="0 4 * * *", lower_bound_delta=timedelta(hours=3), timezone=TIMEZONE
+)
 
 
 def day_key(day: date) -> str:

@@ -17,8 +17,9 @@ class CircuitBreaker:
     """``allow()`` says whether to call the dependency now; report with ``success()`` /
     ``failure()``. ``clock`` is ``time.monotonic`` unless a test passes another."""
 
-    def __init__(self, retry_after: float = 2.0, max_retry_after: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, retry_after: float = 2.0, max_retry_after: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._base = retry_after
         self._max = max_retry_after
         self._clock = clock

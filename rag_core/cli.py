@@ -43,20 +43,26 @@ def embedder_or_exit(settings: RagSettings):
 
 @app.callback()
 def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level")) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     # Say where an embedded server is started (they outlive the command).
     for name in ("rag_core.stores.milvus_server", "rag_core.stores.pgserver"):
         logging.getLogger(name).setLevel(logging.INFO)
 
 
 @app.command()
-def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root (default RAG_KNOWLEDGE_DIR)"),
-           rebuild: bool = typer.Option(False, help="Drop and rebuild the indexes"),
-           prune: bool = typer.Option(False, help="Allow removing most (or all) of the index: no documents "
-                                      "found, or more than RAG_INGEST_MAX_REMOVE_SHARE of them gone"),
-           sidecar: bool | None = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
-           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+def ingest(
+    knowledge_dir: Path | None = typer.Option(None, help="Knowledge root (default RAG_KNOWLEDGE_DIR)"),
+    rebuild: bool = typer.Option(False, help="Drop and rebuild the indexes"),
+    prune: bool = typer.Option(
+        False,
+        help="Allow removing most (or all) of the index: no documents "
+        "found, or more than RAG_INGEST_MAX_REMOVE_SHARE of them gone",
+    ),
+    sidecar: bool | None = typer.Option(None, help="Also index into pgvector (default RAG_SIDECAR_ENABLED)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
+) -> None:
     """Ingest Markdown knowledge into Milvus (and pgvector) incrementally; print a report."""
     from rag_core.components import make_stores
     from rag_core.embedding import EmbedderLoadError
@@ -71,14 +77,24 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
     stores = make_stores(settings, sidecar)
     try:
         report = run_ingest(settings, embedder, stores, rebuild=rebuild, progress=sys.stderr.isatty(), prune=prune)
-    except (FileNotFoundError, NotADirectoryError, StoreError, EmbedderLoadError,
-            EmbeddingEndpointError, IngestRefusedError, StalePlanError) as exc:
+    except (
+        FileNotFoundError,
+        NotADirectoryError,
+        StoreError,
+        EmbedderLoadError,
+        EmbeddingEndpointError,
+        IngestRefusedError,
+        StalePlanError,
+    ) as exc:
         console.print(f"[red]ingest failed: {exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except OSError as exc:  # a read-only or full data dir: one line naming the path, no traceback
         where = exc.filename or settings.data_dir
-        console.print(f"[red]ingest failed: cannot write {where}: {exc.strerror or exc} "
-                      f"(RAG_DATA_DIR={settings.data_dir})[/red]", highlight=False, soft_wrap=True)
+        console.print(
+            f"[red]ingest failed: cannot write {where}: {exc.strerror or exc} (RAG_DATA_DIR={settings.data_dir})[/red]",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(1) from None
     finally:
         for s in stores:
@@ -91,15 +107,21 @@ def ingest(knowledge_dir: Path | None = typer.Option(None, help="Knowledge root 
         print_ingest_report(console, report)
     if report.partial:  # exit 3: the index is usable, but some documents are missing from it
         failed = [i for i in report.skipped if is_failure(i)]
-        console.print(f"[yellow]partial ingest: {len(failed)} document(s) skipped: "
-                      f"{', '.join(sorted({i.path for i in failed}))}[/yellow]", highlight=False, soft_wrap=True)
+        console.print(
+            f"[yellow]partial ingest: {len(failed)} document(s) skipped: "
+            f"{', '.join(sorted({i.path for i in failed}))}[/yellow]",
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(3)
 
 
 @app.command()
-def lookup(query: str = typer.Argument(..., help="Question or alert text"),
-           session: str | None = typer.Option(None, help="Session id"),
-           as_json: bool = typer.Option(False, "--json", help="Print the exact JSON contract")) -> None:
+def lookup(
+    query: str = typer.Argument(..., help="Question or alert text"),
+    session: str | None = typer.Option(None, help="Session id"),
+    as_json: bool = typer.Option(False, "--json", help="Print the exact JSON contract"),
+) -> None:
     """Run lookup_knowledge and print the evidence (or the JSON contract)."""
     from rag_core.cli_views import print_lookup
     from rag_core.lookup.tool import LookupKnowledgeTool
@@ -132,8 +154,15 @@ def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent i
         raise typer.Exit(1) from None
     table = Table("created_at", "session", "layer", "status", "latency ms", "input", "error")
     for r in rows:
-        table.add_row(str(r["created_at"])[:19], r["session_id"] or "", r["retrieval_layer"] or "",
-                      r["status"], f"{r['latency_ms']:.1f}", (r["input"] or "")[:60], (r["error"] or "")[:60])
+        table.add_row(
+            str(r["created_at"])[:19],
+            r["session_id"] or "",
+            r["retrieval_layer"] or "",
+            r["status"],
+            f"{r['latency_ms']:.1f}",
+            (r["input"] or "")[:60],
+            (r["error"] or "")[:60],
+        )
     console.print(table)
 
 
@@ -147,8 +176,10 @@ def compare(query: str = typer.Argument(..., help="Question or alert text")) -> 
 
 
 @app.command()
-def doctor(sidecar: bool | None = typer.Option(None, help="Also check pgvector (default RAG_SIDECAR_ENABLED)"),
-           as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+def doctor(
+    sidecar: bool | None = typer.Option(None, help="Also check pgvector (default RAG_SIDECAR_ENABLED)"),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
+) -> None:
     """Verify each store against the last ingest: row counts, model, a sample of chunks (content
     hashes, vectors, self-search). Exit 0 when healthy, 1 when something is wrong."""
     from rag_core.components import make_stores
@@ -161,8 +192,9 @@ def doctor(sidecar: bool | None = typer.Option(None, help="Also check pgvector (
         try:
             active = embedder_or_exit(settings).identity()
         except typer.Exit:
-            console.print("[yellow]model not loaded: the stores' model records are checked against the "
-                          "index state only[/yellow]")
+            console.print(
+                "[yellow]model not loaded: the stores' model records are checked against the index state only[/yellow]"
+            )
         report = check_health(settings, stores, active)
     finally:
         for s in stores:
@@ -190,11 +222,20 @@ def _server_rows(settings: RagSettings) -> list[dict]:
     from rag_core.stores.pgserver import embedded_status
 
     milvus = milvus_server.server_status(settings.data_dir)
-    rows = [{"server": "milvus", "running": milvus is not None,
-             **(milvus.to_dict() if milvus else {"data_dir": str(settings.milvus_db_path)}),
-             "in_use": settings.milvus_embedded},
-            {"server": "postgres", "running": False, "data_dir": str(settings.pg_data_dir.resolve()),
-             "in_use": settings.pg_dsn is None}]
+    rows = [
+        {
+            "server": "milvus",
+            "running": milvus is not None,
+            **(milvus.to_dict() if milvus else {"data_dir": str(settings.milvus_db_path)}),
+            "in_use": settings.milvus_embedded,
+        },
+        {
+            "server": "postgres",
+            "running": False,
+            "data_dir": str(settings.pg_data_dir.resolve()),
+            "in_use": settings.pg_dsn is None,
+        },
+    ]
     pg = embedded_status(settings.pg_data_dir)
     if pg is not None:
         rows[1].update(pg, running=True)
@@ -204,9 +245,15 @@ def _server_rows(settings: RagSettings) -> list[dict]:
 def _print_servers(rows: list[dict], title: str) -> None:
     table = Table("server", "state", "pid", "uri", "engine", "uptime s", "data", title=title)
     for r in rows:
-        table.add_row(r["server"], "running" if r["running"] else "not running", str(r.get("pid", "")),
-                      r.get("uri", ""), f"{r.get('engine', '')} {r.get('engine_version', '')}".strip(),
-                      f"{r['uptime_s']:.0f}" if "uptime_s" in r else "", r.get("db_path") or r.get("data_dir", ""))
+        table.add_row(
+            r["server"],
+            "running" if r["running"] else "not running",
+            str(r.get("pid", "")),
+            r.get("uri", ""),
+            f"{r.get('engine', '')} {r.get('engine_version', '')}".strip(),
+            f"{r['uptime_s']:.0f}" if "uptime_s" in r else "",
+            r.get("db_path") or r.get("data_dir", ""),
+        )
     console.print(table)
 
 

@@ -11,16 +11,19 @@ from rag_core.lookup.contracts import LookupResult
 
 
 def print_ingest_report(console: Console, report: IngestReport) -> None:
-    console.print(f"[bold]Ingested {report.knowledge_dir}[/bold]: {report.documents_ingested} of "
-                  f"{report.documents_seen} documents, {report.chunks_total} chunks, "
-                  f"{report.chunks_embedded} embedded ({report.embedding_cache_hits} from the embedding cache)")
+    console.print(
+        f"[bold]Ingested {report.knowledge_dir}[/bold]: {report.documents_ingested} of "
+        f"{report.documents_seen} documents, {report.chunks_total} chunks, "
+        f"{report.chunks_embedded} embedded ({report.embedding_cache_hits} from the embedding cache)"
+    )
     t = Table("store", "added", "updated", "removed", "unchanged")
     for name, c in report.stores.items():
         t.add_row(name, str(c.added), str(c.updated), str(c.removed), str(c.unchanged))
     console.print(t)
     for name, change in report.model_changed.items():
-        console.print(f"[yellow]{name}: embedding model changed ({change}): every chunk re-embedded[/yellow]",
-                      highlight=False)
+        console.print(
+            f"[yellow]{name}: embedding model changed ({change}): every chunk re-embedded[/yellow]", highlight=False
+        )
     for title, issues in (("Skipped", report.skipped), ("Warnings (ingested)", report.warnings)):
         if issues:
             s = Table("document", "line", "heading", "reason", title=title)
@@ -33,13 +36,17 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
 
 def print_lookup(console: Console, result: LookupResult) -> None:
     rt = result.retrieval_trace
-    console.print(f"[bold]{result.relevance_level.value}[/bold] layer={rt.layer} "
-                  f"found={result.found} semanticSupport={result.semantic_support} — {result.message}")
+    console.print(
+        f"[bold]{result.relevance_level.value}[/bold] layer={rt.layer} "
+        f"found={result.found} semanticSupport={result.semantic_support} — {result.message}"
+    )
     for a in rt.attempts:
-        console.print(f"  attempt {a.attempt}: filter={a.filter!r} candidates={a.candidate_count} "
-                      f"top={a.top_score} {a.duration_ms:.1f} ms"
-                      + (f" low quality: {a.low_quality_reason}" if a.low_quality_reason else "")
-                      + (f" error: {a.error}" if a.error else ""))
+        console.print(
+            f"  attempt {a.attempt}: filter={a.filter!r} candidates={a.candidate_count} "
+            f"top={a.top_score} {a.duration_ms:.1f} ms"
+            + (f" low quality: {a.low_quality_reason}" if a.low_quality_reason else "")
+            + (f" error: {a.error}" if a.error else "")
+        )
     if rt.fallback_reason:
         console.print(f"  fallback: {rt.fallback_reason}")
     if rt.sidecar.status != "disabled":
@@ -50,28 +57,52 @@ def print_lookup(console: Console, result: LookupResult) -> None:
         r = rerank.get(b.source)
         contrib = ", ".join(f"{k}+{v:.3f}" for k, v in r.contributions.items()) if r else ""
         moved = f" (rank {r.rank_before}->{r.rank_after})" if r else ""
-        t.add_row(str(b.rank), b.source, b.breadcrumb, b.retrieval_layer,
-                  f"{b.score:.3f}", f"{b.final_score:.3f}",
-                  ", ".join(b.hit_reasons) + (f"\n{contrib}{moved}" if contrib or moved else ""))
+        t.add_row(
+            str(b.rank),
+            b.source,
+            b.breadcrumb,
+            b.retrieval_layer,
+            f"{b.score:.3f}",
+            f"{b.final_score:.3f}",
+            ", ".join(b.hit_reasons) + (f"\n{contrib}{moved}" if contrib or moved else ""),
+        )
     console.print(t)
     pack = result.context_pack
-    console.print(Panel(pack.packed_text or "(empty)", title=f"context pack {pack.used_chars}/{pack.char_budget} chars",
-                        subtitle=result.completeness_hint))
+    console.print(
+        Panel(
+            pack.packed_text or "(empty)",
+            title=f"context pack {pack.used_chars}/{pack.char_budget} chars",
+            subtitle=result.completeness_hint,
+        )
+    )
 
 
 def print_compare(console: Console, comparison: dict) -> None:
-    console.print(f"[bold]{comparison['query']}[/bold]  sidecar: {comparison['sidecar_status']}"
-                  + (f" ({comparison['sidecar_reason']})" if comparison.get("sidecar_reason") else ""))
+    console.print(
+        f"[bold]{comparison['query']}[/bold]  sidecar: {comparison['sidecar_status']}"
+        + (f" ({comparison['sidecar_reason']})" if comparison.get("sidecar_reason") else "")
+    )
     t = Table("rank", "milvus source", "breadcrumb", "score", "pgvector source", "breadcrumb", "score", "same")
     for row in comparison["rows"]:
         m, p = row.get("main") or {}, row.get("sidecar") or {}
         same = row["same_source"]
         style = None if same else "bold yellow"
-        t.add_row(str(row["rank"]), m.get("doc_id", ""), m.get("breadcrumb", ""), _score(m),
-                  p.get("doc_id", ""), p.get("breadcrumb", ""), _score(p), "=" if same else "≠", style=style)
+        t.add_row(
+            str(row["rank"]),
+            m.get("doc_id", ""),
+            m.get("breadcrumb", ""),
+            _score(m),
+            p.get("doc_id", ""),
+            p.get("breadcrumb", ""),
+            _score(p),
+            "=" if same else "≠",
+            style=style,
+        )
     console.print(t)
-    console.print(f"top-5 source overlap (over the ranks filled): {comparison['overlap_at_5']:.2f}  "
-                  f"(raw scores are not comparable: {comparison['score_labels']})")
+    console.print(
+        f"top-5 source overlap (over the ranks filled): {comparison['overlap_at_5']:.2f}  "
+        f"(raw scores are not comparable: {comparison['score_labels']})"
+    )
 
 
 def _score(c: dict) -> str:

@@ -10,11 +10,20 @@ from rag_core.settings import RagSettings
 
 def candidate_row(rank: int, c: Candidate) -> dict:
     """A path-neutral candidate: source, chunk, breadcrumb, category, rank, scores with label."""
-    return {"rank": rank, "doc_id": c.hit.doc_id, "chunk_id": c.hit.chunk_id, "title": c.hit.title,
-            "breadcrumb": c.hit.breadcrumb, "category": c.hit.category,
-            "content_preview": c.hit.text[:300], "raw_score": round(c.hit.raw_score, 4),
-            "score_label": c.hit.score_label, "normalized_score": round(c.similarity, 4),
-            "channels": sorted(c.channels), "attempts": sorted(c.attempts)}
+    return {
+        "rank": rank,
+        "doc_id": c.hit.doc_id,
+        "chunk_id": c.hit.chunk_id,
+        "title": c.hit.title,
+        "breadcrumb": c.hit.breadcrumb,
+        "category": c.hit.category,
+        "content_preview": c.hit.text[:300],
+        "raw_score": round(c.hit.raw_score, 4),
+        "score_label": c.hit.score_label,
+        "normalized_score": round(c.similarity, 4),
+        "channels": sorted(c.channels),
+        "attempts": sorted(c.attempts),
+    }
 
 
 def _doc_rows(cands: list[Candidate], k: int) -> list[dict]:
@@ -56,12 +65,20 @@ def compare_paths(settings: RagSettings, query: str, k: int = 5) -> dict:
     for i in range(max(len(main_rows), len(side_rows))):
         m = main_rows[i] if i < len(main_rows) else None
         s = side_rows[i] if i < len(side_rows) else None
-        rows.append({"rank": i + 1, "main": m, "sidecar": s,
-                     "same_source": bool(m and s and m["doc_id"] == s["doc_id"])})
+        rows.append(
+            {"rank": i + 1, "main": m, "sidecar": s, "same_source": bool(m and s and m["doc_id"] == s["doc_id"])}
+        )
     # Over the ranks both paths could fill: a filtered query may find fewer than k documents.
     depth = min(k, max(len(main_rows), len(side_rows)))
     shared = {r["doc_id"] for r in main_rows} & {r["doc_id"] for r in side_rows}
     overlap = len(shared) / depth if side_rows and depth else 0.0
     labels = sorted({r["score_label"] for r in main_rows + side_rows})
-    return {"query": query, "sidecar_status": status, "sidecar_reason": reason, "rows": rows,
-            "overlap_at_5": overlap, "score_labels": labels, "main_error": main.error}
+    return {
+        "query": query,
+        "sidecar_status": status,
+        "sidecar_reason": reason,
+        "rows": rows,
+        "overlap_at_5": overlap,
+        "score_labels": labels,
+        "main_error": main.error,
+    }

@@ -62,14 +62,21 @@ def sample_chunks(chunks: Sequence[Chunk], size: int = SAMPLE_SIZE) -> dict[str,
     return {c.chunk_id: c.content_hash for c in ordered[::step][:size]}
 
 
-def write_index_state(settings: RagSettings, stores: Sequence[VectorStore], chunks: Sequence[Chunk],
-                      identity: ModelIdentity, rejected: frozenset[str] = frozenset()) -> None:
+def write_index_state(
+    settings: RagSettings,
+    stores: Sequence[VectorStore],
+    chunks: Sequence[Chunk],
+    identity: ModelIdentity,
+    rejected: frozenset[str] = frozenset(),
+) -> None:
     """Record each store's row count, model and a sample of ``chunks`` (those written, i.e. not
     in ``rejected``) after an ingest. Written atomically; a failure to write is logged, not raised
     (the ingest itself succeeded)."""
     sample = sample_chunks([c for c in chunks if c.chunk_id not in rejected])
-    data = {"version": 1, "stores": {
-        s.name: asdict(StoreState(rows=s.count(), model=identity.to_dict(), sample=sample)) for s in stores}}
+    data = {
+        "version": 1,
+        "stores": {s.name: asdict(StoreState(rows=s.count(), model=identity.to_dict(), sample=sample)) for s in stores},
+    }
     path = state_path(settings)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +85,9 @@ def write_index_state(settings: RagSettings, stores: Sequence[VectorStore], chun
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
     except OSError as exc:
-        log.warning("could not write the index state %s (%s): `rag doctor` cannot verify this index",
-                    path, exc.strerror or exc)
+        log.warning(
+            "could not write the index state %s (%s): `rag doctor` cannot verify this index", path, exc.strerror or exc
+        )
 
 
 def read_index_state(settings: RagSettings) -> tuple[dict[str, StoreState] | None, str | None]:
@@ -127,8 +135,7 @@ class HealthReport:
 
     def summary(self) -> str:
         if self.ok:
-            return "; ".join(f"{s.store}: ok ({s.rows} rows, {s.checked_chunks} chunks verified)"
-                             for s in self.stores)
+            return "; ".join(f"{s.store}: ok ({s.rows} rows, {s.checked_chunks} chunks verified)" for s in self.stores)
         parts = [self.state_problem] if self.state_problem else []
         parts += [f"{s.store}: {'; '.join(s.problems)}" for s in self.stores if s.problems]
         return " | ".join(parts)
@@ -137,8 +144,9 @@ class HealthReport:
         return {"ok": self.ok, "state_problem": self.state_problem, "stores": [asdict(s) for s in self.stores]}
 
 
-def check_health(settings: RagSettings, stores: Sequence[VectorStore],
-                 active: ModelIdentity | None = None) -> HealthReport:
+def check_health(
+    settings: RagSettings, stores: Sequence[VectorStore], active: ModelIdentity | None = None
+) -> HealthReport:
     """Verify ``stores`` against the index state of ``settings.data_dir`` (module docstring).
     Never raises: an unreachable store is a problem in the report."""
     state, why = read_index_state(settings)
@@ -153,13 +161,13 @@ def check_health(settings: RagSettings, stores: Sequence[VectorStore],
     return report
 
 
-def _check_store(store: VectorStore, expected: StoreState | None, active: ModelIdentity | None,
-                 health: StoreHealth, have_state: bool) -> None:
+def _check_store(
+    store: VectorStore, expected: StoreState | None, active: ModelIdentity | None, health: StoreHealth, have_state: bool
+) -> None:
     health.rows = store.count()
     recorded = store.recorded_model()
     if active is not None and recorded is not None and recorded != active:
-        health.fail(f"built with {recorded.describe()} but the active model is {active.describe()}: "
-                    "run `rag ingest`")
+        health.fail(f"built with {recorded.describe()} but the active model is {active.describe()}: run `rag ingest`")
     if expected is None:
         if have_state:
             health.fail("not in the index state: it was not written by the last ingest")
@@ -169,8 +177,9 @@ def _check_store(store: VectorStore, expected: StoreState | None, active: ModelI
         health.fail(f"holds {health.rows} rows but the last ingest left {expected.rows}")
     if expected.model and (recorded is None or recorded.to_dict() != expected.model):
         found = recorded.describe() if recorded else "no model record"
-        health.fail(f"model record is {found}, the last ingest recorded "
-                    f"{ModelIdentity.from_dict(expected.model).describe()}")
+        health.fail(
+            f"model record is {found}, the last ingest recorded {ModelIdentity.from_dict(expected.model).describe()}"
+        )
     _check_sample(store, expected.sample, health)
 
 
@@ -197,10 +206,14 @@ def _check_sample(store: VectorStore, sample: dict[str, str], health: StoreHealt
                 misses.append(cid)
     health.checked_chunks = len(rows)
     if damaged:
-        health.fail(f"{len(damaged)} sampled chunks have content that does not match their hash "
-                    f"(damaged rows, e.g. {damaged[0]})")
+        health.fail(
+            f"{len(damaged)} sampled chunks have content that does not match their hash "
+            f"(damaged rows, e.g. {damaged[0]})"
+        )
     if bad_vectors:
         health.fail(f"{len(bad_vectors)} sampled chunks have invalid vectors, e.g. {bad_vectors[0]}")
     if misses:
-        health.fail(f"the vector index does not find {len(misses)} of {probes} sampled chunks by their own "
-                    f"vector (damaged index, e.g. {misses[0]}): rebuild with `rag ingest --rebuild`")
+        health.fail(
+            f"the vector index does not find {len(misses)} of {probes} sampled chunks by their own "
+            f"vector (damaged index, e.g. {misses[0]}): rebuild with `rag ingest --rebuild`"
+        )

@@ -186,9 +186,18 @@ class L0Index:
         for doc in documents:
             stem = Path(doc.doc_id).stem
             names = _unique([doc.title, doc.h1 or "", stem, *doc.aliases])
-            entries.append(L0Entry(doc.doc_id, doc.title, doc.category, names,
-                                   list(doc.keywords), list(doc.entities), doc.priority,
-                                   summarize(doc.body)))
+            entries.append(
+                L0Entry(
+                    doc.doc_id,
+                    doc.title,
+                    doc.category,
+                    names,
+                    list(doc.keywords),
+                    list(doc.entities),
+                    doc.priority,
+                    summarize(doc.body),
+                )
+            )
         return cls(entries)
 
     def save(self, path: Path) -> None:
@@ -213,8 +222,7 @@ class L0Index:
     def domains(self) -> set[str]:
         return {e.category for e in self.entries.values() if e.category}
 
-    def analyze_query(self, query: str, alert_names: Iterable[str] = (),
-                      metric_names: Iterable[str] = ()) -> L0Hints:
+    def analyze_query(self, query: str, alert_names: Iterable[str] = (), metric_names: Iterable[str] = ()) -> L0Hints:
         """Hints for ``query``: matched documents (by name, keyword, entity) and their domains.
 
         ``alert_names`` and ``metric_names`` (lifted from a pasted alert or PromQL by the
@@ -230,8 +238,7 @@ class L0Index:
         entities: list[str] = []
         for e in self.entries.values():
             reasons, score = [], 0.0
-            name_score = max((self._name_score(f, q_tokens, q_compact) for f in self._names[e.doc_id]),
-                             default=0.0)
+            name_score = max((self._name_score(f, q_tokens, q_compact) for f in self._names[e.doc_id]), default=0.0)
             if name_score >= 1.0:
                 reasons.append("title")
                 score += 2.0
@@ -255,13 +262,13 @@ class L0Index:
                 matches.append(DocMatch(e.doc_id, e.title, e.category, round(score, 4), reasons))
         matches.sort(key=lambda m: (-m.score, m.doc_id))
         fuzzy_names = {m.title for m in matches if m.name_kind == "fuzzy"} | {
-            n for m in matches if m.name_kind == "fuzzy" for n in self.entries[m.doc_id].names}
+            n for m in matches if m.name_kind == "fuzzy" for n in self.entries[m.doc_id].names
+        }
         corrections = {span: name for span, name in corrections.items() if name in fuzzy_names}
         named_categories = self._named_categories(q_tokens, q_compact)
         # A whole-name match is a far stronger signal than a partial one, and both than a shared
         # keyword: domain hints come from the strongest kind present.
-        by_name = ([m for m in matches if m.strong_name]
-                   or [m for m in matches if m.name_kind == "partial"] or matches)
+        by_name = [m for m in matches if m.strong_name] or [m for m in matches if m.name_kind == "partial"] or matches
         return L0Hints(
             matched_doc_ids=[m.doc_id for m in matches],
             matched_titles=_unique(m.title for m in matches if m.name_kind),
@@ -284,8 +291,9 @@ class L0Index:
             c, toks = _form(cat)
             if not c:
                 continue
-            if (toks and toks <= q_tokens and len(toks) == 1) or (len(c) >= _MIN_COMPACT and len(toks) > 1
-                                                                  and c in q_compact):
+            if (toks and toks <= q_tokens and len(toks) == 1) or (
+                len(c) >= _MIN_COMPACT and len(toks) > 1 and c in q_compact
+            ):
                 named.append(cat)
         return sorted(c for c in named if not any(c != o and compact(c) in compact(o) for o in named))
 
@@ -297,15 +305,14 @@ class L0Index:
         spans: dict[str, None] = {}
         for n in range(1, FUZZY_MAX_WORDS + 1):
             for i in range(len(words) - n + 1):
-                span = "".join(words[i:i + n]).lower()
+                span = "".join(words[i : i + n]).lower()
                 if len(span) >= FUZZY_MIN_LEN and span not in self._exact_names:
                     spans[span] = None
         if not spans:
             return {}, {}
         span_list = list(spans)
         choices = [c for c, _, _ in self._fuzzy]
-        scores = process.cdist(span_list, choices, scorer=fuzz.ratio,
-                               score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)
+        scores = process.cdist(span_list, choices, scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)
         best: dict[str, float] = {}
         corrections: dict[str, str] = {}
         for row, span in zip(scores, span_list, strict=True):
@@ -327,8 +334,7 @@ class L0Index:
                 corrections[span] = name
         return best, corrections
 
-    def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str],
-                    q_compact: str) -> float:
+    def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str], q_compact: str) -> float:
         c, parts, total = form
         if len(c) >= _MIN_COMPACT and c in q_compact:
             return 1.0
@@ -357,8 +363,11 @@ def _form(text: str) -> tuple[str, frozenset[str]]:
 
 def summarize(body: str, limit: int = SUMMARY_CHARS) -> str:
     """The first ``limit`` characters of a body without heading lines (L0 fallback evidence)."""
-    lines = [ln for ln in body.splitlines() if ln.strip() and not ln.lstrip().startswith("#")
-             and not set(ln.strip()) <= set("=-")]
+    lines = [
+        ln
+        for ln in body.splitlines()
+        if ln.strip() and not ln.lstrip().startswith("#") and not set(ln.strip()) <= set("=-")
+    ]
     text = "\n".join(lines)
     return text if len(text) <= limit else text[:limit].rstrip() + "…"
 

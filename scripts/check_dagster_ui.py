@@ -52,8 +52,12 @@ EXPECTED_LINEAGE: dict[str, list[str]] = {
     "golden_evaluation_milvus": ["golden_cases", "retrieval_fixtures_milvus"],
     "golden_evaluation_pgvector": ["golden_cases", "retrieval_fixtures_pgvector"],
     "baseline_report": ["golden_evaluation_milvus"],
-    "comparison_report": ["golden_evaluation_milvus", "golden_evaluation_pgvector",
-                          "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector"],
+    "comparison_report": [
+        "golden_evaluation_milvus",
+        "golden_evaluation_pgvector",
+        "retrieval_fixtures_milvus",
+        "retrieval_fixtures_pgvector",
+    ],
     "publish_reports": ["baseline_report", "comparison_report"],
     "retrieval_history": ["golden_evaluation_milvus", "golden_evaluation_pgvector"],
     "tool_invocation": [],
@@ -81,9 +85,11 @@ LATEST_METADATA = """query($path: [String!]!) { assetOrError(assetKey: {path: $p
   ... on Asset { assetMaterializations(limit: 1) { runId metadataEntries { label
   ... on MarkdownMetadataEntry { mdStr } } } } } }"""
 #: asset -> the metadata entries that must show a chart inline.
-CHART_METADATA = {"baseline_report": ("report", "recall_chart"),
-                  "comparison_report": ("report", "recall_chart"),
-                  "retrieval_history": ("history", "trend_chart")}
+CHART_METADATA = {
+    "baseline_report": ("report", "recall_chart"),
+    "comparison_report": ("report", "recall_chart"),
+    "retrieval_history": ("history", "trend_chart"),
+}
 DATA_PNG = "data:image/png;base64,"
 
 
@@ -96,9 +102,11 @@ def free_port() -> int:
 
 def graphql(port: int, query: str, timeout: float = 30.0, variables: dict | None = None) -> dict:
     """POST ``query`` to the UI's GraphQL endpoint; returns ``data`` (RuntimeError on errors)."""
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql",
-                                     data=json.dumps({"query": query, "variables": variables or {}}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query, "variables": variables or {}}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = json.loads(response.read())
     if body.get("errors"):
@@ -122,16 +130,18 @@ def wait_for_graph(port: int, server: subprocess.Popen, timeout: float) -> list[
 
 def lineage(nodes: list[dict]) -> dict[str, list[str]]:
     """``assetNodes`` as asset -> sorted upstream assets (keys joined with '/')."""
-    return {"/".join(n["assetKey"]["path"]): sorted("/".join(d["path"]) for d in n["dependencyKeys"])
-            for n in nodes}
+    return {"/".join(n["assetKey"]["path"]): sorted("/".join(d["path"]) for d in n["dependencyKeys"]) for n in nodes}
 
 
 def compare(actual: dict[str, list[str]], expected: dict[str, list[str]]) -> list[str]:
     """Human-readable differences between two lineages ([] when equal)."""
     problems = [f"missing asset {k}" for k in sorted(expected.keys() - actual.keys())]
     problems += [f"unexpected asset {k}" for k in sorted(actual.keys() - expected.keys())]
-    problems += [f"{k}: upstream {actual[k]} != expected {sorted(expected[k])}"
-                 for k in sorted(expected.keys() & actual.keys()) if actual[k] != sorted(expected[k])]
+    problems += [
+        f"{k}: upstream {actual[k]} != expected {sorted(expected[k])}"
+        for k in sorted(expected.keys() & actual.keys())
+        if actual[k] != sorted(expected[k])
+    ]
     return problems
 
 
@@ -139,8 +149,11 @@ def instigator_problems(port: int) -> list[str]:
     """Schedules and sensors served without a description (or none served at all)."""
     repos = graphql(port, INSTIGATORS)["repositoriesOrError"]["nodes"]
     found = [(kind, item) for repo in repos for kind in ("schedules", "sensors") for item in repo[kind]]
-    problems = [f"{kind[:-1]} {item['name']} has no description" for kind, item in found
-                if not (item.get("description") or "").strip()]
+    problems = [
+        f"{kind[:-1]} {item['name']} has no description"
+        for kind, item in found
+        if not (item.get("description") or "").strip()
+    ]
     for kind in ("schedules", "sensors"):
         if not any(k == kind for k, _ in found):
             problems.append(f"no {kind} served")
@@ -168,8 +181,10 @@ def run_history_problems(port: int) -> list[str]:
         problems.append(f"re-execution of {parent['jobName']} run {parent['runId']} refused: {result}")
     else:
         child = result["run"]["runId"]
-        print(f"  re-execute {parent['jobName']} run {parent['runId'][:8]}: accepted (run {child[:8]}, "
-              "queued; deleted again)")
+        print(
+            f"  re-execute {parent['jobName']} run {parent['runId'][:8]}: accepted (run {child[:8]}, "
+            "queued; deleted again)"
+        )
         graphql(port, DELETE_RUN, variables={"id": child})
     return problems
 
@@ -195,15 +210,22 @@ def chart_problems(port: int) -> list[str]:
 def make_run(home: Path, data_dir: Path, log) -> int:
     """``python -m rag_assets.run`` (what ``make run`` runs) into ``home`` / ``data_dir``."""
     env = {**os.environ, "DAGSTER_HOME": str(home), "RAG_DATA_DIR": str(data_dir)}
-    return subprocess.run([sys.executable, "-m", "rag_assets.run"], cwd=ROOT, env=env, stdout=log,
-                          stderr=subprocess.STDOUT, timeout=3600).returncode
+    return subprocess.run(
+        [sys.executable, "-m", "rag_assets.run"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=3600
+    ).returncode
 
 
 def stop_embedded_servers(data_dir: Path) -> None:
     """Stop the embedded Milvus and PostgreSQL that ``make_run`` started under ``data_dir``."""
     env = {**os.environ, "RAG_DATA_DIR": str(data_dir)}
-    subprocess.run([sys.executable, "-c", "from rag_core.cli import app; app()", "server", "stop"],
-                   cwd=ROOT, env=env, capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        [sys.executable, "-c", "from rag_core.cli import app; app()", "server", "stop"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def start_webserver(port: int, home: Path, data_dir: Path, log) -> subprocess.Popen:
@@ -212,10 +234,14 @@ def start_webserver(port: int, home: Path, data_dir: Path, log) -> subprocess.Po
     if not (home / "dagster.yaml").exists():
         shutil.copyfile(ROOT / "dagster.yaml", home / "dagster.yaml")
     env = {**os.environ, "DAGSTER_HOME": str(home), "RAG_DATA_DIR": str(data_dir)}
-    return subprocess.Popen([str(WEBSERVER), "-w", str(ROOT / "workspace.yaml"),
-                             "-h", "127.0.0.1", "-p", str(port)],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [str(WEBSERVER), "-w", str(ROOT / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def stop(server: subprocess.Popen, grace: float = 15.0) -> None:
@@ -251,10 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the UI")
-    parser.add_argument("--with-run", action="store_true",
-                        help="run `python -m rag_assets.run` into a temporary instance first, then check runs")
-    parser.add_argument("--dagster-home", type=Path, default=None,
-                        help="check this instance (with its runs) instead of a temporary one")
+    parser.add_argument(
+        "--with-run",
+        action="store_true",
+        help="run `python -m rag_assets.run` into a temporary instance first, then check runs",
+    )
+    parser.add_argument(
+        "--dagster-home", type=Path, default=None, help="check this instance (with its runs) instead of a temporary one"
+    )
     parser.add_argument("--data-dir", type=Path, default=None, help="RAG_DATA_DIR of --dagster-home's runs")
     args = parser.parse_args(argv)
     port = args.port or free_port()
@@ -282,8 +312,11 @@ def main(argv: list[str] | None = None) -> int:
                 if args.with_run:
                     stop_embedded_servers(data_dir)
         if not nodes:
-            print(f"the UI on 127.0.0.1:{port} served no asset graph within {args.timeout:.0f}s; "
-                  f"webserver log:\n{log_path.read_text()[-4000:]}", file=sys.stderr)
+            print(
+                f"the UI on 127.0.0.1:{port} served no asset graph within {args.timeout:.0f}s; "
+                f"webserver log:\n{log_path.read_text()[-4000:]}",
+                file=sys.stderr,
+            )
             return 2
     for problem in problems:
         print(f"MISMATCH: {problem}", file=sys.stderr)

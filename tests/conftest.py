@@ -45,8 +45,7 @@ def embedder():
 
 
 def make_settings(data_dir: Path, knowledge_dir: Path = SAMPLE_KNOWLEDGE_DIR, **kw) -> RagSettings:
-    return RagSettings(data_dir=data_dir, knowledge_dir=knowledge_dir, trace_enabled=False,
-                       _env_file=None, **kw)
+    return RagSettings(data_dir=data_dir, knowledge_dir=knowledge_dir, trace_enabled=False, _env_file=None, **kw)
 
 
 @pytest.fixture(scope="session")

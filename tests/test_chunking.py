@@ -36,9 +36,9 @@ def assert_well_formed(doc: KnowledgeDocument, chunks: list[Chunk], count, max_t
     for chunk in chunks:
         assert count(chunk.embed_text) <= max_tokens, (chunk.breadcrumb, chunk.text[:80])
         assert 0 <= previous_end <= chunk.start < chunk.end <= len(body)
-        assert body[previous_end:chunk.start].strip() == "", body[previous_end:chunk.start][:80]
-        assert chunk.text.endswith(body[chunk.start:chunk.end])  # a slice, or header + slice
-        assert chunk.text == body[chunk.start:chunk.end] or chunk.text.startswith("|")
+        assert body[previous_end : chunk.start].strip() == "", body[previous_end : chunk.start][:80]
+        assert chunk.text.endswith(body[chunk.start : chunk.end])  # a slice, or header + slice
+        assert chunk.text == body[chunk.start : chunk.end] or chunk.text.startswith("|")
         title = " ".join(doc.title.split())
         assert chunk.breadcrumb.startswith(title) or chunk.breadcrumb.endswith("…")
         assert "\r" not in chunk.breadcrumb
@@ -94,8 +94,10 @@ def test_h1_matching_the_title_is_dropped_even_when_not_first(count):
 
 
 def test_setext_headings_and_inline_markup(count):
-    body = ("Main\n====\n\nintro\n\nThe *first*\n`part`\n----------\n\nbody one\n\n"
-            "### [Linked](http://x) &amp; more\n\nbody two\n")
+    body = (
+        "Main\n====\n\nintro\n\nThe *first*\n`part`\n----------\n\nbody one\n\n"
+        "### [Linked](http://x) &amp; more\n\nbody two\n"
+    )
     chunks = chunk_document(make_doc(body, title="T"), count)
     assert breadcrumbs(chunks) == ["T", "T > The first part", "T > The first part > Linked & more"]
 
@@ -177,8 +179,8 @@ def test_table_split_repeats_the_header(count):
     continued = [c for c in table_chunks if c.text.startswith(header)]
     assert len(continued) == len(table_chunks) - 1  # the first keeps its own header in place
     for chunk in continued:
-        assert chunk.text == header + body[chunk.start:chunk.end]
-        assert body[chunk.start:].startswith("| Alert")  # offsets cover the original rows
+        assert chunk.text == header + body[chunk.start : chunk.end]
+        assert body[chunk.start :].startswith("| Alert")  # offsets cover the original rows
     seen_rows = [line for c in table_chunks for line in c.text.splitlines() if line.startswith("| Alert")]
     assert seen_rows == [r for r in rows.splitlines()]
 
@@ -246,8 +248,9 @@ def sectioned(sections: dict[str, str]) -> str:
 def test_chunk_ids_are_stable_and_survive_edits_elsewhere(count):
     doc = make_doc(sectioned(SECTIONS))
     first = chunk_document(doc, count, 64)
-    assert [(c.chunk_id, c.content_hash) for c in first] == \
-        [(c.chunk_id, c.content_hash) for c in chunk_document(doc, count, 64)]
+    assert [(c.chunk_id, c.content_hash) for c in first] == [
+        (c.chunk_id, c.content_hash) for c in chunk_document(doc, count, 64)
+    ]
     edited = dict(SECTIONS, Impact="Service degraded badly and for much longer. " * 12)
     second = chunk_document(make_doc(sectioned(edited)), count, 64)
     by_crumb = lambda chunks, name: [(c.chunk_id, c.content_hash) for c in chunks if c.breadcrumb.endswith(name)]  # noqa: E731
@@ -280,8 +283,9 @@ WORDS = "pod node alert memory disk latency error restart config kubectl probe t
 
 def _sentence(rng: random.Random) -> str:
     if rng.random() < 0.3:
-        return "".join(rng.choice("容器节点内存磁盘延迟错误重启配置检查日志") for _ in range(rng.randint(3, 40))) \
-            + rng.choice("。！？；，")
+        return "".join(
+            rng.choice("容器节点内存磁盘延迟错误重启配置检查日志") for _ in range(rng.randint(3, 40))
+        ) + rng.choice("。！？；，")
     words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 30)))
     return words.capitalize() + rng.choice([".", "!", "?", "", ";"])
 
@@ -293,8 +297,10 @@ def _block(rng: random.Random) -> str:
     if kind == 1:
         return _sentence(rng) + "\n" + rng.choice("=-") * rng.randint(1, 8)
     if kind == 2:
-        return "\n".join("- " + _sentence(rng) + ("\n  " + _sentence(rng) if rng.random() < 0.3 else "")
-                         for _ in range(rng.randint(1, 15)))
+        return "\n".join(
+            "- " + _sentence(rng) + ("\n  " + _sentence(rng) if rng.random() < 0.3 else "")
+            for _ in range(rng.randint(1, 15))
+        )
     if kind == 3:
         cols = rng.randint(1, 4)
         rows = ["| " + " | ".join(_sentence(rng) for _ in range(cols)) + " |" for _ in range(rng.randint(1, 30))]
@@ -358,8 +364,10 @@ def test_runbook_crash_looping_breadcrumbs(count):
 
 
 def test_five_megabyte_document_chunks_in_seconds(tmp_path, count):
-    section = ("## Diagnosis step\n\n" + " ".join([EN_SENTENCE] * 6) + "\n\n- check `kubectl get pods`\n"
-               "- check events\n\n| k | v |\n|---|---|\n| a | b |\n\n```\n# comment\nls\n```\n\n")
+    section = (
+        "## Diagnosis step\n\n" + " ".join([EN_SENTENCE] * 6) + "\n\n- check `kubectl get pods`\n"
+        "- check events\n\n| k | v |\n|---|---|\n| a | b |\n\n```\n# comment\nls\n```\n\n"
+    )
     body = "# Big\n\n" + section * (5_000_000 // len(section))
     (tmp_path / "big.md").write_text(body)
     started = time.perf_counter()

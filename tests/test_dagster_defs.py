@@ -37,8 +37,9 @@ def _load_ui_script():
 
 def _resources(tmp_path: Path, **rag) -> dict:
     rag.setdefault("data_dir", str(tmp_path / "data"))
-    return build_resources(RagSettingsResource(**rag),
-                           EvaluationConfigResource(baseline_path=str(tmp_path / "stored" / "baseline.json")))
+    return build_resources(
+        RagSettingsResource(**rag), EvaluationConfigResource(baseline_path=str(tmp_path / "stored" / "baseline.json"))
+    )
 
 
 def _step_failure(result, step_key: str) -> str:
@@ -62,8 +63,10 @@ def test_definitions_load():
 def test_lineage_matches_the_expected_graph():
     expected = _load_ui_script().EXPECTED_LINEAGE
     graph = defs.resolve_asset_graph()
-    actual = {key.to_user_string(): {p.to_user_string() for p in graph.get(key).parent_keys}
-              for key in graph.get_all_asset_keys()}
+    actual = {
+        key.to_user_string(): {p.to_user_string() for p in graph.get(key).parent_keys}
+        for key in graph.get_all_asset_keys()
+    }
     assert actual == {k: set(v) for k, v in expected.items()}
 
 
@@ -76,10 +79,13 @@ def test_groups_checks_and_partitions():
     assert groups["baseline_report"] == groups["comparison_report"] == "reports"
     assert groups["trace_tables"] == "traces" and groups["golden_cases"] == "evaluation"
     checks = {c.to_user_string() for c in graph.asset_check_keys}
-    assert checks == {"baseline_report:baseline_regression", "comparison_report:sidecar_parity",
-                      "knowledge_documents:documents_have_title_and_category",
-                      "retrieval_fixtures_milvus:every_case_has_a_fixture",
-                      "retrieval_fixtures_pgvector:every_case_has_a_fixture"}
+    assert checks == {
+        "baseline_report:baseline_regression",
+        "comparison_report:sidecar_parity",
+        "knowledge_documents:documents_have_title_and_category",
+        "retrieval_fixtures_milvus:every_case_has_a_fixture",
+        "retrieval_fixtures_pgvector:every_case_has_a_fixture",
+    }
     blocking = {spec.key.to_user_string() for a in defs.asset_checks for spec in a.check_specs if spec.blocking}
     assert blocking == {"baseline_report:baseline_regression"}
     assert graph.get(dg.AssetKey("trace_tables")).partitions_def == DAILY_PARTITIONS
@@ -92,8 +98,7 @@ def test_groups_checks_and_partitions():
 def test_nightly_tick_targets_the_previous_day():
     schedule = defs.resolve_schedule_def("nightly_evaluation")
     tick = datetime.now(UTC).replace(hour=2, minute=0, second=0, microsecond=0)
-    context = dg.build_schedule_context(scheduled_execution_time=tick,
-                                       repository_def=defs.get_repository_def())
+    context = dg.build_schedule_context(scheduled_execution_time=tick, repository_def=defs.get_repository_def())
     data = schedule.evaluate_tick(context)
     [request] = data.run_requests
     assert request.partition_key == previous_day_key(tick)
@@ -177,9 +182,13 @@ def test_unusable_knowledge_dir_fails_the_first_asset(tmp_path, layout):
         knowledge.mkdir()
     if layout == "no_markdown":
         (knowledge / "readme.txt").write_text("hello")
-    result = dg.materialize(ALL_DEFS, resources=_resources(tmp_path, knowledge_dir=str(knowledge)),
-                            instance=dg.DagsterInstance.ephemeral(),
-                            selection=dg.AssetSelection.groups("ingest", "index"), raise_on_error=False)
+    result = dg.materialize(
+        ALL_DEFS,
+        resources=_resources(tmp_path, knowledge_dir=str(knowledge)),
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=dg.AssetSelection.groups("ingest", "index"),
+        raise_on_error=False,
+    )
     assert not result.success
     assert result.get_failed_step_keys() == {"knowledge_documents"}
     message = _step_failure(result, "knowledge_documents")
@@ -192,9 +201,13 @@ def test_unusable_knowledge_dir_fails_the_first_asset(tmp_path, layout):
 def test_unusable_case_file_fails_golden_cases(tmp_path):
     cases = tmp_path / "cases.yaml"
     cases.write_text("cases:\n- {id: a, scenario: chat, query: ''}\n")
-    result = dg.materialize(ALL_DEFS, resources=_resources(tmp_path, golden_cases=str(cases)),
-                            instance=dg.DagsterInstance.ephemeral(),
-                            selection=dg.AssetSelection.assets("golden_cases"), raise_on_error=False)
+    result = dg.materialize(
+        ALL_DEFS,
+        resources=_resources(tmp_path, golden_cases=str(cases)),
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=dg.AssetSelection.assets("golden_cases"),
+        raise_on_error=False,
+    )
     assert not result.success
     assert "query" in _step_failure(result, "golden_cases")
 
@@ -202,13 +215,15 @@ def test_unusable_case_file_fails_golden_cases(tmp_path):
 # --- the blocking regression gate (fixtures written by hand; no store, no model) -------------------
 
 CASES = {"c1": "ops/A.md", "c2": "ops/B.md", "c3": "ops/C.md", "c4": "ops/D.md"}
-REPORT_SELECTION = dg.AssetSelection.assets("golden_cases", "golden_evaluation_milvus",
-                                            "baseline_report", "publish_reports")
+REPORT_SELECTION = dg.AssetSelection.assets(
+    "golden_cases", "golden_evaluation_milvus", "baseline_report", "publish_reports"
+)
 
 
 def _write_cases(path: Path) -> Path:
-    lines = ["cases:"] + [f"- {{id: {cid}, scenario: chat, query: 'about {doc}', expected_docs: [{doc}]}}"
-                          for cid, doc in CASES.items()]
+    lines = ["cases:"] + [
+        f"- {{id: {cid}, scenario: chat, query: 'about {doc}', expected_docs: [{doc}]}}" for cid, doc in CASES.items()
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -227,8 +242,9 @@ def test_failing_regression_gate_blocks_publication(tmp_path):
     instance = dg.DagsterInstance.ephemeral()
 
     def run():
-        return dg.materialize(ALL_DEFS, resources=resources, instance=instance,
-                              selection=REPORT_SELECTION, raise_on_error=False)
+        return dg.materialize(
+            ALL_DEFS, resources=resources, instance=instance, selection=REPORT_SELECTION, raise_on_error=False
+        )
 
     # No stored baseline yet: the gate passes with a note and the reports are published.
     _write_milvus_fixtures(data_dir, hits=set(CASES))
@@ -258,10 +274,18 @@ def test_failing_regression_gate_blocks_publication(tmp_path):
 def test_baseline_report_metadata_types(tmp_path):
     resources = _resources(tmp_path, golden_cases=str(_write_cases(tmp_path / "cases.yaml")))
     _write_milvus_fixtures(tmp_path / "data", hits={"c1", "c2", "c3"})
-    result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
-                            selection=REPORT_SELECTION, raise_on_error=False)
-    metadata = next(e.materialization.metadata for e in result.get_asset_materialization_events()
-                    if e.asset_key == dg.AssetKey("baseline_report"))
+    result = dg.materialize(
+        ALL_DEFS,
+        resources=resources,
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=REPORT_SELECTION,
+        raise_on_error=False,
+    )
+    metadata = next(
+        e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey("baseline_report")
+    )
     assert isinstance(metadata["report"], dg.MarkdownMetadataValue)
     assert isinstance(metadata["summary"], dg.JsonMetadataValue)
     assert isinstance(metadata["recall@5"], dg.FloatMetadataValue) and metadata["recall@5"].value == 0.75
@@ -271,10 +295,18 @@ def test_baseline_report_metadata_types(tmp_path):
 def test_report_metadata_shows_the_chart_inline_and_survives_the_renderer(tmp_path):
     resources = _resources(tmp_path, golden_cases=str(_write_cases(tmp_path / "cases.yaml")))
     _write_milvus_fixtures(tmp_path / "data", hits={"c1", "c2", "c3"})
-    result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
-                            selection=REPORT_SELECTION, raise_on_error=False)
-    metadata = next(e.materialization.metadata for e in result.get_asset_materialization_events()
-                    if e.asset_key == dg.AssetKey("baseline_report"))
+    result = dg.materialize(
+        ALL_DEFS,
+        resources=resources,
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=REPORT_SELECTION,
+        raise_on_error=False,
+    )
+    metadata = next(
+        e.materialization.metadata
+        for e in result.get_asset_materialization_events()
+        if e.asset_key == dg.AssetKey("baseline_report")
+    )
     report = metadata["report"].value
     # The file keeps its relative link; the UI gets the PNG itself (its renderer allows data:).
     assert "![recall@K per path](baseline-recall.png)" in (tmp_path / "data" / "reports" / "baseline.md").read_text()
@@ -306,8 +338,7 @@ def test_settings_resource_falls_back_to_rag_settings(monkeypatch, tmp_path):
     monkeypatch.setenv("RAG_SIDECAR_ENABLED", "false")
     bound = settings_resource_from_env()
     assert isinstance(bound.milvus_uri, dg.EnvVar) and bound.data_dir is None
-    resolved = dg.materialize([_settings_probe], resources={"rag": bound},
-                              instance=dg.DagsterInstance.ephemeral())
+    resolved = dg.materialize([_settings_probe], resources={"rag": bound}, instance=dg.DagsterInstance.ephemeral())
     assert resolved.output_for_node("_settings_probe") == ("http://milvus.example:19530", False)
 
 
@@ -322,11 +353,24 @@ def _settings_probe(rag: RagSettingsResource) -> tuple:
 
 def test_trace_frame_and_stats():
     t = datetime(2026, 11, 28, 12, tzinfo=UTC)
-    rows = [{"id": str(i), "retrieval_layer": layer, "status": "ok", "latency_ms": float(ms),
-             "created_at": t, "retrieval_details": {"fallback_reason": fb, "candidate_count": 3}}
-            for i, (layer, ms, fb) in enumerate([("L1", 10, None), ("L1", 20, None),
-                                                  ("L0+L1", 30, "attempt 1 low quality"),
-                                                  ("L0", 40, "l0_fallback: down")])]
+    rows = [
+        {
+            "id": str(i),
+            "retrieval_layer": layer,
+            "status": "ok",
+            "latency_ms": float(ms),
+            "created_at": t,
+            "retrieval_details": {"fallback_reason": fb, "candidate_count": 3},
+        }
+        for i, (layer, ms, fb) in enumerate(
+            [
+                ("L1", 10, None),
+                ("L1", 20, None),
+                ("L0+L1", 30, "attempt 1 low quality"),
+                ("L0", 40, "l0_fallback: down"),
+            ]
+        )
+    ]
     frame = trace_frame(rows)
     assert frame.schema["created_at"] == pl.Datetime("us", "UTC")
     stats = trace_stats(frame)
@@ -383,8 +427,9 @@ def test_store_assets_wait_for_the_store_lock(tmp_path):
     plan, embeddings = _empty_plan_and_embeddings(tmp_path)
     lock_file = AssetFiles.under(tmp_path / "data").lock_file("milvus")
     with store_lock(lock_file, 1), pytest.raises(StoreBusyError, match="still held by another process"):
-        milvus_collection(dg.build_asset_context(), rag=resources["rag"], milvus=milvus,
-                          ingest_plan=plan, chunk_embeddings=embeddings)
+        milvus_collection(
+            dg.build_asset_context(), rag=resources["rag"], milvus=milvus, ingest_plan=plan, chunk_embeddings=embeddings
+        )
 
 
 def test_store_writers_are_in_concurrency_pools_limited_to_one():
@@ -404,17 +449,24 @@ def test_disabled_sidecar_is_reported_not_failed(tmp_path):
 
     resources = _resources(tmp_path, sidecar_enabled=False)
     plan, embeddings = _empty_plan_and_embeddings(tmp_path)
-    table = pgvector_table(dg.build_asset_context(), rag=resources["rag"], pgvector=resources["pgvector"],
-                           ingest_plan=plan, chunk_embeddings=embeddings)
+    table = pgvector_table(
+        dg.build_asset_context(),
+        rag=resources["rag"],
+        pgvector=resources["pgvector"],
+        ingest_plan=plan,
+        chunk_embeddings=embeddings,
+    )
     assert table.metadata["status"] == "disabled"
-    selection = dg.AssetSelection.assets("golden_cases", "retrieval_fixtures_pgvector",
-                                         "golden_evaluation_pgvector")
-    result = dg.materialize(ALL_DEFS, resources=resources,
-                            instance=dg.DagsterInstance.ephemeral(), selection=selection,
-                            raise_on_error=False)
+    selection = dg.AssetSelection.assets("golden_cases", "retrieval_fixtures_pgvector", "golden_evaluation_pgvector")
+    result = dg.materialize(
+        ALL_DEFS,
+        resources=resources,
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=selection,
+        raise_on_error=False,
+    )
     assert result.success
-    meta = {e.asset_key.to_user_string(): e.materialization.metadata
-            for e in result.get_asset_materialization_events()}
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
     assert meta["retrieval_fixtures_pgvector"]["status"].value == "unavailable"
     evaluation = meta["golden_evaluation_pgvector"]
     assert evaluation["not_run"].value == evaluation["case_count"].value > 0
@@ -423,9 +475,14 @@ def test_disabled_sidecar_is_reported_not_failed(tmp_path):
 
 def test_unreachable_trace_store_fails_the_export_without_leaking_the_password(tmp_path):
     resources = _resources(tmp_path, pg_dsn="postgresql://rag:s3cret-pw@127.0.0.1:9/rag")
-    result = dg.materialize(ALL_DEFS, resources=resources, instance=dg.DagsterInstance.ephemeral(),
-                            selection=dg.AssetSelection.assets("trace_tables"), partition_key=TRACE_START_DATE,
-                            raise_on_error=False)
+    result = dg.materialize(
+        ALL_DEFS,
+        resources=resources,
+        instance=dg.DagsterInstance.ephemeral(),
+        selection=dg.AssetSelection.assets("trace_tables"),
+        partition_key=TRACE_START_DATE,
+        raise_on_error=False,
+    )
     assert not result.success
     message = _step_failure(result, "trace_tables")
     assert "StoreError" in message and "s3cret-pw" not in message

@@ -30,12 +30,33 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 KNOWLEDGE = ROOT / "golden" / "knowledge"
 CASES = ROOT / "golden" / "cases.yaml"
-UNSET = ("RAG_PG_DSN", "RAG_MILVUS_URI", "RAG_MILVUS_TOKEN", "RAG_SIDECAR_ENABLED",
-         "RAG_REPORTS_DIR", "RAG_PUBLISHED_DIR", "RAG_COLLECTION", "RAG_PG_TABLE")
-BUILT = ("knowledge_documents", "chunks", "l0_index", "milvus_collection", "pgvector_table",
-         "golden_cases", "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector",
-         "golden_evaluation_milvus", "golden_evaluation_pgvector", "baseline_report",
-         "comparison_report", "publish_reports", "retrieval_history", "trace_tables")
+UNSET = (
+    "RAG_PG_DSN",
+    "RAG_MILVUS_URI",
+    "RAG_MILVUS_TOKEN",
+    "RAG_SIDECAR_ENABLED",
+    "RAG_REPORTS_DIR",
+    "RAG_PUBLISHED_DIR",
+    "RAG_COLLECTION",
+    "RAG_PG_TABLE",
+)
+BUILT = (
+    "knowledge_documents",
+    "chunks",
+    "l0_index",
+    "milvus_collection",
+    "pgvector_table",
+    "golden_cases",
+    "retrieval_fixtures_milvus",
+    "retrieval_fixtures_pgvector",
+    "golden_evaluation_milvus",
+    "golden_evaluation_pgvector",
+    "baseline_report",
+    "comparison_report",
+    "publish_reports",
+    "retrieval_history",
+    "trace_tables",
+)
 
 
 def _main(*argv: str) -> tuple[int, str]:
@@ -55,14 +76,19 @@ def env():
     whenever another pytest session starts (see conftest_pg.py).
     """
     tmp = Path(tempfile.mkdtemp(prefix="rag-dagster-it-"))
-    ns = SimpleNamespace(tmp=tmp, home=tmp / "dagster_home", data=tmp / "data",
-                         baseline=tmp / "stored" / "baseline.json")
+    ns = SimpleNamespace(
+        tmp=tmp, home=tmp / "dagster_home", data=tmp / "data", baseline=tmp / "stored" / "baseline.json"
+    )
     with pytest.MonkeyPatch.context() as mp:
         for var in UNSET:
             mp.delenv(var, raising=False)
-        for var, value in {"DAGSTER_HOME": ns.home, "RAG_DATA_DIR": ns.data,
-                           "RAG_KNOWLEDGE_DIR": KNOWLEDGE, "RAG_GOLDEN_CASES": CASES,
-                           "RAG_BASELINE": ns.baseline}.items():
+        for var, value in {
+            "DAGSTER_HOME": ns.home,
+            "RAG_DATA_DIR": ns.data,
+            "RAG_KNOWLEDGE_DIR": KNOWLEDGE,
+            "RAG_GOLDEN_CASES": CASES,
+            "RAG_BASELINE": ns.baseline,
+        }.items():
             mp.setenv(var, str(value))
         try:
             yield ns
@@ -93,7 +119,8 @@ def _metadata(instance, asset: str, partition: str | None = None) -> dict:
         event = instance.get_latest_materialization_event(dg.AssetKey(asset))
     else:
         records = instance.fetch_materializations(
-            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1
+        ).records
         event = records[0].event_log_entry if records else None
     assert event is not None, f"{asset} was not materialized"
     return {k: getattr(v, "value", v) for k, v in event.asset_materialization.metadata.items()}
@@ -114,8 +141,7 @@ def test_missing_knowledge_dir_fails_the_first_asset_and_nothing_downstream(runs
     assert "step knowledge_documents failed: knowledge directory unusable" in out
     assert str(env.tmp / "missing") in out
     [not_run] = [line for line in out.splitlines() if line.strip().startswith("not run")]
-    for asset in ("chunks", "l0_index", "milvus_collection", "pgvector_table", "baseline_report",
-                  "publish_reports"):
+    for asset in ("chunks", "l0_index", "milvus_collection", "pgvector_table", "baseline_report", "publish_reports"):
         assert f"materialized {asset}:" not in out
         assert asset in not_run
 
@@ -199,7 +225,8 @@ def test_todays_trace_partition_holds_the_evaluation_lookups(runs, env):
 def test_trace_partition_of_a_given_day(runs, env):
     day = TRACE_START_DATE  # the first partition: no lookups were traced that day here
     result = defs.resolve_job_def("trace_export_job").execute_in_process(
-        instance=runs.instance, partition_key=day, raise_on_error=False)
+        instance=runs.instance, partition_key=day, raise_on_error=False
+    )
     assert result.success
     meta = _metadata(runs.instance, "trace_tables", day)
     if day != today_key():
@@ -212,15 +239,18 @@ def test_main_command_runs_are_in_their_job_history(runs, env):
     """``make run``'s runs carry the code location's origin: the UI lists them under the job
     (runs filtered by job name and repository tag) and can re-execute them."""
     for job in ("refresh_job", "trace_export_job"):
-        history = runs.instance.get_runs(dg.RunsFilter(
-            job_name=job, tags={".dagster/repository": "__repository__@rag_assets",
-                                "rag/trigger": "rag_assets.run"}))
+        history = runs.instance.get_runs(
+            dg.RunsFilter(
+                job_name=job, tags={".dagster/repository": "__repository__@rag_assets", "rag/trigger": "rag_assets.run"}
+            )
+        )
         assert history, f"no {job} run in the job's history"
         for run_ in history:
             assert run_.remote_job_origin is not None and run_.job_code_origin is not None
             assert run_.remote_job_origin.location_name == "rag_assets"
-    [traces] = runs.instance.get_runs(dg.RunsFilter(job_name="trace_export_job",
-                                                    tags={"rag/trigger": "rag_assets.run"}), limit=1)
+    [traces] = runs.instance.get_runs(
+        dg.RunsFilter(job_name="trace_export_job", tags={"rag/trigger": "rag_assets.run"}), limit=1
+    )
     assert traces.tags["dagster/partition"] == today_key() and traces.status == dg.DagsterRunStatus.SUCCESS
 
 
@@ -233,13 +263,18 @@ def test_sidecar_unavailable_reports_instead_of_failing(runs, env):
         shutil.copytree(env.data / sub, data / sub)
     rag = RagSettingsResource(data_dir=str(data), pg_dsn="postgresql://rag:s3cret-pw@127.0.0.1:9/rag")
     resources = build_resources(rag, EvaluationConfigResource(baseline_path=str(env.baseline)))
-    selection = dg.AssetSelection.assets("pgvector_table", "retrieval_fixtures_pgvector",
-                                         "golden_evaluation_pgvector", "comparison_report")
-    result = dg.materialize([*defs.assets, *defs.asset_checks], resources=resources,
-                            instance=runs.instance, selection=selection, raise_on_error=False)
+    selection = dg.AssetSelection.assets(
+        "pgvector_table", "retrieval_fixtures_pgvector", "golden_evaluation_pgvector", "comparison_report"
+    )
+    result = dg.materialize(
+        [*defs.assets, *defs.asset_checks],
+        resources=resources,
+        instance=runs.instance,
+        selection=selection,
+        raise_on_error=False,
+    )
     assert result.success
-    meta = {e.asset_key.to_user_string(): e.materialization.metadata
-            for e in result.get_asset_materialization_events()}
+    meta = {e.asset_key.to_user_string(): e.materialization.metadata for e in result.get_asset_materialization_events()}
     assert meta["pgvector_table"]["status"].value == "unavailable"
     assert "s3cret-pw" not in meta["pgvector_table"]["reason"].value
     assert meta["retrieval_fixtures_pgvector"]["status"].value == "unavailable"
@@ -258,8 +293,13 @@ def test_ui_serves_the_lineage_runs_descriptions_and_charts(runs, env):
     """The webserver on the instance ``make run`` filled: lineage, descriptions, the runs in
     their job's history, re-execution accepted, charts inline in the report metadata."""
     script = ROOT / "scripts" / "check_dagster_ui.py"
-    done = subprocess.run([sys.executable, str(script), "--timeout", "150", "--dagster-home", str(env.home),
-                           "--data-dir", str(env.data)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(script), "--timeout", "150", "--dagster-home", str(env.home), "--data-dir", str(env.data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "trace_tables <- tool_invocation" in done.stdout
     assert "job refresh_job: 2 of 2 `make run` run(s) in its history" in done.stdout

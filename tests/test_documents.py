@@ -48,7 +48,10 @@ def error_of(root: Path, rel: str, content: str | bytes, kind=DocumentError, **k
 
 
 def test_frontmatter_fields(tmp_path):
-    doc = load(tmp_path, "services/Checkout.md", """---
+    doc = load(
+        tmp_path,
+        "services/Checkout.md",
+        """---
 title: "  Checkout   Pod\tOOM  "
 category: services
 keywords: [OOMKilled, memory limit, " heap ", OOMKilled]
@@ -66,7 +69,8 @@ history: [{at: 2025-12-01, by: ann}]
 # CheckoutPodOOMKilled
 
 Body text.
-""")
+""",
+    )
     assert doc.doc_id == "services/Checkout.md"
     assert doc.title == "Checkout Pod OOM"
     assert doc.category == "services"
@@ -76,16 +80,22 @@ Body text.
     assert doc.priority == 2.0
     assert doc.h1 == "CheckoutPodOOMKilled"
     assert doc.metadata == {
-        "owner": "team-checkout", "updated": "2026-01-20",
-        "reviewed": "2026-01-21T10:30:00+00:00", "history": [{"at": "2025-12-01", "by": "ann"}],
+        "owner": "team-checkout",
+        "updated": "2026-01-20",
+        "reviewed": "2026-01-21T10:30:00+00:00",
+        "history": [{"at": "2025-12-01", "by": "ann"}],
     }
     assert doc.body.startswith("\n# CheckoutPodOOMKilled")
     assert doc.body_line_offset == 14
 
 
 def test_domain_is_an_alias_of_category_and_list_scalars_keep_their_text(tmp_path):
-    doc = load(tmp_path, "x/a.md", "---\ndomain: '  Payments  Team '\nkeywords: [on, 1.10, 2024-01-01]\n"
-                                   "aliases: 退款，退货、refund\npriority: '1.5'\n---\nbody\n")
+    doc = load(
+        tmp_path,
+        "x/a.md",
+        "---\ndomain: '  Payments  Team '\nkeywords: [on, 1.10, 2024-01-01]\n"
+        "aliases: 退款，退货、refund\npriority: '1.5'\n---\nbody\n",
+    )
     assert doc.category == "Payments Team"
     assert doc.keywords == ("on", "1.10", "2024-01-01")  # YAML 1.1 would say True, 1.1, date
     assert doc.aliases == ("退款", "退货", "refund")
@@ -99,15 +109,23 @@ def test_category_wins_over_domain_which_stays_in_metadata(tmp_path):
     assert doc.metadata == {"domain": "data"}
 
 
-@pytest.mark.parametrize(("rel", "content", "title", "h1", "category"), [
-    ("kubernetes/KubeX.md", "# Kube  X   Down ##\n\ntext\n", "Kube X Down", "Kube X Down", "kubernetes"),
-    ("a/b/c.md", "Setext *Title*\nspans lines\n===\n\ntext\n", "Setext Title spans lines",
-     "Setext Title spans lines", "a"),
-    ("root-level.md", "## only an h2\n\ntext\n", "root-level", None, ""),
-    ("x/no-heading.markdown", "just text\n", "no-heading", None, "x"),
-    ("x/late.md", "intro\n\n## h2\n\n# Later H1 `code`\n", "Later H1 code", "Later H1 code", "x"),
-    ("x/fm-empty-title.md", "---\ntitle: ''\ncategory: ''\n---\n# From H1\n", "From H1", "From H1", "x"),
-])
+@pytest.mark.parametrize(
+    ("rel", "content", "title", "h1", "category"),
+    [
+        ("kubernetes/KubeX.md", "# Kube  X   Down ##\n\ntext\n", "Kube X Down", "Kube X Down", "kubernetes"),
+        (
+            "a/b/c.md",
+            "Setext *Title*\nspans lines\n===\n\ntext\n",
+            "Setext Title spans lines",
+            "Setext Title spans lines",
+            "a",
+        ),
+        ("root-level.md", "## only an h2\n\ntext\n", "root-level", None, ""),
+        ("x/no-heading.markdown", "just text\n", "no-heading", None, "x"),
+        ("x/late.md", "intro\n\n## h2\n\n# Later H1 `code`\n", "Later H1 code", "Later H1 code", "x"),
+        ("x/fm-empty-title.md", "---\ntitle: ''\ncategory: ''\n---\n# From H1\n", "From H1", "From H1", "x"),
+    ],
+)
 def test_title_h1_and_category_fallbacks(tmp_path, rel, content, title, h1, category):
     doc = load(tmp_path, rel, content)
     assert (doc.title, doc.h1, doc.category) == (title, h1, category)
@@ -142,8 +160,9 @@ def test_crlf_line_endings_are_normalised(tmp_path):
     assert doc.body == "Title\nwith CR\n=====\n\ntext\n"
 
 
-@pytest.mark.parametrize(("frontmatter", "kind"), [("- a\n- b", "a list"), ("just text", "a single str"),
-                                                   ("42", "a single int")])
+@pytest.mark.parametrize(
+    ("frontmatter", "kind"), [("- a\n- b", "a list"), ("just text", "a single str"), ("42", "a single int")]
+)
 def test_frontmatter_that_is_not_a_mapping(tmp_path, frontmatter, kind):
     issue = error_of(tmp_path, "a.md", f"---\n{frontmatter}\n---\nbody\n")
     assert issue.line == 1
@@ -157,18 +176,21 @@ def test_empty_frontmatter_block_is_fine(tmp_path, frontmatter):
 
 
 def test_unquoted_dates_become_iso_strings(tmp_path):
-    doc = load(tmp_path, "a.md", "---\nupdated: 2026-01-20\nat: 2026-01-20 10:00:00\n"
-                                 "nested: {when: [2026-02-01]}\n---\nbody\n")
-    assert doc.metadata == {"updated": "2026-01-20", "at": "2026-01-20T10:00:00",
-                            "nested": {"when": ["2026-02-01"]}}
+    doc = load(
+        tmp_path, "a.md", "---\nupdated: 2026-01-20\nat: 2026-01-20 10:00:00\nnested: {when: [2026-02-01]}\n---\nbody\n"
+    )
+    assert doc.metadata == {"updated": "2026-01-20", "at": "2026-01-20T10:00:00", "nested": {"when": ["2026-02-01"]}}
 
 
-@pytest.mark.parametrize(("source", "line"), [
-    ("---\ntitle: ok\nkeywords:\n\t- tabbed\n---\nbody\n", 4),  # tab indentation
-    ("---\ntitle: ok\nsummary: a: b\n---\nbody\n", 3),  # unquoted 'key: a: b'
-    ("\ufeff---\n\ntitle: x\nsummary: a: b\n---\nbody\n", 4),  # BOM does not shift lines
-    ("---\ntitle: !custom x\n---\nbody\n", 2),  # unknown tag
-])
+@pytest.mark.parametrize(
+    ("source", "line"),
+    [
+        ("---\ntitle: ok\nkeywords:\n\t- tabbed\n---\nbody\n", 4),  # tab indentation
+        ("---\ntitle: ok\nsummary: a: b\n---\nbody\n", 3),  # unquoted 'key: a: b'
+        ("\ufeff---\n\ntitle: x\nsummary: a: b\n---\nbody\n", 4),  # BOM does not shift lines
+        ("---\ntitle: !custom x\n---\nbody\n", 2),  # unknown tag
+    ],
+)
 def test_invalid_yaml_reports_the_source_line(tmp_path, source, line):
     issue = error_of(tmp_path, "a.md", source)
     assert issue.reason.startswith("invalid YAML frontmatter:")
@@ -223,15 +245,18 @@ def test_large_document_loads_fast_and_the_size_cap_applies(tmp_path):
         load_document(path, tmp_path, max_bytes=1_000_000)
 
 
-@pytest.mark.parametrize(("frontmatter", "field", "line"), [
-    ("title: [a, b]", "'title' must be text, got list", 2),
-    ("x: 1\ntitle:\n  a: b", "'title' must be text, got dict", 4),
-    ("category: [db]", "'category' must be text, got list", 2),
-    ("keywords: {a: b}", "'keywords' must be a list or text, got a mapping", 2),
-    ("keywords:\n  - ok\n  - [nested]", "'keywords' item 2 must be text, got list", 4),
-    ("priority: high", "'priority' must be a number, got 'high'", 2),
-    ("priority: true", "'priority' must be a number, got True", 2),
-])
+@pytest.mark.parametrize(
+    ("frontmatter", "field", "line"),
+    [
+        ("title: [a, b]", "'title' must be text, got list", 2),
+        ("x: 1\ntitle:\n  a: b", "'title' must be text, got dict", 4),
+        ("category: [db]", "'category' must be text, got list", 2),
+        ("keywords: {a: b}", "'keywords' must be a list or text, got a mapping", 2),
+        ("keywords:\n  - ok\n  - [nested]", "'keywords' item 2 must be text, got list", 4),
+        ("priority: high", "'priority' must be a number, got 'high'", 2),
+        ("priority: true", "'priority' must be a number, got True", 2),
+    ],
+)
 def test_wrong_field_types_name_the_field_and_line(tmp_path, frontmatter, field, line):
     issue = error_of(tmp_path, "a.md", f"---\n{frontmatter}\n---\nbody\n")
     assert field in issue.reason

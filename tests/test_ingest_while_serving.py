@@ -14,9 +14,17 @@ from bench import serving  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 QUERIES = [
-    "pod keeps restarting with back-off", "node is not ready", "disk will fill up in 4 hours",
-    "prometheus target down", "etcd has no leader", "KubeAPIErrorBudgetBurn", "alertmanager config reload failed",
-    "CPU throttling high", "persistent volume filling up", "kubelet too many pods", "deployment replicas mismatch",
+    "pod keeps restarting with back-off",
+    "node is not ready",
+    "disk will fill up in 4 hours",
+    "prometheus target down",
+    "etcd has no leader",
+    "KubeAPIErrorBudgetBurn",
+    "alertmanager config reload failed",
+    "CPU throttling high",
+    "persistent volume filling up",
+    "kubelet too many pods",
+    "deployment replicas mismatch",
     "TargetDown job=node-exporter",
 ]
 

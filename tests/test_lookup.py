@@ -73,8 +73,7 @@ def make_tool(sample_kb, embedder, store):
     def make(store_override=None, **overrides):
         settings = sample_kb.model_copy(update={"trace_enabled": True, **overrides})
         rec = CapturingRecorder()
-        tool = LookupKnowledgeTool(settings, embedder=embedder, store=store_override or store,
-                                   recorder=rec)
+        tool = LookupKnowledgeTool(settings, embedder=embedder, store=store_override or store, recorder=rec)
         tool.recorded = rec.rows
         tools.append(tool)
         return tool
@@ -177,8 +176,7 @@ def test_store_down_without_l0_match_is_a_structured_failure(make_tool, store):
 
 
 def test_missing_milvus_file_gives_l0_fallback(sample_kb, embedder, tmp_path):
-    settings = sample_kb.model_copy(update={"milvus_uri": SecretStr(str(tmp_path / "gone.db")),
-                                            "trace_enabled": True})
+    settings = sample_kb.model_copy(update={"milvus_uri": SecretStr(str(tmp_path / "gone.db")), "trace_enabled": True})
     rec = CapturingRecorder()
     tool = LookupKnowledgeTool(settings, embedder=embedder, recorder=rec)
     r = tool.lookup("OrdersDBReplicationLag")
@@ -194,8 +192,19 @@ def test_evidence_block_fields_and_layer(make_tool):
     assert 0 <= b.score <= 1 and b.score_label == "milvus_cosine_similarity[-1,1]"
     assert b.raw_score == pytest.approx(b.score, abs=1e-3) and b.hit_reasons
     payload = r.to_json()
-    assert {"found", "evidenceBlocks", "contextPack", "retrievalTrace", "rerankTrace", "relevanceLevel",
-            "completenessHint", "retrievedDomainsThisSession", "message", "primary", "supplement"} <= set(payload)
+    assert {
+        "found",
+        "evidenceBlocks",
+        "contextPack",
+        "retrievalTrace",
+        "rerankTrace",
+        "relevanceLevel",
+        "completenessHint",
+        "retrievedDomainsThisSession",
+        "message",
+        "primary",
+        "supplement",
+    } <= set(payload)
     assert payload["evidenceBlocks"][0]["scoreLabel"] and payload["contextPack"]["charBudget"] == 4000
 
 
@@ -218,7 +227,7 @@ def test_primary_and_supplement_views(make_tool):
 def test_rerank_trace_explains_each_block(make_tool):
     r = make_tool().lookup("RedisMemoryHigh")
     assert len(r.rerank_trace) == len(r.evidence_blocks)
-    for entry, block in zip(r.rerank_trace, r.evidence_blocks):
+    for entry, block in zip(r.rerank_trace, r.evidence_blocks, strict=True):
         assert entry.source == block.source and entry.rank_after == block.rank
         assert entry.final_score == pytest.approx(entry.base_score + sum(entry.contributions.values()), abs=1e-3)
     assert "title_match" in r.rerank_trace[0].contributions

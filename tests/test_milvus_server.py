@@ -27,8 +27,18 @@ DIM = 8
 
 
 def chunk(i: int) -> Chunk:
-    return Chunk(chunk_id=f"c{i}", doc_id=f"d{i % 3}.md", title="T", breadcrumb=f"T > S{i}", category="cat",
-                 text=f"text {i} about redis memory", start=0, end=1, ordinal=i, content_hash=f"h{i}")
+    return Chunk(
+        chunk_id=f"c{i}",
+        doc_id=f"d{i % 3}.md",
+        title="T",
+        breadcrumb=f"T > S{i}",
+        category="cat",
+        text=f"text {i} about redis memory",
+        start=0,
+        end=1,
+        ordinal=i,
+        content_hash=f"h{i}",
+    )
 
 
 def unit(n: int, seed: int = 0) -> np.ndarray:
@@ -74,15 +84,22 @@ def test_state_file_names_the_live_server(filled, data_dir):
 
 
 def test_two_processes_starting_at_once_share_one_server(data_dir):
-    code = ("import sys; from pathlib import Path; from rag_core.stores import milvus_server as m; "
-            "print(m.ensure_server(Path(sys.argv[1])).pid)")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(data_dir)], stdout=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    code = (
+        "import sys; from pathlib import Path; from rag_core.stores import milvus_server as m; "
+        "print(m.ensure_server(Path(sys.argv[1])).pid)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(data_dir)], stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
     pids = {p.communicate(timeout=120)[0].strip() for p in procs}
     assert all(p.returncode == 0 for p in procs)
     assert len(pids) == 1
-    engines = [p for p in psutil.process_iter(["cmdline"])
-               if (p.info["cmdline"] or [""])[1:2] == [str((data_dir / "milvus.db").resolve())]]
+    engines = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if (p.info["cmdline"] or [""])[1:2] == [str((data_dir / "milvus.db").resolve())]
+    ]
     assert len(engines) == 1
 
 
@@ -101,8 +118,16 @@ def test_stale_state_from_a_killed_server_is_replaced(filled, data_dir):
 
 def test_stale_pid_reused_by_another_program_is_not_taken_for_the_server(data_dir):
     db = str((data_dir / "milvus.db").resolve())
-    fake = milvus_server.ServerState(pid=os.getpid(), host="127.0.0.1", port=9, engine="milvus-lite",
-                                     engine_version="x", db_path=db, started_at=0.0, idle_stop_seconds=0)
+    fake = milvus_server.ServerState(
+        pid=os.getpid(),
+        host="127.0.0.1",
+        port=9,
+        engine="milvus-lite",
+        engine_version="x",
+        db_path=db,
+        started_at=0.0,
+        idle_stop_seconds=0,
+    )
     milvus_server._write_state(data_dir / milvus_server.STATE_NAME, fake)
     (data_dir / milvus_server.LOCK_NAME).write_text("left over")  # a lock file of a dead process
     state = milvus_server.ensure_server(data_dir)
@@ -128,8 +153,9 @@ def test_server_dying_between_lookups_is_restarted_once(filled, data_dir):
     store, vecs = filled
     first = store.server_pid
     os.kill(first, signal.SIGKILL)
-    assert wait_until(lambda: not psutil.pid_exists(first) or
-                      psutil.Process(first).status() == psutil.STATUS_ZOMBIE, 10)
+    assert wait_until(
+        lambda: not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE, 10
+    )
     hits = store.search(vecs[7], 1)
     assert hits[0].chunk_id == "c7" and store.server_pid != first
     assert store.count() == 20
@@ -145,8 +171,11 @@ def test_threads_failing_together_share_one_restart(filled, data_dir):
     with ThreadPoolExecutor(8) as pool:
         top = list(pool.map(lambda i: store.search(vecs[i], 1)[0].chunk_id, range(16)))
     assert top == [f"c{i}" for i in range(16)]
-    engines = [p for p in psutil.process_iter(["cmdline"])
-               if (p.info["cmdline"] or [""])[1:2] == [str((data_dir / "milvus.db").resolve())]]
+    engines = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if (p.info["cmdline"] or [""])[1:2] == [str((data_dir / "milvus.db").resolve())]
+    ]
     assert len(engines) == 1 and store.server_pid != first
 
 
@@ -212,9 +241,9 @@ def test_idle_server_stops_after_the_set_time_but_not_while_connected(data_dir):
 
 
 def test_idle_embedded_postgres_stops(pg_scratch_dir):
-    from rag_core.stores.pgserver import embedded_dsn, running_pid
-
     import psycopg
+
+    from rag_core.stores.pgserver import embedded_dsn, running_pid
 
     pgdata = pg_scratch_dir / "pgdata"
     dsn = embedded_dsn(pgdata, idle_stop_seconds=1.0)

@@ -14,9 +14,18 @@ DIM = 16
 
 
 def chunk(i, doc="d.md", category="cat", title="T", text=None):
-    return Chunk(chunk_id=f"c{i}", doc_id=doc, title=title, breadcrumb=f"{title} > S{i}",
-                 category=category, text=text or f"text number {i} about redis memory",
-                 start=0, end=1, ordinal=i, content_hash=f"h{i}")
+    return Chunk(
+        chunk_id=f"c{i}",
+        doc_id=doc,
+        title=title,
+        breadcrumb=f"{title} > S{i}",
+        category=category,
+        text=text or f"text number {i} about redis memory",
+        start=0,
+        end=1,
+        ordinal=i,
+        content_hash=f"h{i}",
+    )
 
 
 def unit(n, seed=0):

@@ -30,12 +30,22 @@ DIM = 8
 PROJECT = Path(__file__).resolve().parent.parent
 
 
-def chunk(i: int, doc: str = "doc-a.md", category: str = "k8s", text: str | None = None,
-          content_hash: str | None = None) -> Chunk:
+def chunk(
+    i: int, doc: str = "doc-a.md", category: str = "k8s", text: str | None = None, content_hash: str | None = None
+) -> Chunk:
     body = text if text is not None else f"chunk number {i}"
-    return Chunk(chunk_id=f"c{i:05d}", doc_id=doc, title="Title", breadcrumb=f"Title > Part {i}",
-                 category=category, text=body, start=0, end=len(body), ordinal=i,
-                 content_hash=content_hash or f"h{i}")
+    return Chunk(
+        chunk_id=f"c{i:05d}",
+        doc_id=doc,
+        title="Title",
+        breadcrumb=f"Title > Part {i}",
+        category=category,
+        text=body,
+        start=0,
+        end=len(body),
+        ordinal=i,
+        content_hash=content_hash or f"h{i}",
+    )
 
 
 def unit(n: int, dim: int = DIM, seed: int = 0) -> np.ndarray:
@@ -57,8 +67,10 @@ def exact_ids(dsn: str, table: str, q: np.ndarray, k: int, category: str | None)
     with psycopg.connect(dsn) as conn:
         register_vector(conn)
         conn.execute("SET LOCAL enable_indexscan = off")
-        rows = conn.execute(f"SELECT chunk_id FROM {table} {where} "
-                            "ORDER BY embedding <=> %(q)s LIMIT %(k)s", {"c": category, "q": q, "k": k})
+        rows = conn.execute(
+            f"SELECT chunk_id FROM {table} {where} ORDER BY embedding <=> %(q)s LIMIT %(k)s",
+            {"c": category, "q": q, "k": k},
+        )
         return [r[0] for r in rows]
 
 
@@ -69,11 +81,12 @@ def test_schema_has_vector_column_and_all_indexes(store, pg_dsn, pg_table):
     store.ensure_schema(DIM)
     store.ensure_schema(DIM)  # idempotent
     with psycopg.connect(pg_dsn) as conn:
-        defs = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s",
-                                           (pg_table,))]
-        coltype = conn.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
-                               "WHERE attrelid = to_regclass(%s) AND attname = 'embedding'",
-                               (pg_table,)).fetchone()[0]
+        defs = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))]
+        coltype = conn.execute(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attname = 'embedding'",
+            (pg_table,),
+        ).fetchone()[0]
     assert coltype == f"vector({DIM})"
     assert any("USING hnsw (embedding vector_cosine_ops)" in d for d in defs)
     assert any("btree (category)" in d for d in defs)
@@ -158,9 +171,11 @@ def test_dense_hit_scores_are_distances_with_normalised_similarity(store):
 
 def test_lexical_search_finds_terms_in_english_and_chinese(store):
     store.ensure_schema(DIM)
-    chunks = [chunk(1, text="The pod is in KubePodCrashLooping state", category="k8s"),
-              chunk(2, text="磁盘空间不足，清理日志", category="host"),
-              chunk(3, text="Redis memory is high", category="cache")]
+    chunks = [
+        chunk(1, text="The pod is in KubePodCrashLooping state", category="k8s"),
+        chunk(2, text="磁盘空间不足，清理日志", category="host"),
+        chunk(3, text="Redis memory is high", category="cache"),
+    ]
     vecs = unit(3)
     store.upsert(chunks, vecs)
 
@@ -183,8 +198,11 @@ def test_concurrent_upserts_of_the_same_chunks_leave_no_duplicates(store, pg_dsn
     vecs = unit(300)
     order = np.random.default_rng(1).permutation(300)
     stores = [store, PgVectorStore(pg_dsn, pg_table), PgVectorStore(pg_dsn, pg_table)]
-    jobs = [(stores[0], chunks, vecs), (stores[1], [chunks[i] for i in order], vecs[order]),
-            (stores[2], chunks[::-1], vecs[::-1])]
+    jobs = [
+        (stores[0], chunks, vecs),
+        (stores[1], [chunks[i] for i in order], vecs[order]),
+        (stores[2], chunks[::-1], vecs[::-1]),
+    ]
     try:
         with ThreadPoolExecutor(3) as pool:
             for f in [pool.submit(s.upsert, c, v) for s, c, v in jobs]:
@@ -249,8 +267,11 @@ def test_selective_category_returns_limit_rows_and_exact_ids(big_table, pg_dsn, 
 
 def test_category_smaller_than_limit_returns_all_its_rows(big_table):
     store, _, _ = big_table
-    assert sorted(h.chunk_id for h in store.search(unit(1, BIG_DIM)[0], 10, category="tiny")) == \
-        ["c00000", "c00001", "c00002"]
+    assert sorted(h.chunk_id for h in store.search(unit(1, BIG_DIM)[0], 10, category="tiny")) == [
+        "c00000",
+        "c00001",
+        "c00002",
+    ]
     assert store.search(unit(1, BIG_DIM)[0], 10, category="no-such-category") == []
 
 
@@ -268,8 +289,7 @@ def test_hnsw_path_iterative_scan_fills_the_limit(big_table, pg_dsn, monkeypatch
             for q in queries:
                 with conn.transaction():
                     conn.execute("SET LOCAL hnsw.iterative_scan = off")
-                    sql = (f"SELECT chunk_id FROM {table} WHERE category = 'rare' "
-                           "ORDER BY embedding <=> %s LIMIT 10")
+                    sql = f"SELECT chunk_id FROM {table} WHERE category = 'rare' ORDER BY embedding <=> %s LIMIT 10"
                     plan = " ".join(r[0] for r in conn.execute("EXPLAIN " + sql, (q,)))
                     assert f"{table}_embedding_hnsw" in plan
                     short_without_iterative += len(conn.execute(sql, (q,)).fetchall()) < 10
@@ -292,12 +312,15 @@ def test_hnsw_path_iterative_scan_fills_the_limit(big_table, pg_dsn, monkeypatch
 # --- errors ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dsn", [
-    "postgresql://rag:hunter2secret@127.0.0.1:1/rag?connect_timeout=2",
-    "host=127.0.0.1 port=1 user=rag password=hunter2secret dbname=rag connect_timeout=2",
-    "postgresql://rag:hunter2secret@127.0.0.1:notaport/rag",
-    "host=127.0.0.1 password=hunter2secret bogus",
-])
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "postgresql://rag:hunter2secret@127.0.0.1:1/rag?connect_timeout=2",
+        "host=127.0.0.1 port=1 user=rag password=hunter2secret dbname=rag connect_timeout=2",
+        "postgresql://rag:hunter2secret@127.0.0.1:notaport/rag",
+        "host=127.0.0.1 password=hunter2secret bogus",
+    ],
+)
 def test_bad_dsn_raises_store_error_without_password(dsn):
     store = PgVectorStore(dsn, "whatever", connect_timeout=2)
     start = time.monotonic()
@@ -351,9 +374,17 @@ def test_server_shared_by_processes_outlives_them_and_a_stop_gives_store_error(p
     cannot start gives StoreError (no hang), and a restart in place lets the store recover."""
     settings = RagSettings(data_dir=pg_scratch_dir, pg_dsn=None)
     env = {**os.environ, "PYTHONPATH": str(PROJECT), "PYTHONWARNINGS": "ignore"}
-    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, str(pg_scratch_dir)], text=True, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=pg_scratch_dir)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(pg_scratch_dir)],
+            text=True,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=pg_scratch_dir,
+        )
+        for _ in range(2)
+    ]
     outputs = [p.communicate(timeout=90) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outputs]
     dsns = {o[0].strip() for o in outputs}

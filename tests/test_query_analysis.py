@@ -30,9 +30,11 @@ def test_plain_question_passes_through_unchanged():
 
 
 def test_alertmanager_notification_lifts_alert_name_and_keeps_summary():
-    q = ('[FIRING:2] payments\nlabels: {alertname="KubePodCrashLooping", namespace="shop", '
-         'pod="api-7d9f8b6c5d-x2kqz", severity="critical"}\n'
-         "summary: container api is restarting every 5m, last state OOMKilled")
+    q = (
+        '[FIRING:2] payments\nlabels: {alertname="KubePodCrashLooping", namespace="shop", '
+        'pod="api-7d9f8b6c5d-x2kqz", severity="critical"}\n'
+        "summary: container api is restarting every 5m, last state OOMKilled"
+    )
     p = analyze_pasted(q)
     assert "alertmanager" in p.formats and "labels" in p.formats
     assert p.alert_names == ("KubePodCrashLooping",)
@@ -61,8 +63,10 @@ def test_firing_title_names_the_alert():
 
 
 def test_logfmt_line_keeps_msg_and_err_drops_metadata():
-    q = ('level=warn ts=2024-09-02T11:04:55.812Z caller=manager.go:703 component="rule manager" '
-         'msg="Evaluating rule failed" err="query timed out in expression evaluation"')
+    q = (
+        'level=warn ts=2024-09-02T11:04:55.812Z caller=manager.go:703 component="rule manager" '
+        'msg="Evaluating rule failed" err="query timed out in expression evaluation"'
+    )
     p = analyze_pasted(q)
     assert p.formats == ("logfmt",)
     assert "Evaluating rule failed" in p.text and "query timed out" in p.text
@@ -72,9 +76,11 @@ def test_logfmt_line_keeps_msg_and_err_drops_metadata():
 
 
 def test_json_log_line_keeps_message_fields_and_strips_ip_port():
-    q = ('{"level":"error","ts":"2024-10-21T07:55:03.114Z","caller":"notifier.go:532",'
-         '"msg":"Error sending alert","err":"Post \\"http://10.0.5.3:9093/api/v2/alerts\\": '
-         'context deadline exceeded","count":64}')
+    q = (
+        '{"level":"error","ts":"2024-10-21T07:55:03.114Z","caller":"notifier.go:532",'
+        '"msg":"Error sending alert","err":"Post \\"http://10.0.5.3:9093/api/v2/alerts\\": '
+        'context deadline exceeded","count":64}'
+    )
     p = analyze_pasted(q)
     assert p.formats == ("json_log",)
     assert "Error sending alert" in p.text and "context deadline exceeded" in p.text
@@ -90,8 +96,10 @@ def test_kubernetes_event_line_writes_reason_as_words():
 
 
 def test_promql_lifts_metric_names_not_labels_or_functions():
-    q = ('sum by (namespace, job_name) (rate(kube_job_status_failed{namespace="batch", '
-         'job_name=~"nightly-.*"}[5m])) / sum(kube_job_spec_completions) > 0.1')
+    q = (
+        'sum by (namespace, job_name) (rate(kube_job_status_failed{namespace="batch", '
+        'job_name=~"nightly-.*"}[5m])) / sum(kube_job_spec_completions) > 0.1'
+    )
     p = analyze_pasted(q)
     assert p.formats == ("promql",)
     assert p.metric_names == ("kube_job_status_failed", "kube_job_spec_completions")
@@ -102,22 +110,27 @@ def test_promql_lifts_metric_names_not_labels_or_functions():
 
 
 def test_kubectl_describe_events_table():
-    q = ("Events:\n  Type     Reason            Age                From               Message\n"
-         "  ----     ------            ----               ----               -------\n"
-         "  Warning  FailedScheduling  2m (x5 over 10m)   default-scheduler  0/3 nodes are available: "
-         "3 Insufficient cpu.")
+    q = (
+        "Events:\n  Type     Reason            Age                From               Message\n"
+        "  ----     ------            ----               ----               -------\n"
+        "  Warning  FailedScheduling  2m (x5 over 10m)   default-scheduler  0/3 nodes are available: "
+        "3 Insufficient cpu."
+    )
     p = analyze_pasted(q)
     assert p.formats == ("k8s_event",)
     assert p.text.startswith("Failed Scheduling") and "Insufficient cpu" in p.text
     assert "Reason" not in p.text and "----" not in p.text and "over" not in p.text
 
 
-@pytest.mark.parametrize(("text", "gone", "kept"), [
-    ("etcd-0 at 10.0.0.13:2380 since 2024-03-18T02:11:40Z", ["10.0.0.13", "2380", "2024"], ["etcd"]),
-    ("pod checkout-6d5f9c8b7-kq4zt in ns shop", ["6d5f9c8b7", "kq4zt"], ["checkout", "shop"]),
-    ("commit 3f9a8b7c6d5e4f3a uuid 123e4567-e89b-12d3-a456-426614174000", ["3f9a8b7c", "123e4567"], ["commit"]),
-    ("took 2h40m at rafthttp/probing_status.go:68", ["2h40m", "probing_status.go"], ["took"]),
-])
+@pytest.mark.parametrize(
+    ("text", "gone", "kept"),
+    [
+        ("etcd-0 at 10.0.0.13:2380 since 2024-03-18T02:11:40Z", ["10.0.0.13", "2380", "2024"], ["etcd"]),
+        ("pod checkout-6d5f9c8b7-kq4zt in ns shop", ["6d5f9c8b7", "kq4zt"], ["checkout", "shop"]),
+        ("commit 3f9a8b7c6d5e4f3a uuid 123e4567-e89b-12d3-a456-426614174000", ["3f9a8b7c", "123e4567"], ["commit"]),
+        ("took 2h40m at rafthttp/probing_status.go:68", ["2h40m", "probing_status.go"], ["took"]),
+    ],
+)
 def test_noise_is_removed_words_are_kept(text, gone, kept):
     clean, removed = strip_noise(text)
     assert removed >= 1
@@ -130,7 +143,7 @@ def test_split_camel_words():
 
 
 def test_odd_input_never_raises():
-    for q in ["{", '{"a": ', "a=", "summary:", "[FIRING:x]", "rate(", "{{{}}}", "=\"\"", "\x00"]:
+    for q in ["{", '{"a": ', "a=", "summary:", "[FIRING:x]", "rate(", "{{{}}}", '=""', "\x00"]:
         analyze_pasted(q)
 
 
@@ -145,8 +158,11 @@ def _index() -> L0Index:
         "kubernetes/KubeQuotaExceeded.md": ("kubernetes", "Kube Quota Exceeded", "KubeQuotaExceeded"),
         "kubernetes/KubePodCrashLooping.md": ("kubernetes", "Kube Pod Crash Looping", "KubePodCrashLooping"),
         "etcd/etcdDatabaseQuotaLowSpace.md": ("etcd", "etcd Database Quota Low Space", "etcdDatabaseQuotaLowSpace"),
-        "etcd/etcdHighNumberOfFailedGRPCRequests.md": ("etcd", "etcd High Number Of Failed GRPC Requests",
-                                                       "etcdHighNumberOfFailedGRPCRequests"),
+        "etcd/etcdHighNumberOfFailedGRPCRequests.md": (
+            "etcd",
+            "etcd High Number Of Failed GRPC Requests",
+            "etcdHighNumberOfFailedGRPCRequests",
+        ),
         "node/NodeClockNotSynchronising.md": ("node", "Node Clock Not Synchronising", "NodeClockNotSynchronising"),
     }
     return L0Index(L0Entry(doc, title, cat, [title, stem]) for doc, (cat, title, stem) in names.items())
@@ -157,13 +173,19 @@ def l0() -> L0Index:
     return _index()
 
 
-@pytest.mark.parametrize(("query", "doc", "reason"), [
-    ("kubeshedulerdown firing on prod-2", "kubernetes/KubeSchedulerDown.md", "title~fuzzy:0.97"),
-    ("etcdhighnumberoffailedgrpcrequest on etcd-1", "etcd/etcdHighNumberOfFailedGRPCRequests.md",
-     "title~fuzzy:0.98"),
-    ("kube pod crash looping in shop", "kubernetes/KubePodCrashLooping.md", "title"),
-    ("KUBEPODCRASHLOOPING", "kubernetes/KubePodCrashLooping.md", "title"),
-])
+@pytest.mark.parametrize(
+    ("query", "doc", "reason"),
+    [
+        ("kubeshedulerdown firing on prod-2", "kubernetes/KubeSchedulerDown.md", "title~fuzzy:0.97"),
+        (
+            "etcdhighnumberoffailedgrpcrequest on etcd-1",
+            "etcd/etcdHighNumberOfFailedGRPCRequests.md",
+            "title~fuzzy:0.98",
+        ),
+        ("kube pod crash looping in shop", "kubernetes/KubePodCrashLooping.md", "title"),
+        ("KUBEPODCRASHLOOPING", "kubernetes/KubePodCrashLooping.md", "title"),
+    ],
+)
 def test_names_match_through_case_spacing_and_typos(l0, query, doc, reason):
     m = l0.analyze_query(query).match_for(doc)
     assert m is not None and reason in m.reasons
@@ -175,8 +197,12 @@ def test_fuzzy_correction_is_reported(l0):
 
 
 def test_typo_between_two_similar_names_matches_neither():
-    idx = L0Index([L0Entry("a/AlphaServiceDown.md", "AlphaServiceDown", "a", ["AlphaServiceDown"]),
-                   L0Entry("a/AlphaServiceDawn.md", "AlphaServiceDawn", "a", ["AlphaServiceDawn"])])
+    idx = L0Index(
+        [
+            L0Entry("a/AlphaServiceDown.md", "AlphaServiceDown", "a", ["AlphaServiceDown"]),
+            L0Entry("a/AlphaServiceDawn.md", "AlphaServiceDawn", "a", ["AlphaServiceDawn"]),
+        ]
+    )
     # one letter off both names: ambiguous, so neither is matched
     assert not [m for m in idx.analyze_query("alphaservicedxwn").matches if m.name_kind == "fuzzy"]
     # one letter off one name only: matched
@@ -184,8 +210,7 @@ def test_typo_between_two_similar_names_matches_neither():
     assert m.doc_id == "a/AlphaServiceDown.md" and m.name_kind == "fuzzy"
 
 
-@pytest.mark.parametrize("query", ["node clock", "quota exceeded", "kubernetes", "crashloop",
-                                   "schedule the pods"])
+@pytest.mark.parametrize("query", ["node clock", "quota exceeded", "kubernetes", "crashloop", "schedule the pods"])
 def test_short_or_common_words_do_not_fuzzy_match(l0, query):
     assert not [m for m in l0.analyze_query(query).matches if m.name_kind == "fuzzy"]
 
@@ -196,8 +221,12 @@ def test_prefix_of_a_name_is_not_a_typo(l0):
 
 
 def test_named_categories_prefer_the_longer_name():
-    idx = L0Index([L0Entry("prometheus/A.md", "A", "prometheus", ["A"]),
-                   L0Entry("prometheus-operator/B.md", "B", "prometheus-operator", ["B"])])
+    idx = L0Index(
+        [
+            L0Entry("prometheus/A.md", "A", "prometheus", ["A"]),
+            L0Entry("prometheus-operator/B.md", "B", "prometheus-operator", ["B"]),
+        ]
+    )
     assert idx.analyze_query("prometheus-operator pod restarts").named_categories == ["prometheus-operator"]
     assert idx.analyze_query("prometheus is slow").named_categories == ["prometheus"]
 
@@ -250,8 +279,7 @@ def test_choose_filter_without_hints():
 
 
 def test_pasted_query_rewrites_dense_text_and_lexical_terms(l0):
-    q = ('level=error ts=2024-01-01T00:00:00Z caller=main.go:10 msg="clock not synchronising" '
-         'instance="10.1.2.3:9100"')
+    q = 'level=error ts=2024-01-01T00:00:00Z caller=main.go:10 msg="clock not synchronising" instance="10.1.2.3:9100"'
     tq = KnowledgeQueryTransformer(l0).transform(q)
     assert tq.rewritten == "clock not synchronising"
     assert "2024" not in tq.lexical_terms and "clock" in tq.lexical_terms
@@ -273,9 +301,19 @@ def test_keep_named_moves_a_cut_off_named_document_into_the_last_slot():
 
 
 def _hit(doc: str, cos: float, channel: str) -> StoreHit:
-    return StoreHit(chunk_id=f"{doc}#0", doc_id=doc, title=doc, breadcrumb=doc, category=doc.split("/")[0],
-                    text=doc, raw_score=cos, similarity=cos, score_label="cos", channel=channel,
-                    lexical_score=1.0 if channel == "lexical" else None)
+    return StoreHit(
+        chunk_id=f"{doc}#0",
+        doc_id=doc,
+        title=doc,
+        breadcrumb=doc,
+        category=doc.split("/")[0],
+        text=doc,
+        raw_score=cos,
+        similarity=cos,
+        score_label="cos",
+        channel=channel,
+        lexical_score=1.0 if channel == "lexical" else None,
+    )
 
 
 class SlowStore:
@@ -316,15 +354,18 @@ def _tq(l0: L0Index, query: str):
 
 def test_filtered_and_unfiltered_attempts_run_concurrently_and_are_fused(l0):
     store = SlowStore(delay=0.2)
-    retriever = KnowledgeDocumentRetriever(store, RagSettings(_env_file=None, embedding_backend="sentence-transformers"))
+    retriever = KnowledgeDocumentRetriever(
+        store, RagSettings(_env_file=None, embedding_backend="sentence-transformers")
+    )
     retriever.search_once(_tq(l0, "warm"), np.ones(4), None, 1)  # first use runs serially
     store.calls.clear()
     store.peak = 0
     t0 = time.perf_counter()
     out = retriever.retrieve(_tq(l0, "one etcd member is down"), np.ones(4))
     elapsed = time.perf_counter() - t0
-    assert sorted(store.calls, key=str) == sorted([("dense", "etcd"), ("lexical", "etcd"),
-                                                   ("dense", None), ("lexical", None)], key=str)
+    assert sorted(store.calls, key=str) == sorted(
+        [("dense", "etcd"), ("lexical", "etcd"), ("dense", None), ("lexical", None)], key=str
+    )
     assert store.peak == 4 and elapsed < 0.6  # four 0.2 s calls side by side, not 0.8 s in a row
     assert [(a.attempt, a.filter) for a in out.attempts] == [(1, "etcd"), (2, None)]
     assert all(0.15 <= a.duration_ms / 1000 < 0.6 for a in out.attempts)
@@ -348,7 +389,8 @@ def test_a_failing_channel_is_recorded_and_the_other_still_counts(l0):
 def test_all_channels_failing_is_an_outcome_error_not_an_exception(l0):
     store = SlowStore(delay=0.0, fail={"dense", "lexical"})
     out = KnowledgeDocumentRetriever(store, RagSettings(_env_file=None)).retrieve(
-        _tq(l0, "one etcd member is down"), np.ones(4))
+        _tq(l0, "one etcd member is down"), np.ones(4)
+    )
     assert out.candidates == [] and out.error and len(out.attempts) == 2
     assert out.fallback_reason == "attempt_1_failed"
 

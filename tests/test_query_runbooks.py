@@ -38,8 +38,9 @@ def runbook_tool(tmp_path_factory, embedder):
     store = MilvusStore.from_settings(settings)
     ingest(settings, embedder, [store], progress=False)
     rows = _Rows()
-    tool = LookupKnowledgeTool(settings.model_copy(update={"trace_enabled": True}), embedder=embedder,
-                               store=store, recorder=rows)
+    tool = LookupKnowledgeTool(
+        settings.model_copy(update={"trace_enabled": True}), embedder=embedder, store=store, recorder=rows
+    )
     tool.rows = rows.rows
     yield tool
     tool.close()
@@ -62,18 +63,25 @@ def test_partial_name_match_does_not_hide_the_named_category(runbook_tool):
 
 def test_lookup_without_the_l0_filter_runs_one_unfiltered_attempt(runbook_tool):
     r, candidates = runbook_tool.lookup_with_candidates(
-        "etcd database size exceeds 95 percent of the backend quota", use_l0_filter=False)
+        "etcd database size exceeds 95 percent of the backend quota", use_l0_filter=False
+    )
     assert [(a.attempt, a.filter) for a in r.retrieval_trace.attempts] == [(1, None)]
     assert candidates and not any(c.filtered for c in candidates)
     transform = runbook_tool.rows[-1]["retrieval_details"]["query_transform"]
     assert transform["filter_reason"] == "disabled" and transform["proposed_filter"] == "etcd"
 
 
-@pytest.mark.parametrize(("query", "expected"), [
-    ("kubeshedulerdown firing on prod-2, all instances", "kubernetes/KubeSchedulerDown.md"),
-    ('[FIRING:1] cluster eu\nlabels: {alertname="KubeletDown", job="kubelet", severity="critical"}\n'
-     "summary: none of the kubelet targets answered a scrape for 15 minutes", "kubernetes/KubeletDown.md"),
-])
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("kubeshedulerdown firing on prod-2, all instances", "kubernetes/KubeSchedulerDown.md"),
+        (
+            '[FIRING:1] cluster eu\nlabels: {alertname="KubeletDown", job="kubelet", severity="critical"}\n'
+            "summary: none of the kubelet targets answered a scrape for 15 minutes",
+            "kubernetes/KubeletDown.md",
+        ),
+    ],
+)
 def test_typo_names_and_pasted_alerts_find_their_runbook(runbook_tool, query, expected):
     r = runbook_tool.lookup(query)
     assert _sources(r)[0] == expected
@@ -82,8 +90,12 @@ def test_typo_names_and_pasted_alerts_find_their_runbook(runbook_tool, query, ex
 
 
 def test_concurrent_lookups_on_one_store_all_succeed(runbook_tool):
-    queries = ["one etcd member went down", "alertmanager cluster members cannot find each other",
-               "kube pod crash looping", "node_filefd_allocated / node_filefd_maximum > 0.9"] * 4
+    queries = [
+        "one etcd member went down",
+        "alertmanager cluster members cannot find each other",
+        "kube pod crash looping",
+        "node_filefd_allocated / node_filefd_maximum > 0.9",
+    ] * 4
     errors: list[str] = []
 
     def run(q: str) -> None:
@@ -110,8 +122,9 @@ def test_concurrent_first_use_of_a_fresh_store(runbook_tool, embedder):
     settings = runbook_tool.settings
     MilvusClient(uri=settings.milvus_target).release_collection(settings.collection)
     store = MilvusStore.from_settings(settings)
-    tool = LookupKnowledgeTool(runbook_tool.settings.model_copy(update={"trace_enabled": False}),
-                               embedder=embedder, store=store)
+    tool = LookupKnowledgeTool(
+        runbook_tool.settings.model_copy(update={"trace_enabled": False}), embedder=embedder, store=store
+    )
     barrier = threading.Barrier(8)
     errors: list[str] = []
 

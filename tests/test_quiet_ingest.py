@@ -18,12 +18,16 @@ NOISE = ("ERROR", "Traceback", "Method not implemented", "mvccTs")
 
 
 def _rag(args: list[str], data_dir) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "RAG_DATA_DIR": str(data_dir), "RAG_KNOWLEDGE_DIR": str(SAMPLE_KNOWLEDGE_DIR),
-           "RAG_SIDECAR_ENABLED": "false", "RAG_TRACE_ENABLED": "false"}
+    env = {
+        **os.environ,
+        "RAG_DATA_DIR": str(data_dir),
+        "RAG_KNOWLEDGE_DIR": str(SAMPLE_KNOWLEDGE_DIR),
+        "RAG_SIDECAR_ENABLED": "false",
+        "RAG_TRACE_ENABLED": "false",
+    }
     env.pop("RAG_MILVUS_URI", None)
     rag = Path(sys.executable).with_name("rag")
-    return subprocess.run([str(rag), *args], env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
+    return subprocess.run([str(rag), *args], env=env, capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_first_ingest_and_doctor_are_quiet(tmp_path):

@@ -1,8 +1,8 @@
 """pgvector sidecar wiring in lookup_knowledge: real Milvus Lite, embedded PostgreSQL, real model."""
 
 import pytest
-
 from conftest import make_settings
+
 from rag_core.ingest.pipeline import ingest
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.milvus import MilvusStore
@@ -83,7 +83,8 @@ def test_compare_paths_side_by_side(both, pg_dsn, pg_table):
     assert first["main"]["doc_id"] == "queues/KafkaConsumerLagHigh.md" and first["same_source"]
     assert first["main"]["score_label"].startswith("milvus") and first["sidecar"]["score_label"].startswith("pgvector")
     assert 0 < out["overlap_at_5"] <= 1
-    down = compare_paths(settings.model_copy(update={"pg_dsn": SecretStr("postgresql://u:pw9@127.0.0.1:9/x")}),
-                         "kafka consumer lag")
+    down = compare_paths(
+        settings.model_copy(update={"pg_dsn": SecretStr("postgresql://u:pw9@127.0.0.1:9/x")}), "kafka consumer lag"
+    )
     assert down["sidecar_status"] in ("unavailable", "error") and down["rows"][0]["main"]
     assert "pw9" not in str(down)

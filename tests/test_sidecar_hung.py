@@ -75,9 +75,21 @@ def main_store() -> InMemoryStore:
     store = InMemoryStore()
     store.ensure_schema(DIM)
     emb = HashEmbedder()
-    chunks = [Chunk(chunk_id=f"c{i}", doc_id=f"d{i}.md", title=f"Doc {i}", breadcrumb=f"Doc {i}",
-                    category="ops", text=f"redis memory text {i}", start=0, end=1, ordinal=0,
-                    content_hash=f"h{i}") for i in range(5)]
+    chunks = [
+        Chunk(
+            chunk_id=f"c{i}",
+            doc_id=f"d{i}.md",
+            title=f"Doc {i}",
+            breadcrumb=f"Doc {i}",
+            category="ops",
+            text=f"redis memory text {i}",
+            start=0,
+            end=1,
+            ordinal=0,
+            content_hash=f"h{i}",
+        )
+        for i in range(5)
+    ]
     store.upsert(chunks, np.stack([emb.embed_query(c.text) for c in chunks]))
     return store
 
@@ -100,8 +112,7 @@ def test_breaker_opens_on_failure_and_lets_one_probe_through():
 
 def test_hung_sidecar_is_dialled_once_then_skipped_and_traces_are_spooled(tmp_path, hung):
     dsn = f"postgresql://rag:secret@127.0.0.1:{hung.port}/rag"
-    settings = RagSettings(data_dir=tmp_path, pg_dsn=dsn, sidecar_enabled=True, pg_connect_timeout_s=2,
-                           _env_file=None)
+    settings = RagSettings(data_dir=tmp_path, pg_dsn=dsn, sidecar_enabled=True, pg_connect_timeout_s=2, _env_file=None)
     recorder = ToolInvocationRecorder(lambda: TraceStore(dsn, connect_timeout=2), settings.trace_spool_path)
     tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(), store=main_store(), recorder=recorder)
     first = tool.lookup("redis memory text 1")
@@ -140,8 +151,9 @@ def test_sidecar_work_in_flight_is_bounded(tmp_path):
         def close(self):
             pass
 
-    settings = RagSettings(data_dir=tmp_path, sidecar_enabled=True, sidecar_queue_max=2, trace_enabled=False,
-                           _env_file=None)
+    settings = RagSettings(
+        data_dir=tmp_path, sidecar_enabled=True, sidecar_queue_max=2, trace_enabled=False, _env_file=None
+    )
     tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(), store=main_store(), sidecar=Blocking())
     vec = HashEmbedder().embed_query("q")
     from rag_core.lookup.query_transformer import KnowledgeQueryTransformer

@@ -6,8 +6,16 @@ from rag_core.text import lexical_string, lexical_terms, lexical_tokens, tokeniz
 
 
 def doc(doc_id, title, category="", h1=None, keywords=(), entities=(), aliases=(), body="text"):
-    return KnowledgeDocument(doc_id=doc_id, title=title, category=category, body=body, h1=h1,
-                             keywords=tuple(keywords), entities=tuple(entities), aliases=tuple(aliases))
+    return KnowledgeDocument(
+        doc_id=doc_id,
+        title=title,
+        category=category,
+        body=body,
+        h1=h1,
+        keywords=tuple(keywords),
+        entities=tuple(entities),
+        aliases=tuple(aliases),
+    )
 
 
 def test_camel_case_alert_name_splits_and_keeps_joined_form():
@@ -55,16 +63,24 @@ def test_content_hash_changes_with_the_lexical_analyzer(monkeypatch):
 
 
 def _runbook_index():
-    return L0Index.build([
-        doc("kubernetes/KubePodCrashLooping.md", "Kube Pod Crash Looping", "kubernetes", h1="KubePodCrashLooping"),
-        doc("kubernetes/KubeControllerManagerDown.md", "KubeControllerManagerDown", "kubernetes"),
-        doc("kubernetes/KubeSchedulerDown.md", "KubeSchedulerDown", "kubernetes"),
-        doc("kubernetes/KubeAPIDown.md", "KubeAPIDown", "kubernetes"),
-        doc("etcd/etcdMembersDown.md", "etcdMembersDown", "etcd"),
-        doc("cache/RedisMemoryHigh.md", "Redis memory high", "cache", keywords=["redis", "内存"],
-            entities=["redis-main"], aliases=["Redis 内存告警"]),
-        doc("policy/zh-RefundPolicy.md", "退款政策", "policy", keywords=["退款"]),
-    ])
+    return L0Index.build(
+        [
+            doc("kubernetes/KubePodCrashLooping.md", "Kube Pod Crash Looping", "kubernetes", h1="KubePodCrashLooping"),
+            doc("kubernetes/KubeControllerManagerDown.md", "KubeControllerManagerDown", "kubernetes"),
+            doc("kubernetes/KubeSchedulerDown.md", "KubeSchedulerDown", "kubernetes"),
+            doc("kubernetes/KubeAPIDown.md", "KubeAPIDown", "kubernetes"),
+            doc("etcd/etcdMembersDown.md", "etcdMembersDown", "etcd"),
+            doc(
+                "cache/RedisMemoryHigh.md",
+                "Redis memory high",
+                "cache",
+                keywords=["redis", "内存"],
+                entities=["redis-main"],
+                aliases=["Redis 内存告警"],
+            ),
+            doc("policy/zh-RefundPolicy.md", "退款政策", "policy", keywords=["退款"]),
+        ]
+    )
 
 
 def test_camel_case_name_matches_spaced_words_and_the_joined_name():

@@ -22,9 +22,17 @@ DOWN_DSN = "postgresql://rag:hunter2pw@127.0.0.1:1/rag?connect_timeout=1"
 
 
 def row(i: int, **extra) -> dict:
-    return {"session_id": f"s{i % 5}", "tool_name": "lookup_knowledge", "input": f"query {i}",
-            "output_preview": "preview", "retrieval_layer": "L1", "status": "ok",
-            "latency_ms": 12.5, "retrieval_details": {"attempts": [{"top_k": 10, "i": i}]}, **extra}
+    return {
+        "session_id": f"s{i % 5}",
+        "tool_name": "lookup_knowledge",
+        "input": f"query {i}",
+        "output_preview": "preview",
+        "retrieval_layer": "L1",
+        "status": "ok",
+        "latency_ms": 12.5,
+        "retrieval_details": {"attempts": [{"top_k": 10, "i": i}]},
+        **extra,
+    }
 
 
 def spooled(spool: Path) -> int:
@@ -65,10 +73,12 @@ def test_migration_adds_missing_columns_to_an_old_table(pg_dsn, pg_table):
     store.ensure_schema()
     store.ensure_schema()  # idempotent
     with psycopg.connect(pg_dsn) as conn:
-        cols = dict(conn.execute("SELECT column_name, data_type FROM information_schema.columns "
-                                 "WHERE table_name = %s", (pg_table,)).fetchall())
-        indexes = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s",
-                                              (pg_table,))]
+        cols = dict(
+            conn.execute(
+                "SELECT column_name, data_type FROM information_schema.columns WHERE table_name = %s", (pg_table,)
+            ).fetchall()
+        )
+        indexes = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))]
     assert set(cols) == set(TRACE_COLUMNS)
     assert cols["retrieval_details"] == "jsonb"
     assert cols["latency_ms"] == "double precision"
@@ -111,8 +121,9 @@ def test_recorder_writes_rows(pg_dsn, trace_store, tmp_path):
     spool = tmp_path / "spool.jsonl"
     recorder = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool)
     for i in range(20):
-        recorder.record(row(i, retrieval_details={"at": datetime(2025, 1, 1, tzinfo=UTC), "n": {1, 2},
-                                                   "nan": float("nan")}))
+        recorder.record(
+            row(i, retrieval_details={"at": datetime(2025, 1, 1, tzinfo=UTC), "n": {1, 2}, "nan": float("nan")})
+        )
     assert recorder.flush(10)
     recorder.close()
     assert trace_store.count() == 20
@@ -121,8 +132,7 @@ def test_recorder_writes_rows(pg_dsn, trace_store, tmp_path):
     assert details == {"at": "2025-01-01T00:00:00+00:00", "n": [1, 2], "nan": None}
 
 
-def test_store_down_during_a_burst_spools_everything_then_replays_exactly_once(
-        pg_dsn, trace_store, tmp_path, caplog):
+def test_store_down_during_a_burst_spools_everything_then_replays_exactly_once(pg_dsn, trace_store, tmp_path, caplog):
     caplog.set_level(logging.DEBUG, logger="rag_core")
     spool = tmp_path / "spool.jsonl"
     factory = Switch(pg_dsn, trace_store.table)
@@ -148,8 +158,7 @@ def test_store_down_during_a_burst_spools_everything_then_replays_exactly_once(
     assert "hunter2pw" not in caplog.text
 
 
-def test_factory_that_raises_means_spool_and_a_partial_replay_never_duplicates(
-        pg_dsn, trace_store, tmp_path):
+def test_factory_that_raises_means_spool_and_a_partial_replay_never_duplicates(pg_dsn, trace_store, tmp_path):
     spool = tmp_path / "spool.jsonl"
     state = {"up": False}
 
@@ -174,11 +183,16 @@ def test_factory_that_raises_means_spool_and_a_partial_replay_never_duplicates(
 
 def test_no_password_reaches_the_table_or_the_spool(pg_dsn, trace_store, tmp_path):
     spool = tmp_path / "spool.jsonl"
-    bad = {"error": "OperationalError: connection to postgresql://admin:hunter2pw@db:5432/rag failed; "
-                    "dsn was host=db user=admin password=hunter2pw",
-           "input": "connect to postgresql://u:hunter2pw@h/db please",
-           "retrieval_details": {"attempts": [{"error": "password=hunter2pw"}], "password": "hunter2pw",
-                                 "tokens": ["kept"]}}
+    bad = {
+        "error": "OperationalError: connection to postgresql://admin:hunter2pw@db:5432/rag failed; "
+        "dsn was host=db user=admin password=hunter2pw",
+        "input": "connect to postgresql://u:hunter2pw@h/db please",
+        "retrieval_details": {
+            "attempts": [{"error": "password=hunter2pw"}],
+            "password": "hunter2pw",
+            "tokens": ["kept"],
+        },
+    }
     down = ToolInvocationRecorder(None, spool)  # no store: everything spools
     down.record(row(1, **bad))
     down.close()
@@ -197,8 +211,9 @@ def test_no_password_reaches_the_table_or_the_spool(pg_dsn, trace_store, tmp_pat
 
 def test_eight_threads_recording_at_once_with_a_small_queue(pg_dsn, trace_store, tmp_path):
     spool = tmp_path / "spool.jsonl"
-    recorder = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool,
-                                      queue_size=200, batch_size=50)
+    recorder = ToolInvocationRecorder(
+        lambda: TraceStore(pg_dsn, trace_store.table), spool, queue_size=200, batch_size=50
+    )
     errors: list[BaseException] = []
 
     def work(t: int) -> None:
@@ -242,8 +257,14 @@ def test_record_never_raises_and_rows_get_id_and_time():
         def __str__(self) -> str:
             return "odd"
 
-    clean = trace_row({"input": Odd(), "latency_ms": float("inf"), "retrieval_details": {1: b"x\x00"},
-                       "error": "bad \ud800 surrogate"})
+    clean = trace_row(
+        {
+            "input": Odd(),
+            "latency_ms": float("inf"),
+            "retrieval_details": {1: b"x\x00"},
+            "error": "bad \ud800 surrogate",
+        }
+    )
     assert clean["input"] == "odd" and clean["latency_ms"] is None
     assert clean["retrieval_details"] == {"1": "x"}
     assert clean["id"] and datetime.fromisoformat(clean["created_at"]).tzinfo is not None

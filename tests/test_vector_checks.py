@@ -23,8 +23,18 @@ DIM = 16
 
 
 def chunk(i: int) -> Chunk:
-    return Chunk(chunk_id=f"c{i}", doc_id=f"d{i}.md", title="T", breadcrumb=f"T > S{i}", category="cat",
-                 text=f"text number {i} about redis memory", start=0, end=1, ordinal=i, content_hash=f"h{i}")
+    return Chunk(
+        chunk_id=f"c{i}",
+        doc_id=f"d{i}.md",
+        title="T",
+        breadcrumb=f"T > S{i}",
+        category="cat",
+        text=f"text number {i} about redis memory",
+        start=0,
+        end=1,
+        ordinal=i,
+        content_hash=f"h{i}",
+    )
 
 
 def unit(n: int, seed: int = 0) -> np.ndarray:
@@ -80,8 +90,10 @@ class _NanScoreStore(InMemoryStore):
 
     def search(self, vector, top_k, category=None):
         hits = super().search(vector, top_k, category)
-        return [StoreHit(**{**h.__dict__, "raw_score": float("inf"), "similarity": float("nan")})
-                if i == 0 else h for i, h in enumerate(hits)]
+        return [
+            StoreHit(**{**h.__dict__, "raw_score": float("inf"), "similarity": float("nan")}) if i == 0 else h
+            for i, h in enumerate(hits)
+        ]
 
 
 class _FixedEmbedder:

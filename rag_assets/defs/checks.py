@@ -10,13 +10,14 @@ from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table
 from rag_core.ingest.plan import DocumentScan
 
-HOW_TO_BASELINE = ("store a baseline: `cp {current} {baseline}` (or `rag eval run --cases ... "
-                   "--fixtures <data_dir>/fixtures/milvus --out {folder}`) and commit it")
+HOW_TO_BASELINE = (
+    "store a baseline: `cp {current} {baseline}` (or `rag eval run --cases ... "
+    "--fixtures <data_dir>/fixtures/milvus --out {folder}`) and commit it"
+)
 
 
 @dg.asset_check(asset="baseline_report", blocking=True)
-def baseline_regression(rag: RagSettingsResource,
-                        evaluation: EvaluationConfigResource) -> dg.AssetCheckResult:
+def baseline_regression(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.AssetCheckResult:
     """The main path against the stored baseline: fails when recall@5 or MRR drops more than
     the tolerance, a case goes strong -> miss, or a case that ran in the baseline no longer runs.
 
@@ -30,19 +31,27 @@ def baseline_regression(rag: RagSettingsResource,
     current_path = evaluation.files(rag.get_settings()).baseline_json
     if not stored.is_file():
         note = HOW_TO_BASELINE.format(current=current_path, baseline=stored, folder=stored.parent)
-        return dg.AssetCheckResult(passed=True, description=f"no stored baseline at {stored}; {note}",
-                                   metadata={"baseline": str(stored), "compared": False})
+        return dg.AssetCheckResult(
+            passed=True,
+            description=f"no stored baseline at {stored}; {note}",
+            metadata={"baseline": str(stored), "compared": False},
+        )
     try:
         baseline = load_report(stored)
     except (OSError, ValueError) as exc:
-        return dg.AssetCheckResult(passed=False, description=f"stored baseline {stored} unreadable: {exc}"[:1000],
-                                   metadata={"baseline": str(stored)})
+        return dg.AssetCheckResult(
+            passed=False,
+            description=f"stored baseline {stored} unreadable: {exc}"[:1000],
+            metadata={"baseline": str(stored)},
+        )
     current = load_report(current_path)
     if not {c.case_id for c in baseline.cases} & {c.case_id for c in current.cases}:
         return dg.AssetCheckResult(
-            passed=True, metadata={"baseline": str(stored), "compared": False},
+            passed=True,
+            metadata={"baseline": str(stored), "compared": False},
             description=f"baseline {stored} has no case in common with the current golden set "
-                        "(another corpus?); nothing compared")
+            "(another corpus?); nothing compared",
+        )
     result = compare(baseline, current, evaluation.recall_tolerance, evaluation.mrr_tolerance)
     return dg.AssetCheckResult(
         passed=result.passed,
@@ -53,10 +62,15 @@ def baseline_regression(rag: RagSettingsResource,
             "compared": True,
             "compared_cases": result.compared_cases,
             "newly_missed": ", ".join(result.newly_missed) or "none",
-            **floats({"baseline_recall@5": result.baseline_recall_at_5,
-                      "current_recall@5": result.current_recall_at_5,
-                      "baseline_mrr": result.baseline_mrr, "current_mrr": result.current_mrr,
-                      "p_value": result.significance.p_value if result.significance else None}),
+            **floats(
+                {
+                    "baseline_recall@5": result.baseline_recall_at_5,
+                    "current_recall@5": result.current_recall_at_5,
+                    "baseline_mrr": result.baseline_mrr,
+                    "current_mrr": result.current_mrr,
+                    "p_value": result.significance.p_value if result.significance else None,
+                }
+            ),
         },
     )
 
@@ -64,8 +78,10 @@ def baseline_regression(rag: RagSettingsResource,
 def _lowest_overlap_rows(comparison: dict, limit: int = 10) -> list[list]:
     cases = [c for c in comparison["cases"] if c["rank_overlap"].get("5") is not None]
     cases.sort(key=lambda c: (c["rank_overlap"]["5"], c["case_id"]))
-    return [[c["case_id"], f"{c['rank_overlap']['5']:.2f}", c["main_hit_level"],
-             c["sidecar_hit_level"]] for c in cases[:limit]]
+    return [
+        [c["case_id"], f"{c['rank_overlap']['5']:.2f}", c["main_hit_level"], c["sidecar_hit_level"]]
+        for c in cases[:limit]
+    ]
 
 
 @dg.asset_check(asset="comparison_report")
@@ -78,18 +94,24 @@ def sidecar_parity(rag: RagSettingsResource, evaluation: EvaluationConfigResourc
     threshold = evaluation.parity_min_overlap
     if status["status"] != "available":
         return dg.AssetCheckResult(
-            passed=False, severity=dg.AssetCheckSeverity.WARN,
-            description=f"sidecar {status['status']}: {status.get('reason') or 'no reason given'}; "
-                        "parity not measured", metadata={"sidecar_status": status["status"]})
+            passed=False,
+            severity=dg.AssetCheckSeverity.WARN,
+            description=f"sidecar {status['status']}: {status.get('reason') or 'no reason given'}; parity not measured",
+            metadata={"sidecar_status": status["status"]},
+        )
     overlap = comparison["mean_rank_overlap"].get("5")
     passed = overlap is not None and overlap >= threshold
     shown = "n/a" if overlap is None else f"{overlap:.3f}"
     return dg.AssetCheckResult(
-        passed=passed, severity=dg.AssetCheckSeverity.WARN,
+        passed=passed,
+        severity=dg.AssetCheckSeverity.WARN,
         description=f"mean top-5 overlap {shown} (threshold {threshold:.2f})",
-        metadata={**floats({"top5_overlap": overlap, "threshold": threshold}),
-                  "lowest_overlap_cases": dg.MetadataValue.md(md_table(
-                      ["case", "top-5 overlap", "milvus", "pgvector"], _lowest_overlap_rows(comparison)))},
+        metadata={
+            **floats({"top5_overlap": overlap, "threshold": threshold}),
+            "lowest_overlap_cases": dg.MetadataValue.md(
+                md_table(["case", "top-5 overlap", "milvus", "pgvector"], _lowest_overlap_rows(comparison))
+            ),
+        },
     )
 
 
@@ -100,15 +122,22 @@ def documents_have_title_and_category(knowledge_documents: DocumentScan) -> dg.A
     A document at the knowledge root without a ``category`` fails it: L0 cannot offer its domain.
     """
     documents = knowledge_documents.documents
-    bad = [[d.doc_id, "missing" if not d.title.strip() else "ok",
-            "missing" if not d.category.strip() else "ok"]
-           for d in documents if not (d.title.strip() and d.category.strip())]
+    bad = [
+        [d.doc_id, "missing" if not d.title.strip() else "ok", "missing" if not d.category.strip() else "ok"]
+        for d in documents
+        if not (d.title.strip() and d.category.strip())
+    ]
     return dg.AssetCheckResult(
         passed=not bad,
-        description=(f"{len(bad)} of {len(documents)} documents lack a title or category"
-                     if bad else f"all {len(documents)} documents have both"),
-        metadata={"failing_documents": dg.MetadataValue.md(md_table(["document", "title", "category"], bad)),
-                  "failing_count": len(bad)},
+        description=(
+            f"{len(bad)} of {len(documents)} documents lack a title or category"
+            if bad
+            else f"all {len(documents)} documents have both"
+        ),
+        metadata={
+            "failing_documents": dg.MetadataValue.md(md_table(["document", "title", "category"], bad)),
+            "failing_count": len(bad),
+        },
     )
 
 
@@ -123,21 +152,29 @@ def fixture_coverage(path: str, settings) -> dg.AssetCheckResult:
     manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else {}
     status = (manifest.get("path_status") or {}).get("status", "missing manifest")
     if path == "pgvector" and status == "unavailable":
-        return dg.AssetCheckResult(passed=True, metadata={"status": status},
-                                   description="sidecar unavailable: no fixtures expected (see sidecar_parity)")
+        return dg.AssetCheckResult(
+            passed=True,
+            metadata={"status": status},
+            description="sidecar unavailable: no fixtures expected (see sidecar_parity)",
+        )
     missing = [c.id for c in cases if not (out_dir / f"{c.id}.json").is_file()]
     return dg.AssetCheckResult(
         passed=not missing,
-        description=(f"{len(missing)} of {len(cases)} golden cases have no {path} fixture "
-                     f"(path status: {status})" if missing else f"all {len(cases)} cases recorded"),
-        metadata={"missing_count": len(missing), "missing": ", ".join(missing[:50]) or "none",
-                  "status": status},
+        description=(
+            f"{len(missing)} of {len(cases)} golden cases have no {path} fixture (path status: {status})"
+            if missing
+            else f"all {len(cases)} cases recorded"
+        ),
+        metadata={"missing_count": len(missing), "missing": ", ".join(missing[:50]) or "none", "status": status},
     )
 
 
 def _coverage_check(path: str):
-    @dg.asset_check(asset=f"retrieval_fixtures_{path}", name="every_case_has_a_fixture",
-                    description=f"No golden case without a recorded {path} fixture.")
+    @dg.asset_check(
+        asset=f"retrieval_fixtures_{path}",
+        name="every_case_has_a_fixture",
+        description=f"No golden case without a recorded {path} fixture.",
+    )
     def _check(rag: RagSettingsResource) -> dg.AssetCheckResult:
         return fixture_coverage(path, rag.get_settings())
 

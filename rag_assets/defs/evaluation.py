@@ -40,16 +40,18 @@ def golden_cases(rag: RagSettingsResource) -> dg.Output[list[GoldenCase]]:
     try:
         cases = load_cases(path)
     except CaseFileError as exc:
-        raise dg.Failure(description=str(exc), metadata={"cases_file": str(path)},
-                         allow_retries=False) from None
+        raise dg.Failure(description=str(exc), metadata={"cases_file": str(path)}, allow_retries=False) from None
     scenarios = Counter(c.scenario for c in cases)
-    return dg.Output(cases, metadata={
-        "dagster/row_count": len(cases),
-        "case_count": len(cases),
-        "scenarios": dg.MetadataValue.md(md_table(["scenario", "cases"], sorted(scenarios.items()))),
-        "cases_file": dg.MetadataValue.path(str(Path(path).resolve())),
-        "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
-    })
+    return dg.Output(
+        cases,
+        metadata={
+            "dagster/row_count": len(cases),
+            "case_count": len(cases),
+            "scenarios": dg.MetadataValue.md(md_table(["scenario", "cases"], sorted(scenarios.items()))),
+            "cases_file": dg.MetadataValue.path(str(Path(path).resolve())),
+            "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest(),
+        },
+    )
 
 
 # --- fixtures --------------------------------------------------------------------------------
@@ -73,16 +75,21 @@ def _record(path: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
     from rag_core.evaluation.record import record_fixtures
 
     out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(path)
-    manifest = record_fixtures(settings, path, settings.golden_cases, out_dir,  # type: ignore[arg-type]
-                               embedder=embedder, progress=False)
+    manifest = record_fixtures(
+        settings,
+        path,
+        settings.golden_cases,
+        out_dir,  # type: ignore[arg-type]
+        embedder=embedder,
+        progress=False,
+    )
     return manifest, _fixture_metadata(manifest, out_dir)
 
 
-@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"},
-          op_tags=MAIN_PATH_FIRST)
-def retrieval_fixtures_milvus(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-                              embedder: EmbedderResource,
-                              milvus: MilvusStoreResource) -> dg.MaterializeResult:
+@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"}, op_tags=MAIN_PATH_FIRST)
+def retrieval_fixtures_milvus(
+    context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource, milvus: MilvusStoreResource
+) -> dg.MaterializeResult:
     """Candidates and evidence blocks of every golden case on the Milvus main path (one JSON each).
 
     Fails when Milvus cannot be opened: a main-path evaluation of nothing must not be reported
@@ -91,15 +98,17 @@ def retrieval_fixtures_milvus(context: dg.AssetExecutionContext, rag: RagSetting
     with milvus.lock(context.log):
         manifest, metadata = _record("milvus", rag.get_settings(), embedder.get())
     if metadata["status"] != "available":
-        raise dg.Failure(description=f"main path (Milvus) unavailable: {metadata['reason']}",
-                         metadata=metadata)
+        raise dg.Failure(description=f"main path (Milvus) unavailable: {metadata['reason']}", metadata=metadata)
     return dg.MaterializeResult(metadata=metadata)
 
 
 @dg.asset(group_name="evaluation", deps=["pgvector_table", "golden_cases"], kinds={"json"})
-def retrieval_fixtures_pgvector(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-                                embedder: EmbedderResource,
-                                pgvector: PgVectorStoreResource) -> dg.MaterializeResult:
+def retrieval_fixtures_pgvector(
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    embedder: EmbedderResource,
+    pgvector: PgVectorStoreResource,
+) -> dg.MaterializeResult:
     """Fixtures of every golden case on the pgvector sidecar; a manifest saying ``unavailable``
     (with the reason) when the sidecar is disabled or cannot be opened."""
     from rag_core.evaluation.fixtures import write_manifest
@@ -109,9 +118,11 @@ def retrieval_fixtures_pgvector(context: dg.AssetExecutionContext, rag: RagSetti
         out_dir = AssetFiles.under(settings.data_dir).fixtures_dir("pgvector")
         for old in out_dir.glob("*.json"):
             old.unlink()
-        manifest = {"path": "pgvector", "cases_file": str(settings.golden_cases),
-                    "path_status": {"status": "unavailable",
-                                    "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"}}
+        manifest = {
+            "path": "pgvector",
+            "cases_file": str(settings.golden_cases),
+            "path_status": {"status": "unavailable", "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"},
+        }
         write_manifest(out_dir, manifest)
         return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
     with pgvector.lock(context.log):
@@ -135,25 +146,39 @@ def metric_values(report: EvaluationReport) -> dict[str, float | None]:
 def evaluation_metadata(report: EvaluationReport, json_path: Path) -> dict:
     """Metadata of one path's evaluation: status, hit-level counts, metrics, per-scenario table."""
     s = report.summary
-    scenario_rows = [[name, m.case_count, m.strong, m.medium, m.miss, m.not_run,
-                      "n/a" if m.recall_at_k.get(5) is None else f"{m.recall_at_k[5]:.3f}",
-                      "n/a" if m.mrr is None else f"{m.mrr:.3f}"]
-                     for name, m in report.by_scenario.items()]
+    scenario_rows = [
+        [
+            name,
+            m.case_count,
+            m.strong,
+            m.medium,
+            m.miss,
+            m.not_run,
+            "n/a" if m.recall_at_k.get(5) is None else f"{m.recall_at_k[5]:.3f}",
+            "n/a" if m.mrr is None else f"{m.mrr:.3f}",
+        ]
+        for name, m in report.by_scenario.items()
+    ]
     return {
         "status": report.path_status.status,
         "reason": report.path_status.reason or "",
-        "case_count": s.case_count, "run_count": s.run_count,
-        "strong": s.strong, "medium": s.medium, "miss": s.miss, "not_run": s.not_run,
+        "case_count": s.case_count,
+        "run_count": s.run_count,
+        "strong": s.strong,
+        "medium": s.medium,
+        "miss": s.miss,
+        "not_run": s.not_run,
         **floats(metric_values(report)),
-        "by_scenario": dg.MetadataValue.md(md_table(
-            ["scenario", "cases", "strong", "medium", "miss", "not run", "recall@5", "MRR"],
-            scenario_rows)),
+        "by_scenario": dg.MetadataValue.md(
+            md_table(["scenario", "cases", "strong", "medium", "miss", "not run", "recall@5", "MRR"], scenario_rows)
+        ),
         "path": dg.MetadataValue.path(str(json_path)),
     }
 
 
-def evaluate_path(path: str, cases: list[GoldenCase], settings: RagSettings,
-                  config: EvaluationConfigResource) -> tuple[EvaluationReport, Path]:
+def evaluate_path(
+    path: str, cases: list[GoldenCase], settings: RagSettings, config: EvaluationConfigResource
+) -> tuple[EvaluationReport, Path]:
     """Evaluate ``path``'s recorded fixtures; write and return the report and its JSON path."""
     from rag_core.evaluation.evaluator import evaluate
     from rag_core.evaluation.fixtures import load_fixtures
@@ -175,14 +200,21 @@ def load_evaluation(settings: RagSettings, path: str) -> EvaluationReport | None
 
 
 def _evaluation_asset(path: str):
-    @dg.asset(name=f"golden_evaluation_{path}", group_name="evaluation",
-              deps=[f"retrieval_fixtures_{path}"], kinds={"json"},
-              freshness_policy=NIGHTLY_FRESHNESS,
-              description=f"Golden evaluation of the {path} path: strong/medium/miss/not_run per "
-                          "case, recall@K, MRR, nDCG@10, by scenario (JSON in <data_dir>/evaluation).")
-    def _asset(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-               evaluation: EvaluationConfigResource,
-               golden_cases: list[GoldenCase]) -> dg.MaterializeResult:
+    @dg.asset(
+        name=f"golden_evaluation_{path}",
+        group_name="evaluation",
+        deps=[f"retrieval_fixtures_{path}"],
+        kinds={"json"},
+        freshness_policy=NIGHTLY_FRESHNESS,
+        description=f"Golden evaluation of the {path} path: strong/medium/miss/not_run per "
+        "case, recall@K, MRR, nDCG@10, by scenario (JSON in <data_dir>/evaluation).",
+    )
+    def _asset(
+        context: dg.AssetExecutionContext,
+        rag: RagSettingsResource,
+        evaluation: EvaluationConfigResource,
+        golden_cases: list[GoldenCase],
+    ) -> dg.MaterializeResult:
         report, json_path = evaluate_path(path, golden_cases, rag.get_settings(), evaluation)
         for warning in report.warnings:
             context.log.warning(warning)
@@ -197,5 +229,6 @@ golden_evaluation_pgvector = _evaluation_asset("pgvector")
 
 def summary_json(report: EvaluationReport) -> dict:
     """The compact JSON shown in the UI: status, manifest, summary, by-scenario summaries."""
-    return json.loads(report.model_dump_json(include={"path", "path_status", "manifest", "ks",
-                                                      "strong_k", "summary", "by_scenario"}))
+    return json.loads(
+        report.model_dump_json(include={"path", "path_status", "manifest", "ks", "strong_k", "summary", "by_scenario"})
+    )

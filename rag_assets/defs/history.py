@@ -3,7 +3,6 @@
 Not downstream of the blocking regression gate: a night that regressed must show up here.
 """
 
-
 from datetime import UTC, datetime
 from typing import Any
 

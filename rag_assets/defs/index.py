@@ -49,9 +49,15 @@ def _sidecar_reason(exc: BaseException) -> str:
 
 
 @dg.asset(group_name="index", kinds={"python"}, op_tags=MAIN_PATH_FIRST)
-def ingest_plan(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource,
-                milvus: MilvusStoreResource, pgvector: PgVectorStoreResource,
-                knowledge_documents: DocumentScan, chunks: ChunkTable) -> dg.Output[IngestPlan]:
+def ingest_plan(
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    embedder: EmbedderResource,
+    milvus: MilvusStoreResource,
+    pgvector: PgVectorStoreResource,
+    knowledge_documents: DocumentScan,
+    chunks: ChunkTable,
+) -> dg.Output[IngestPlan]:
     """What this refresh will change in each store (``IngestPlan``), decided before any write.
 
     Reads the chunks back from ``chunks.parquet`` and each store's chunk content hashes once,
@@ -64,8 +70,9 @@ def ingest_plan(context: dg.AssetExecutionContext, rag: RagSettingsResource, emb
 
     settings = rag.get_settings()
     keep = set(chunks.doc_ids)
-    chunked = ChunkedDocuments(tuple(d for d in knowledge_documents.documents if d.doc_id in keep),
-                               tuple(read_chunks(chunks)), chunks.issues)
+    chunked = ChunkedDocuments(
+        tuple(d for d in knowledge_documents.documents if d.doc_id in keep), tuple(read_chunks(chunks)), chunks.issues
+    )
     with milvus.open(context.log) as store:
         states = [read_store_state(store)]
     unavailable: dict[str, str] = {}
@@ -77,22 +84,41 @@ def ingest_plan(context: dg.AssetExecutionContext, rag: RagSettingsResource, emb
             unavailable["pgvector"] = _sidecar_reason(exc)
             context.log.warning("pgvector sidecar unavailable: %s", unavailable["pgvector"])
     try:
-        plan = plan_ingest(knowledge_documents, chunked, states, embedder.get().identity(),
-                           max_remove_share=settings.ingest_max_remove_share, unavailable=unavailable)
+        plan = plan_ingest(
+            knowledge_documents,
+            chunked,
+            states,
+            embedder.get().identity(),
+            max_remove_share=settings.ingest_max_remove_share,
+            unavailable=unavailable,
+        )
     except IngestRefusedError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from None
-    rows = [[name, p.changes.added, p.changes.updated, p.changes.removed, p.changes.unchanged,
-             "yes" if p.model_changed else ""] for name, p in plan.stores.items()]
+    rows = [
+        [
+            name,
+            p.changes.added,
+            p.changes.updated,
+            p.changes.removed,
+            p.changes.unchanged,
+            "yes" if p.model_changed else "",
+        ]
+        for name, p in plan.stores.items()
+    ]
     rows += [[name, "", "", "", "", f"unavailable: {reason}"] for name, reason in unavailable.items()]
-    return dg.Output(plan, metadata={
-        "chunks": len(plan.chunks),
-        "to_embed": len(plan.to_embed()),
-        "documents": len(plan.documents),
-        "skipped_documents": issues_table(list(plan.skipped)),
-        "stores": dg.MetadataValue.md(md_table(
-            ["store", "added", "updated", "removed", "unchanged", "model changed / status"], rows)),
-        "model": plan.identity.describe(),
-    })
+    return dg.Output(
+        plan,
+        metadata={
+            "chunks": len(plan.chunks),
+            "to_embed": len(plan.to_embed()),
+            "documents": len(plan.documents),
+            "skipped_documents": issues_table(list(plan.skipped)),
+            "stores": dg.MetadataValue.md(
+                md_table(["store", "added", "updated", "removed", "unchanged", "model changed / status"], rows)
+            ),
+            "model": plan.identity.describe(),
+        },
+    )
 
 
 @dg.asset(group_name="index", kinds={"json"})
@@ -104,18 +130,21 @@ def l0_index(rag: RagSettingsResource, ingest_plan: IngestPlan) -> dg.Materializ
     settings = rag.get_settings()
     index = save_l0_index(ingest_plan, settings.l0_index_path)
     domains = sorted(index.domains)
-    return dg.MaterializeResult(metadata={
-        "entries": len(index),
-        "keywords": len(index.keywords),
-        "domains": len(domains),
-        "domain_names": dg.MetadataValue.md(md_table(["domain"], [[d] for d in domains])),
-        "path": dg.MetadataValue.path(str(settings.l0_index_path.resolve())),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "entries": len(index),
+            "keywords": len(index.keywords),
+            "domains": len(domains),
+            "domain_names": dg.MetadataValue.md(md_table(["domain"], [[d] for d in domains])),
+            "path": dg.MetadataValue.path(str(settings.l0_index_path.resolve())),
+        }
+    )
 
 
 @dg.asset(group_name="index", kinds={"sqlite"}, op_tags=MAIN_PATH_FIRST)
-def chunk_embeddings(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource,
-                     ingest_plan: IngestPlan) -> dg.Output[ChunkEmbeddings]:
+def chunk_embeddings(
+    context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource, ingest_plan: IngestPlan
+) -> dg.Output[ChunkEmbeddings]:
     """One vector per chunk some store needs, embedded once for every store and kept in
     ``<data_dir>/embedding_cache.sqlite3`` (by model and content hash: unchanged chunks and
     other stores reuse them). A chunk whose vector is NaN/infinite/not unit length takes its
@@ -124,19 +153,26 @@ def chunk_embeddings(context: dg.AssetExecutionContext, rag: RagSettingsResource
     from rag_core.ingest.embed_cache import EmbeddingCache
 
     settings = rag.get_settings()
-    embeddings = embed_plan(ingest_plan, embedder.get(), EmbeddingCache.under(settings.data_dir),
-                            batch_size=settings.embedding_batch_size)
+    embeddings = embed_plan(
+        ingest_plan, embedder.get(), EmbeddingCache.under(settings.data_dir), batch_size=settings.embedding_batch_size
+    )
     for issue in embeddings.skipped:
         context.log.warning("skipped: %s", issue)
-    return dg.Output(embeddings, metadata={
-        "needed": len(ingest_plan.to_embed()),
-        "passages_embedded": embeddings.embedded,
-        "cache_hits": embeddings.cache_hits,
-        "skipped_documents": dg.MetadataValue.md(md_table(
-            ["document", "heading", "reason"], [[i.path, i.heading or "", i.reason] for i in embeddings.skipped])),
-        "skipped_count": len(embeddings.skipped),
-        "cache": dg.MetadataValue.path(str(embeddings.cache.path)),
-    })
+    return dg.Output(
+        embeddings,
+        metadata={
+            "needed": len(ingest_plan.to_embed()),
+            "passages_embedded": embeddings.embedded,
+            "cache_hits": embeddings.cache_hits,
+            "skipped_documents": dg.MetadataValue.md(
+                md_table(
+                    ["document", "heading", "reason"], [[i.path, i.heading or "", i.reason] for i in embeddings.skipped]
+                )
+            ),
+            "skipped_count": len(embeddings.skipped),
+            "cache": dg.MetadataValue.path(str(embeddings.cache.path)),
+        },
+    )
 
 
 def store_metadata(changes: StoreChanges, embeddings: ChunkEmbeddings, stored: int) -> dict[str, Any]:
@@ -163,8 +199,13 @@ def _apply(store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings) -> tuple[S
 
 
 @dg.asset(group_name="index", deps=["l0_index"], kinds={"milvus"}, op_tags=MAIN_PATH_FIRST, pool=MILVUS_POOL)
-def milvus_collection(context: dg.AssetExecutionContext, rag: RagSettingsResource, milvus: MilvusStoreResource,
-                      ingest_plan: IngestPlan, chunk_embeddings: ChunkEmbeddings) -> dg.MaterializeResult:
+def milvus_collection(
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    milvus: MilvusStoreResource,
+    ingest_plan: IngestPlan,
+    chunk_embeddings: ChunkEmbeddings,
+) -> dg.MaterializeResult:
     """The main-path Milvus collection with the plan applied (upserts, deletes, model record).
 
     ``l0_index`` is upstream so the main path is served with the L0 index of the same plan.
@@ -174,16 +215,23 @@ def milvus_collection(context: dg.AssetExecutionContext, rag: RagSettingsResourc
     settings = rag.get_settings()
     with milvus.open(context.log) as store:
         changes, stored = _apply(store, ingest_plan, chunk_embeddings)
-    return dg.MaterializeResult(metadata={
-        **store_metadata(changes, chunk_embeddings, stored),
-        "collection": settings.collection,
-        "target": redact_dsn(settings.milvus_target),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            **store_metadata(changes, chunk_embeddings, stored),
+            "collection": settings.collection,
+            "target": redact_dsn(settings.milvus_target),
+        }
+    )
 
 
 @dg.asset(group_name="index", kinds={"postgres"}, pool=PGVECTOR_POOL)
-def pgvector_table(context: dg.AssetExecutionContext, rag: RagSettingsResource, pgvector: PgVectorStoreResource,
-                   ingest_plan: IngestPlan, chunk_embeddings: ChunkEmbeddings) -> dg.MaterializeResult:
+def pgvector_table(
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    pgvector: PgVectorStoreResource,
+    ingest_plan: IngestPlan,
+    chunk_embeddings: ChunkEmbeddings,
+) -> dg.MaterializeResult:
     """The sidecar pgvector table with the plan applied, like the Milvus collection.
 
     When the sidecar is disabled or PostgreSQL is unreachable (at planning or now) the asset
@@ -191,8 +239,9 @@ def pgvector_table(context: dg.AssetExecutionContext, rag: RagSettingsResource, 
     """
     settings = rag.get_settings()
     if not settings.sidecar_enabled:
-        return dg.MaterializeResult(metadata={"status": "disabled",
-                                              "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"})
+        return dg.MaterializeResult(
+            metadata={"status": "disabled", "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"}
+        )
     if "pgvector" not in ingest_plan.stores:
         reason = ingest_plan.unavailable.get("pgvector", "not read when the ingest was planned")
         context.log.warning("pgvector sidecar unavailable: %s", reason)
@@ -204,5 +253,6 @@ def pgvector_table(context: dg.AssetExecutionContext, rag: RagSettingsResource, 
         reason = _sidecar_reason(exc)
         context.log.warning("pgvector sidecar unavailable: %s", reason)
         return dg.MaterializeResult(metadata={"status": "unavailable", "reason": reason})
-    return dg.MaterializeResult(metadata={**store_metadata(changes, chunk_embeddings, stored),
-                                          "table": settings.pg_table})
+    return dg.MaterializeResult(
+        metadata={**store_metadata(changes, chunk_embeddings, stored), "table": settings.pg_table}
+    )

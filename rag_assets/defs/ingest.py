@@ -49,8 +49,7 @@ class ChunkTable:
 
 
 @dg.asset(group_name="ingest", kinds={"markdown"})
-def knowledge_documents(context: dg.AssetExecutionContext,
-                        rag: RagSettingsResource) -> dg.Output[DocumentScan]:
+def knowledge_documents(context: dg.AssetExecutionContext, rag: RagSettingsResource) -> dg.Output[DocumentScan]:
     """Every loadable Markdown document under the knowledge directory (frontmatter parsed), as a
     ``DocumentScan`` (root, documents, issues). Files over RAG_MAX_DOCUMENT_BYTES are skipped.
 
@@ -66,46 +65,82 @@ def knowledge_documents(context: dg.AssetExecutionContext,
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise dg.Failure(
             description=f"knowledge directory unusable: {exc}. Set RAG_KNOWLEDGE_DIR "
-                        "(or the rag resource's knowledge_dir) to a directory of Markdown files.",
-            metadata={"knowledge_dir": str(root)}, allow_retries=False,
+            "(or the rag resource's knowledge_dir) to a directory of Markdown files.",
+            metadata={"knowledge_dir": str(root)},
+            allow_retries=False,
         ) from None
     docs, issues = scan.documents, scan.issues
     if not docs:
         raise dg.Failure(
             description=f"no loadable Markdown document (.md, .markdown) under {root} "
-                        f"({len(issues)} file(s) skipped); nothing to ingest",
+            f"({len(issues)} file(s) skipped); nothing to ingest",
             metadata={"knowledge_dir": str(root), "skipped_documents": issues_table(issues)},
             allow_retries=False,
         )
     for issue in issues:
         context.log.warning("skipped %s", issue)
     categories = Counter(d.category or "(none)" for d in docs)
-    return dg.Output(scan, metadata={
-        "dagster/row_count": len(docs),
-        "document_count": len(docs),
-        "skipped_count": len(issues),
-        "skipped_documents": issues_table(issues),
-        "categories": dg.MetadataValue.md(md_table(["category", "documents"],
-                                                   sorted(categories.items()))),
-        "knowledge_dir": dg.MetadataValue.path(str(root.resolve())),
-    })
+    return dg.Output(
+        scan,
+        metadata={
+            "dagster/row_count": len(docs),
+            "document_count": len(docs),
+            "skipped_count": len(issues),
+            "skipped_documents": issues_table(issues),
+            "categories": dg.MetadataValue.md(md_table(["category", "documents"], sorted(categories.items()))),
+            "knowledge_dir": dg.MetadataValue.path(str(root.resolve())),
+        },
+    )
 
 
 def chunk_frame(chunks: list[Chunk], count_tokens: Callable[[str], int]) -> pl.DataFrame:
     """One row per chunk with the columns of ``CHUNK_COLUMNS`` (typed even when empty)."""
-    schema = {"chunk_id": pl.Utf8, "doc_id": pl.Utf8, "title": pl.Utf8, "breadcrumb": pl.Utf8,
-              "category": pl.Utf8, "ordinal": pl.Int64, "start": pl.Int64, "end": pl.Int64,
-              "chars": pl.Int64, "tokens": pl.Int64, "content_hash": pl.Utf8, "text": pl.Utf8}
-    rows = [{"chunk_id": c.chunk_id, "doc_id": c.doc_id, "title": c.title,
-             "breadcrumb": c.breadcrumb, "category": c.category, "ordinal": c.ordinal,
-             "start": c.start, "end": c.end, "chars": len(c.text),
-             "tokens": count_tokens(c.embed_text), "content_hash": c.content_hash, "text": c.text}
-            for c in chunks]
+    schema = {
+        "chunk_id": pl.Utf8,
+        "doc_id": pl.Utf8,
+        "title": pl.Utf8,
+        "breadcrumb": pl.Utf8,
+        "category": pl.Utf8,
+        "ordinal": pl.Int64,
+        "start": pl.Int64,
+        "end": pl.Int64,
+        "chars": pl.Int64,
+        "tokens": pl.Int64,
+        "content_hash": pl.Utf8,
+        "text": pl.Utf8,
+    }
+    rows = [
+        {
+            "chunk_id": c.chunk_id,
+            "doc_id": c.doc_id,
+            "title": c.title,
+            "breadcrumb": c.breadcrumb,
+            "category": c.category,
+            "ordinal": c.ordinal,
+            "start": c.start,
+            "end": c.end,
+            "chars": len(c.text),
+            "tokens": count_tokens(c.embed_text),
+            "content_hash": c.content_hash,
+            "text": c.text,
+        }
+        for c in chunks
+    ]
     return pl.DataFrame(rows, schema=schema)
 
 
-CHUNK_FIELDS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text", "start", "end",
-                "ordinal", "content_hash")
+CHUNK_FIELDS = (
+    "chunk_id",
+    "doc_id",
+    "title",
+    "breadcrumb",
+    "category",
+    "text",
+    "start",
+    "end",
+    "ordinal",
+    "content_hash",
+)
 
 
 def read_chunks(table: ChunkTable) -> list[Chunk]:
@@ -119,14 +154,20 @@ def read_chunks(table: ChunkTable) -> list[Chunk]:
         raise dg.Failure(description=f"chunk table {path} is missing: materialize chunks again")
     frame = pl.read_parquet(path, columns=list(CHUNK_FIELDS))
     if frame.height != table.rows:
-        raise dg.Failure(description=f"chunk table {path} has {frame.height} rows, {table.rows} were written "
-                                     "by the upstream chunks run (rewritten since?): materialize chunks again")
+        raise dg.Failure(
+            description=f"chunk table {path} has {frame.height} rows, {table.rows} were written "
+            "by the upstream chunks run (rewritten since?): materialize chunks again"
+        )
     return [Chunk(**row) for row in frame.iter_rows(named=True)]
 
 
 @dg.asset(group_name="ingest", kinds={"polars", "parquet"})
-def chunks(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource,
-           knowledge_documents: DocumentScan) -> dg.Output[ChunkTable]:
+def chunks(
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    embedder: EmbedderResource,
+    knowledge_documents: DocumentScan,
+) -> dg.Output[ChunkTable]:
     """Heading-delimited chunks of the documents, written to ``<data_dir>/tables/chunks.parquet``
     (the ``ChunkTable`` handed on names the file; ``ingest_plan`` reads it back).
 
@@ -145,12 +186,15 @@ def chunks(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder
     path = write_parquet_atomic(frame, AssetFiles.under(settings.data_dir).chunks_parquet)
     tokens = frame["tokens"]
     table = ChunkTable(str(path), frame.height, tuple(d.doc_id for d in chunked.documents), chunked.issues)
-    return dg.Output(table, metadata={
-        "dagster/row_count": frame.height,
-        "dagster/column_schema": table_schema(frame, CHUNK_COLUMNS),
-        "documents_chunked": len(chunked.documents),
-        "skipped_documents": issues_table(list(chunked.issues)),
-        "max_tokens": int(tokens.max() or 0),
-        "mean_tokens": float(tokens.mean() or 0.0),
-        "path": dg.MetadataValue.path(str(path)),
-    })
+    return dg.Output(
+        table,
+        metadata={
+            "dagster/row_count": frame.height,
+            "dagster/column_schema": table_schema(frame, CHUNK_COLUMNS),
+            "documents_chunked": len(chunked.documents),
+            "skipped_documents": issues_table(list(chunked.issues)),
+            "max_tokens": int(tokens.max() or 0),
+            "mean_tokens": float(tokens.mean() or 0.0),
+            "path": dg.MetadataValue.path(str(path)),
+        },
+    )

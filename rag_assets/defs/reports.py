@@ -23,23 +23,25 @@ REPORT_SUFFIXES = (".json", ".md", "-recall.png")
 
 
 def _report_files(md_path: Path, json_path: Path) -> dict:
-    return {"json_path": dg.MetadataValue.path(str(json_path)),
-            "markdown_path": dg.MetadataValue.path(str(md_path))}
+    return {"json_path": dg.MetadataValue.path(str(json_path)), "markdown_path": dg.MetadataValue.path(str(md_path))}
 
 
 def report_metadata(md_path: Path) -> dict:
     """The Markdown report with its recall@K chart inline (the UI cannot follow the file's
     relative image link), and the chart on its own as ``recall_chart``."""
     chart = md_path.with_name(f"{md_path.stem}-recall.png")
-    metadata = {"report": dg.MetadataValue.md(inline_images(md_path.read_text(encoding="utf-8"),
-                                                            md_path.parent))}
+    metadata = {"report": dg.MetadataValue.md(inline_images(md_path.read_text(encoding="utf-8"), md_path.parent))}
     if chart.is_file():
         metadata["recall_chart"] = chart_md(chart, "recall@K per path")
     return metadata
 
 
-@dg.asset(group_name="reports", deps=["golden_evaluation_milvus"], kinds={"json", "markdown"},
-          freshness_policy=NIGHTLY_FRESHNESS)
+@dg.asset(
+    group_name="reports",
+    deps=["golden_evaluation_milvus"],
+    kinds={"json", "markdown"},
+    freshness_policy=NIGHTLY_FRESHNESS,
+)
 def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
     """The main path's (Milvus) evaluation as ``baseline.json`` / ``baseline.md`` in the reports dir.
 
@@ -54,21 +56,31 @@ def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResour
         raise dg.Failure("no main-path evaluation to report: materialize golden_evaluation_milvus")
     files = evaluation.files(settings)
     json_path, md_path = write_baseline_report(report, files.reports_dir, "baseline")
-    return dg.MaterializeResult(metadata={
-        **report_metadata(md_path),
-        "summary": dg.MetadataValue.json(rounded(summary_json(report))),
-        "status": report.path_status.status,
-        **floats(metric_values(report)),
-        **_report_files(md_path, json_path),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            **report_metadata(md_path),
+            "summary": dg.MetadataValue.json(rounded(summary_json(report))),
+            "status": report.path_status.status,
+            **floats(metric_values(report)),
+            **_report_files(md_path, json_path),
+        }
+    )
 
 
-@dg.asset(group_name="reports",
-          deps=["golden_evaluation_milvus", "golden_evaluation_pgvector",
-                "retrieval_fixtures_milvus", "retrieval_fixtures_pgvector"],
-          kinds={"json", "markdown"}, freshness_policy=NIGHTLY_FRESHNESS)
-def comparison_report(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-                      evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
+@dg.asset(
+    group_name="reports",
+    deps=[
+        "golden_evaluation_milvus",
+        "golden_evaluation_pgvector",
+        "retrieval_fixtures_milvus",
+        "retrieval_fixtures_pgvector",
+    ],
+    kinds={"json", "markdown"},
+    freshness_policy=NIGHTLY_FRESHNESS,
+)
+def comparison_report(
+    context: dg.AssetExecutionContext, rag: RagSettingsResource, evaluation: EvaluationConfigResource
+) -> dg.MaterializeResult:
     """Milvus and pgvector side by side per case (source, breadcrumb, category, rank, score label).
 
     Materializes with the main-path results when the sidecar is unavailable and says why.
@@ -85,28 +97,35 @@ def comparison_report(context: dg.AssetExecutionContext, rag: RagSettingsResourc
     case_ids = [c.case_id for c in main.cases]
     main_fx = load_fixtures(data.fixtures_dir("milvus"), case_ids)
     side_fx = load_fixtures(data.fixtures_dir("pgvector"), case_ids) if sidecar else None
-    status = sidecar.path_status if sidecar else {"status": "unavailable",
-                                                  "reason": "no sidecar evaluation was written"}
+    status = (
+        sidecar.path_status if sidecar else {"status": "unavailable", "reason": "no sidecar evaluation was written"}
+    )
     files = evaluation.files(settings)
-    json_path, md_path = write_comparison_report(main, sidecar, main_fx, side_fx, status,
-                                                 files.reports_dir)
+    json_path, md_path = write_comparison_report(main, sidecar, main_fx, side_fx, status, files.reports_dir)
     comparison = json.loads(json_path.read_text(encoding="utf-8"))
     side_status = comparison["sidecar_status"]
     if side_status["status"] != "available":
         context.log.warning("sidecar unavailable: %s", side_status.get("reason"))
     overlap = comparison["mean_rank_overlap"]
-    return dg.MaterializeResult(metadata={
-        **report_metadata(md_path),
-        "summary": dg.MetadataValue.json(rounded({
-            "sidecar_status": side_status, "mean_rank_overlap": overlap,
-            "main": comparison["main"]["summary"],
-            "sidecar": (comparison.get("sidecar") or {}).get("summary"),
-        })),
-        "sidecar_status": side_status["status"],
-        "sidecar_reason": side_status.get("reason") or "",
-        **floats({f"top{k}_overlap": v for k, v in overlap.items()}),
-        **_report_files(md_path, json_path),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            **report_metadata(md_path),
+            "summary": dg.MetadataValue.json(
+                rounded(
+                    {
+                        "sidecar_status": side_status,
+                        "mean_rank_overlap": overlap,
+                        "main": comparison["main"]["summary"],
+                        "sidecar": (comparison.get("sidecar") or {}).get("summary"),
+                    }
+                )
+            ),
+            "sidecar_status": side_status["status"],
+            "sidecar_reason": side_status.get("reason") or "",
+            **floats({f"top{k}_overlap": v for k, v in overlap.items()}),
+            **_report_files(md_path, json_path),
+        }
+    )
 
 
 @dg.asset(group_name="reports", deps=["baseline_report", "comparison_report"], kinds={"markdown"})
@@ -125,9 +144,10 @@ def publish_reports(rag: RagSettingsResource, evaluation: EvaluationConfigResour
                 copied.append(copy_atomic(source, files.published_dir / source.name))
     if not copied:
         raise dg.Failure(f"no report in {files.reports_dir} to publish")
-    return dg.MaterializeResult(metadata={
-        "published_dir": dg.MetadataValue.path(str(files.published_dir)),
-        "files": dg.MetadataValue.md(md_table(["file", "bytes"],
-                                              [[p.name, p.stat().st_size] for p in copied])),
-        "file_count": len(copied),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "published_dir": dg.MetadataValue.path(str(files.published_dir)),
+            "files": dg.MetadataValue.md(md_table(["file", "bytes"], [[p.name, p.stat().st_size] for p in copied])),
+            "file_count": len(copied),
+        }
+    )

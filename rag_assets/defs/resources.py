@@ -48,8 +48,7 @@ class RagSettingsResource(dg.ConfigurableResource):
         """A fresh ``RagSettings`` with the set fields applied (pydantic ValidationError if invalid)."""
         overrides: dict[str, Any] = {
             name: value
-            for name in ("data_dir", "knowledge_dir", "golden_cases", "milvus_uri",
-                         "milvus_token", "pg_dsn")
+            for name in ("data_dir", "knowledge_dir", "golden_cases", "milvus_uri", "milvus_token", "pg_dsn")
             if (value := getattr(self, name)) not in (None, "")
         }
         return RagSettings(sidecar_enabled=self.sidecar_enabled, **overrides)
@@ -75,8 +74,11 @@ class EvaluationConfigResource(dg.ConfigurableResource):
 
     def files(self, settings: RagSettings) -> AssetFiles:
         """The file layout for ``settings.data_dir`` with this resource's report dirs."""
-        return AssetFiles.under(settings.data_dir, _path(self.reports_dir, "RAG_REPORTS_DIR"),
-                                _path(self.published_dir, "RAG_PUBLISHED_DIR"))
+        return AssetFiles.under(
+            settings.data_dir,
+            _path(self.reports_dir, "RAG_REPORTS_DIR"),
+            _path(self.published_dir, "RAG_PUBLISHED_DIR"),
+        )
 
     def baseline(self) -> Path:
         """The stored baseline report JSON (it may not exist yet)."""
@@ -180,9 +182,14 @@ def _env(name: str) -> dg.EnvVar | None:
 
 def settings_resource_from_env() -> RagSettingsResource:
     """``RagSettingsResource`` bound to the ``RAG_*`` variables that are set right now."""
-    fields = {"data_dir": "RAG_DATA_DIR", "knowledge_dir": "RAG_KNOWLEDGE_DIR",
-              "golden_cases": "RAG_GOLDEN_CASES", "milvus_uri": "RAG_MILVUS_URI",
-              "milvus_token": "RAG_MILVUS_TOKEN", "pg_dsn": "RAG_PG_DSN"}
+    fields = {
+        "data_dir": "RAG_DATA_DIR",
+        "knowledge_dir": "RAG_KNOWLEDGE_DIR",
+        "golden_cases": "RAG_GOLDEN_CASES",
+        "milvus_uri": "RAG_MILVUS_URI",
+        "milvus_token": "RAG_MILVUS_TOKEN",
+        "pg_dsn": "RAG_PG_DSN",
+    }
     return RagSettingsResource(
         **{field: _env(var) for field, var in fields.items()},
         sidecar_enabled=_env_flag("RAG_SIDECAR_ENABLED", True),
@@ -191,13 +198,14 @@ def settings_resource_from_env() -> RagSettingsResource:
 
 def evaluation_resource_from_env() -> EvaluationConfigResource:
     """``EvaluationConfigResource`` bound to RAG_REPORTS_DIR, RAG_PUBLISHED_DIR, RAG_BASELINE."""
-    return EvaluationConfigResource(reports_dir=_env("RAG_REPORTS_DIR"),
-                                    published_dir=_env("RAG_PUBLISHED_DIR"),
-                                    baseline_path=_env("RAG_BASELINE"))
+    return EvaluationConfigResource(
+        reports_dir=_env("RAG_REPORTS_DIR"), published_dir=_env("RAG_PUBLISHED_DIR"), baseline_path=_env("RAG_BASELINE")
+    )
 
 
-def build_resources(rag: RagSettingsResource | None = None,
-                    evaluation: EvaluationConfigResource | None = None) -> dict[str, Any]:
+def build_resources(
+    rag: RagSettingsResource | None = None, evaluation: EvaluationConfigResource | None = None
+) -> dict[str, Any]:
     """Every resource the assets use, keyed by parameter name.
 
     ``io_manager`` is a FilesystemIOManager under the instance's storage dir, also for

@@ -31,36 +31,55 @@ SUITES_CRON = "0 3 * * *"
 INGEST_RETRY = dg.RetryPolicy(max_retries=2, delay=30, backoff=dg.Backoff.EXPONENTIAL)
 
 ingest_job = dg.define_asset_job(
-    "ingest_job", selection=dg.AssetSelection.groups(*INGEST_GROUPS),
-    tags=STORE_TAGS, op_retry_policy=INGEST_RETRY,
+    "ingest_job",
+    selection=dg.AssetSelection.groups(*INGEST_GROUPS),
+    tags=STORE_TAGS,
+    op_retry_policy=INGEST_RETRY,
     description="Scan, chunk and index the knowledge directory (incremental). Failed steps are "
-                "retried (3 tries, exponential backoff from 30 s).")
+    "retried (3 tries, exponential backoff from 30 s).",
+)
 
 nightly_evaluation_job = dg.define_asset_job(
     "nightly_evaluation_job",
     selection=dg.AssetSelection.groups(*EVALUATION_GROUPS) - dg.AssetSelection.assets("tool_invocation"),
-    partitions_def=DAILY_PARTITIONS, tags=STORE_TAGS,
-    description="Record fixtures on both paths, evaluate, report, gate, publish; export one day of traces.")
+    partitions_def=DAILY_PARTITIONS,
+    tags=STORE_TAGS,
+    description="Record fixtures on both paths, evaluate, report, gate, publish; export one day of traces.",
+)
 
 golden_suites_job = dg.define_asset_job(
-    "golden_suites_job", selection=dg.AssetSelection.groups("suites"), tags=STORE_TAGS,
-    description="Every golden suite of golden/suites.yaml on its own index: ingest, record, evaluate, gate.")
+    "golden_suites_job",
+    selection=dg.AssetSelection.groups("suites"),
+    tags=STORE_TAGS,
+    description="Every golden suite of golden/suites.yaml on its own index: ingest, record, evaluate, gate.",
+)
 
 refresh_job = dg.define_asset_job(
-    "refresh_job", selection=EXECUTABLE - TRACE_ASSETS - dg.AssetSelection.groups("suites"), tags=STORE_TAGS,
-    description="The configured knowledge base: ingest, index, evaluate, report, publish (suites run apart).")
+    "refresh_job",
+    selection=EXECUTABLE - TRACE_ASSETS - dg.AssetSelection.groups("suites"),
+    tags=STORE_TAGS,
+    description="The configured knowledge base: ingest, index, evaluate, report, publish (suites run apart).",
+)
 
 trace_export_job = dg.define_asset_job(
-    "trace_export_job", selection=TRACE_ASSETS, partitions_def=DAILY_PARTITIONS, tags=STORE_TAGS,
-    description="Export one day of tool_invocation rows to Parquet.")
+    "trace_export_job",
+    selection=TRACE_ASSETS,
+    partitions_def=DAILY_PARTITIONS,
+    tags=STORE_TAGS,
+    description="Export one day of tool_invocation rows to Parquet.",
+)
 
 
-@dg.schedule(cron_schedule=NIGHTLY_CRON, execution_timezone=TIMEZONE, job=nightly_evaluation_job,
-             default_status=dg.DefaultScheduleStatus.RUNNING,
-             description="Nightly at 02:00 UTC: record both paths (Milvus, pgvector) on the golden "
-                         "cases, evaluate, report, gate against the baseline, publish, append the "
-                         "retrieval history, and export the traces of the UTC day that has just ended "
-                         "(partition = that day).")
+@dg.schedule(
+    cron_schedule=NIGHTLY_CRON,
+    execution_timezone=TIMEZONE,
+    job=nightly_evaluation_job,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Nightly at 02:00 UTC: record both paths (Milvus, pgvector) on the golden "
+    "cases, evaluate, report, gate against the baseline, publish, append the "
+    "retrieval history, and export the traces of the UTC day that has just ended "
+    "(partition = that day).",
+)
 def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     """At 02:00 UTC: the nightly evaluation, exporting the traces of the previous UTC day."""
     tick = context.scheduled_execution_time or datetime.now(UTC)
@@ -68,10 +87,14 @@ def nightly_evaluation(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     return dg.RunRequest(run_key=key, partition_key=key, tags={"rag/trigger": "nightly"})
 
 
-@dg.schedule(cron_schedule=SUITES_CRON, execution_timezone=TIMEZONE, job=golden_suites_job,
-             default_status=dg.DefaultScheduleStatus.RUNNING,
-             description="Nightly at 03:00 UTC, after the nightly evaluation: every golden suite of "
-                         "golden/suites.yaml on its own index, each gated against its stored baseline.")
+@dg.schedule(
+    cron_schedule=SUITES_CRON,
+    execution_timezone=TIMEZONE,
+    job=golden_suites_job,
+    default_status=dg.DefaultScheduleStatus.RUNNING,
+    description="Nightly at 03:00 UTC, after the nightly evaluation: every golden suite of "
+    "golden/suites.yaml on its own index, each gated against its stored baseline.",
+)
 def nightly_golden_suites(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
     """At 03:00 UTC, after the nightly evaluation: every golden suite (English, hard English,
     Chinese runbooks and the sample knowledge base), each gated against its stored baseline."""
@@ -79,13 +102,18 @@ def nightly_golden_suites(context: dg.ScheduleEvaluationContext) -> dg.RunReques
     return dg.RunRequest(run_key=f"suites-{tick:%Y-%m-%d}", tags={"rag/trigger": "nightly"})
 
 
-@dg.sensor(job=ingest_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Every minute: requests ingest_job when a Markdown file that ingestion reads "
-                       "(same walker: hidden entries and outside symlinks excluded) was added, removed "
-                       "or changed. Sizes and mtimes are compared first; contents are hashed only "
-                       "when they moved, so a touch alone does not re-ingest.")
-def knowledge_change_sensor(context: dg.SensorEvaluationContext,
-                            rag: RagSettingsResource) -> dg.RunRequest | dg.SkipReason:
+@dg.sensor(
+    job=ingest_job,
+    minimum_interval_seconds=60,
+    default_status=dg.DefaultSensorStatus.RUNNING,
+    description="Every minute: requests ingest_job when a Markdown file that ingestion reads "
+    "(same walker: hidden entries and outside symlinks excluded) was added, removed "
+    "or changed. Sizes and mtimes are compared first; contents are hashed only "
+    "when they moved, so a touch alone does not re-ingest.",
+)
+def knowledge_change_sensor(
+    context: dg.SensorEvaluationContext, rag: RagSettingsResource
+) -> dg.RunRequest | dg.SkipReason:
     """Requests an ingest when the content of the ingested Markdown files differs from the cursor.
 
     The first evaluation (no cursor, or a cursor of an older format) requests one too: the
@@ -106,6 +134,10 @@ def knowledge_change_sensor(context: dg.SensorEvaluationContext,
     context.update_cursor(now.cursor())
     if previous is not None and now.content == previous.content:
         return dg.SkipReason("files touched but their contents are unchanged")
-    return dg.RunRequest(tags={"rag/trigger": "knowledge_change",
-                               "rag/corpus_hash": (now.content or "")[:16],
-                               "rag/previous_hash": ((previous.content if previous else None) or "none")[:16]})
+    return dg.RunRequest(
+        tags={
+            "rag/trigger": "knowledge_change",
+            "rag/corpus_hash": (now.content or "")[:16],
+            "rag/previous_hash": ((previous.content if previous else None) or "none")[:16],
+        }
+    )

@@ -6,7 +6,6 @@ suite's stored baseline. Reports go to ``<reports_dir>/suites/<suite>/``. A suit
 are missing (``../shared`` not mounted) materializes with ``status=skipped`` and the reason.
 """
 
-
 import logging
 from typing import Any
 
@@ -24,9 +23,11 @@ def _path_metadata(path: str, report: EvaluationReport) -> dict[str, Any]:
     s = report.summary
     values = {f"{path}/recall@{k}": v for k, v in s.recall_at_k.items()}
     values.update({f"{path}/mrr": s.mrr, f"{path}/ndcg@10": s.ndcg_at_10})
-    return {f"{path}/status": report.path_status.status,
-            f"{path}/strong_medium_miss": f"{s.strong}/{s.medium}/{s.miss}",
-            **floats({k: None if v is None else round(v, 4) for k, v in values.items()})}
+    return {
+        f"{path}/status": report.path_status.status,
+        f"{path}/strong_medium_miss": f"{s.strong}/{s.medium}/{s.miss}",
+        **floats({k: None if v is None else round(v, 4) for k, v in values.items()}),
+    }
 
 
 def _filter_cost_md(report: EvaluationReport) -> str:
@@ -37,13 +38,21 @@ def _filter_cost_md(report: EvaluationReport) -> str:
 
 
 def _suite_asset(suite: GoldenSuite) -> dg.AssetsDefinition:
-    @dg.asset(name=f"golden_suite_{suite.slug}", group_name="suites", kinds={"json"},
-              tags={"rag/suite": suite.name},
-              description=f"Golden suite `{suite.name}`: {suite.description or suite.cases.name}. "
-                          "Ingests its corpus into its own index, records both paths, evaluates, "
-                          "gates the main path against its stored baseline.")
-    def _asset(context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource,
-               evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
+    @dg.asset(
+        name=f"golden_suite_{suite.slug}",
+        group_name="suites",
+        kinds={"json"},
+        tags={"rag/suite": suite.name},
+        description=f"Golden suite `{suite.name}`: {suite.description or suite.cases.name}. "
+        "Ingests its corpus into its own index, records both paths, evaluates, "
+        "gates the main path against its stored baseline.",
+    )
+    def _asset(
+        context: dg.AssetExecutionContext,
+        rag: RagSettingsResource,
+        embedder: EmbedderResource,
+        evaluation: EvaluationConfigResource,
+    ) -> dg.MaterializeResult:
         from rag_core.evaluation.suite_run import run_suite
 
         settings = rag.get_settings()

@@ -20,11 +20,21 @@ from rag_assets.metadata import floats, md_table, table_schema
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
 
 TRACE_SCHEMA: dict[str, Any] = {
-    "id": pl.Utf8, "session_id": pl.Utf8, "tool_name": pl.Utf8, "input": pl.Utf8,
-    "output_preview": pl.Utf8, "retrieval_layer": pl.Utf8, "status": pl.Utf8, "error": pl.Utf8,
-    "latency_ms": pl.Float64, "created_at": pl.Datetime("us", "UTC"),
-    "fallback_reason": pl.Utf8, "candidate_count": pl.Int64, "final_block_count": pl.Int64,
-    "relevance_level": pl.Utf8, "retrieval_details": pl.Utf8,
+    "id": pl.Utf8,
+    "session_id": pl.Utf8,
+    "tool_name": pl.Utf8,
+    "input": pl.Utf8,
+    "output_preview": pl.Utf8,
+    "retrieval_layer": pl.Utf8,
+    "status": pl.Utf8,
+    "error": pl.Utf8,
+    "latency_ms": pl.Float64,
+    "created_at": pl.Datetime("us", "UTC"),
+    "fallback_reason": pl.Utf8,
+    "candidate_count": pl.Int64,
+    "final_block_count": pl.Int64,
+    "relevance_level": pl.Utf8,
+    "retrieval_details": pl.Utf8,
 }
 TRACE_DESCRIPTIONS = {
     "retrieval_layer": "L1, L0+L1, L0 (fallback) or none",
@@ -35,9 +45,11 @@ TRACE_DESCRIPTIONS = {
 
 #: The table the agent service's lookups (and the nightly evaluation's) write; not built here.
 tool_invocation = dg.AssetSpec(
-    "tool_invocation", group_name="traces", kinds={"postgres"},
+    "tool_invocation",
+    group_name="traces",
+    kinds={"postgres"},
     description="PostgreSQL table with one row per lookup_knowledge call (agent service and "
-                "the evaluation's fixture recording), written by rag_core's recorder.",
+    "the evaluation's fixture recording), written by rag_core's recorder.",
 )
 
 
@@ -56,16 +68,30 @@ def trace_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
     records = []
     for row in rows:
         details = _details(row)
-        records.append({
-            **{k: row.get(k) for k in ("id", "session_id", "tool_name", "input", "output_preview",
-                                       "retrieval_layer", "status", "error", "latency_ms",
-                                       "created_at")},
-            "fallback_reason": details.get("fallback_reason"),
-            "candidate_count": details.get("candidate_count"),
-            "final_block_count": details.get("final_block_count"),
-            "relevance_level": details.get("relevance_level"),
-            "retrieval_details": json.dumps(details, ensure_ascii=False, default=str),
-        })
+        records.append(
+            {
+                **{
+                    k: row.get(k)
+                    for k in (
+                        "id",
+                        "session_id",
+                        "tool_name",
+                        "input",
+                        "output_preview",
+                        "retrieval_layer",
+                        "status",
+                        "error",
+                        "latency_ms",
+                        "created_at",
+                    )
+                },
+                "fallback_reason": details.get("fallback_reason"),
+                "candidate_count": details.get("candidate_count"),
+                "final_block_count": details.get("final_block_count"),
+                "relevance_level": details.get("relevance_level"),
+                "retrieval_details": json.dumps(details, ensure_ascii=False, default=str),
+            }
+        )
     return pl.DataFrame(records, schema=TRACE_SCHEMA)
 
 
@@ -88,7 +114,9 @@ def trace_stats(frame: pl.DataFrame) -> dict[str, Any]:
         "fallback_rate": share(frame["fallback_reason"].is_not_null()),
         "l0_fallback_rate": share(frame["retrieval_layer"] == "L0"),
         "error_rate": share(frame["status"] == "error"),
-        "latency_p50_ms": pct(0.50), "latency_p95_ms": pct(0.95), "latency_p99_ms": pct(0.99),
+        "latency_p50_ms": pct(0.50),
+        "latency_p95_ms": pct(0.95),
+        "latency_p99_ms": pct(0.99),
     }
 
 
@@ -111,10 +139,16 @@ def replay_spool(settings, log) -> bool:
     return drained
 
 
-@dg.asset(group_name="traces", partitions_def=DAILY_PARTITIONS, deps=[tool_invocation],
-          kinds={"polars", "parquet"}, freshness_policy=NIGHTLY_FRESHNESS)
-def trace_tables(context: dg.AssetExecutionContext, rag: RagSettingsResource,
-                 traces: TraceStoreResource) -> dg.MaterializeResult:
+@dg.asset(
+    group_name="traces",
+    partitions_def=DAILY_PARTITIONS,
+    deps=[tool_invocation],
+    kinds={"polars", "parquet"},
+    freshness_policy=NIGHTLY_FRESHNESS,
+)
+def trace_tables(
+    context: dg.AssetExecutionContext, rag: RagSettingsResource, traces: TraceStoreResource
+) -> dg.MaterializeResult:
     """The ``tool_invocation`` rows of one UTC day as Parquet, with row count, retrieval-layer
     distribution, fallback rate and latency percentiles (ms) in metadata.
 
@@ -130,14 +164,27 @@ def trace_tables(context: dg.AssetExecutionContext, rag: RagSettingsResource,
     path = write_parquet_atomic(frame, AssetFiles.under(settings.data_dir).trace_parquet(context.partition_key))
     stats = trace_stats(frame)
     layer_rows = [[layer, count, f"{count / frame.height:.1%}"] for layer, count in stats["layers"].items()]
-    return dg.MaterializeResult(metadata={
-        "dagster/row_count": stats["row_count"],
-        "dagster/column_schema": table_schema(frame, TRACE_DESCRIPTIONS),
-        "retrieval_layers": dg.MetadataValue.md(md_table(["layer", "rows", "share"], layer_rows)),
-        "retrieval_layer_counts": dg.MetadataValue.json(stats["layers"]),
-        **floats({k: stats[k] for k in ("fallback_rate", "l0_fallback_rate", "error_rate",
-                                        "latency_p50_ms", "latency_p95_ms", "latency_p99_ms")}),
-        "window": f"[{window.start.isoformat()}, {window.end.isoformat()})",
-        "spool_replayed": replayed,
-        "path": dg.MetadataValue.path(str(path)),
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": stats["row_count"],
+            "dagster/column_schema": table_schema(frame, TRACE_DESCRIPTIONS),
+            "retrieval_layers": dg.MetadataValue.md(md_table(["layer", "rows", "share"], layer_rows)),
+            "retrieval_layer_counts": dg.MetadataValue.json(stats["layers"]),
+            **floats(
+                {
+                    k: stats[k]
+                    for k in (
+                        "fallback_rate",
+                        "l0_fallback_rate",
+                        "error_rate",
+                        "latency_p50_ms",
+                        "latency_p95_ms",
+                        "latency_p99_ms",
+                    )
+                }
+            ),
+            "window": f"[{window.start.isoformat()}, {window.end.isoformat()})",
+            "spool_replayed": replayed,
+            "path": dg.MetadataValue.path(str(path)),
+        }
+    )

@@ -23,8 +23,17 @@ from rag_core.embedding.base import (
 if TYPE_CHECKING:
     from rag_core.settings import RagSettings
 
-__all__ = ["BadVectorError", "Embedder", "EmbedderLoadError", "Matrix", "ModelIdentity", "Vector",
-           "check_vectors", "make_embedder", "token_counter"]
+__all__ = [
+    "BadVectorError",
+    "Embedder",
+    "EmbedderLoadError",
+    "Matrix",
+    "ModelIdentity",
+    "Vector",
+    "check_vectors",
+    "make_embedder",
+    "token_counter",
+]
 
 
 def make_embedder(settings: RagSettings) -> Embedder:

@@ -52,8 +52,9 @@ class BaseEmbedder(ABC):
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint({"backend": self.backend, "model_id": self.model_id,
-                            "dimension": self.dimension, **self._settings()})
+        return fingerprint(
+            {"backend": self.backend, "model_id": self.model_id, "dimension": self.dimension, **self._settings()}
+        )
 
     def identity(self) -> ModelIdentity:
         return ModelIdentity(self.backend, self.model_id, self.dimension, self.fingerprint)
@@ -73,6 +74,9 @@ class BaseEmbedder(ABC):
         parts = []
         for i in range(0, len(texts), self.batch_size):
             with self._lock:
-                parts.append(np.asarray(self._encode(list(texts[i:i + self.batch_size]), False),
-                                        dtype=np.float32).reshape(-1, self.dimension))
+                parts.append(
+                    np.asarray(self._encode(list(texts[i : i + self.batch_size]), False), dtype=np.float32).reshape(
+                        -1, self.dimension
+                    )
+                )
         return check_vectors(np.concatenate(parts), labels, self.dimension)

@@ -66,8 +66,7 @@ class ModelIdentity:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelIdentity:
         """Raises KeyError/ValueError on a malformed record."""
-        return cls(str(data["backend"]), str(data["model_id"]), int(data["dimension"]),
-                   str(data["fingerprint"]))
+        return cls(str(data["backend"]), str(data["model_id"]), int(data["dimension"]), str(data["fingerprint"]))
 
     def describe(self) -> str:
         return f"{self.backend}:{self.model_id} ({self.dimension}-d, fingerprint {self.fingerprint})"

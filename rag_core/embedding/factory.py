@@ -15,10 +15,18 @@ _cache_lock = threading.Lock()
 
 def _key(settings: RagSettings) -> tuple[object, ...]:
     secret = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key else ""
-    return (settings.embedding_backend, settings.embedding_model, settings.embedding_batch_size,
-            settings.embedding_base_url, settings.embedding_dimension, settings.embedding_window_tokens,
-            settings.embedding_query_prefix, settings.embedding_passage_prefix,
-            settings.embedding_timeout_s, hashlib.sha256(secret.encode()).hexdigest())
+    return (
+        settings.embedding_backend,
+        settings.embedding_model,
+        settings.embedding_batch_size,
+        settings.embedding_base_url,
+        settings.embedding_dimension,
+        settings.embedding_window_tokens,
+        settings.embedding_query_prefix,
+        settings.embedding_passage_prefix,
+        settings.embedding_timeout_s,
+        hashlib.sha256(secret.encode()).hexdigest(),
+    )
 
 
 def make_embedder(settings: RagSettings) -> Embedder:
@@ -51,10 +59,15 @@ def _build(settings: RagSettings) -> Embedder:
     if backend == "openai":
         from rag_core.embedding.openai_compat import OpenAIEmbedder
 
-        return OpenAIEmbedder(settings.embedding_base_url, model, settings.embedding_api_key,
-                              dimension=settings.embedding_dimension,
-                              window=settings.embedding_window_tokens or 512, batch_size=batch,
-                              query_prefix=settings.embedding_query_prefix,
-                              passage_prefix=settings.embedding_passage_prefix,
-                              timeout_s=settings.embedding_timeout_s)
+        return OpenAIEmbedder(
+            settings.embedding_base_url,
+            model,
+            settings.embedding_api_key,
+            dimension=settings.embedding_dimension,
+            window=settings.embedding_window_tokens or 512,
+            batch_size=batch,
+            query_prefix=settings.embedding_query_prefix,
+            passage_prefix=settings.embedding_passage_prefix,
+            timeout_s=settings.embedding_timeout_s,
+        )
     raise EmbedderLoadError(f"RAG_EMBEDDING_BACKEND={backend!r}: unknown backend (one of {', '.join(BACKENDS)})")

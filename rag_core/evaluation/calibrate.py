@@ -95,12 +95,18 @@ def case_scores(cases: Sequence[GoldenCase], fixtures: FixtureSet) -> list[CaseS
         scores = [b.normalized_score for b in fx.evidence_blocks if b.normalized_score is not None]
         if not scores:
             scores = [c.normalized_score for c in fx.candidates[:1] if c.normalized_score is not None]
-        out.append(CaseScore(
-            case_id=case.id, top_score=max(scores, default=0.0),
-            answer_in_evidence=any(b.doc_id in expected for b in fx.evidence_blocks),
-            hit_level=hit_levels.get(case.id, "not_run"), recorded_level=fx.relevance_level,
-            expected_similarities=[c.normalized_score for c in fx.candidates
-                                   if c.doc_id in expected and c.normalized_score is not None]))
+        out.append(
+            CaseScore(
+                case_id=case.id,
+                top_score=max(scores, default=0.0),
+                answer_in_evidence=any(b.doc_id in expected for b in fx.evidence_blocks),
+                hit_level=hit_levels.get(case.id, "not_run"),
+                recorded_level=fx.relevance_level,
+                expected_similarities=[
+                    c.normalized_score for c in fx.candidates if c.doc_id in expected and c.normalized_score is not None
+                ],
+            )
+        )
     return out
 
 
@@ -186,19 +192,28 @@ def calibrate(scores: Sequence[CaseScore], objective: str = "youden") -> Calibra
     reference = min(reference_q, relevant)
     seen = [v for s in scores for v in s.expected_similarities]
     min_block = max(0.0, min(min(seen, default=reference) - BLOCK_MARGIN, reference))
-    thresholds = {"reference_threshold": round(reference, 3), "relevant_threshold": round(relevant, 3),
-                  "high_relevance_threshold": round(max(high, relevant), 3),
-                  "min_block_similarity": round(min_block, 3)}
+    thresholds = {
+        "reference_threshold": round(reference, 3),
+        "relevant_threshold": round(relevant, 3),
+        "high_relevance_threshold": round(max(high, relevant), 3),
+        "min_block_similarity": round(min_block, 3),
+    }
 
     def simulated(s: CaseScore) -> str:
         if s.top_score <= 0:
             return "NONE"
         return "RELEVANT" if s.top_score >= thresholds["relevant_threshold"] else "WEAK"
 
-    return Calibration(thresholds=thresholds, cases=len(scores), positives=len(pos), negatives=len(neg),
-                       youden_j=None if j is None else round(j, 4),
-                       agreement_recorded=_agreement(scores, lambda s: s.recorded_level),
-                       agreement_calibrated=_agreement(scores, simulated), method=method)
+    return Calibration(
+        thresholds=thresholds,
+        cases=len(scores),
+        positives=len(pos),
+        negatives=len(neg),
+        youden_j=None if j is None else round(j, 4),
+        agreement_recorded=_agreement(scores, lambda s: s.recorded_level),
+        agreement_calibrated=_agreement(scores, simulated),
+        method=method,
+    )
 
 
 def _model_of(fixture_sets: Sequence[FixtureSet]) -> tuple[str, str]:
@@ -209,8 +224,11 @@ def _model_of(fixture_sets: Sequence[FixtureSet]) -> tuple[str, str]:
         if model:
             models.add((str(model.get("backend")), str(model.get("model_id"))))
     if len(models) != 1:
-        raise ValueError("the fixture manifests name " + (f"several models {sorted(models)}" if models else
-                         "no model (recorded before models were recorded)") + ": pass --backend and --model")
+        raise ValueError(
+            "the fixture manifests name "
+            + (f"several models {sorted(models)}" if models else "no model (recorded before models were recorded)")
+            + ": pass --backend and --model"
+        )
     return next(iter(models))
 
 
@@ -252,10 +270,15 @@ def register_calibrate(eval_app: typer.Typer) -> None:
         typer.echo(json.dumps({"profile": f"{backend}:{model}", **result.to_dict()}, indent=2))
         typer.echo(f"previous profile: {model_profile(backend, model, profiles) or 'none'}")
         if write:
-            path = write_profile(backend, model, {
-                **result.thresholds,
-                "source": f"rag eval calibrate on {', '.join(p.name for p in cases)} ({result.cases} cases, "
-                          f"{result.method}; relevanceLevel agreement {result.agreement_calibrated})",
-                "calibrated_at": datetime.now(UTC).strftime("%Y-%m-%d"),
-            }, profiles)
+            path = write_profile(
+                backend,
+                model,
+                {
+                    **result.thresholds,
+                    "source": f"rag eval calibrate on {', '.join(p.name for p in cases)} ({result.cases} cases, "
+                    f"{result.method}; relevanceLevel agreement {result.agreement_calibrated})",
+                    "calibrated_at": datetime.now(UTC).strftime("%Y-%m-%d"),
+                },
+                profiles,
+            )
             typer.echo(f"wrote {backend}:{model} to {path}")

@@ -33,9 +33,7 @@ eval_app = typer.Typer(
 console = Console()
 err_console = Console(stderr=True)
 
-CasesOpt = Annotated[
-    Path, typer.Option("--cases", help="Golden case file (YAML or JSONL).", show_default=False)
-]
+CasesOpt = Annotated[Path, typer.Option("--cases", help="Golden case file (YAML or JSONL).", show_default=False)]
 OutOpt = Annotated[Path, typer.Option("--out", help="Directory for the reports.")]
 KOpt = Annotated[str, typer.Option("--k", help="Comma-separated cut-offs for recall@K.")]
 StrongKOpt = Annotated[int, typer.Option("--strong-k", min=1, help="Depth for strong/medium hits.")]
@@ -121,17 +119,13 @@ def compare(
     main_report = evaluate(golden, main_fx, ks, strong_k)
     side_report = evaluate(golden, side_fx, ks, strong_k)
     status = side_fx.path_status.model_dump()
-    json_path, md_path = write_comparison_report(
-        main_report, side_report, main_fx, side_fx, status, out
-    )
+    json_path, md_path = write_comparison_report(main_report, side_report, main_fx, side_fx, status, out)
     _print_warnings(main_report)
     columns = [(f"main {main_report.path or ''}".strip(), main_report)]
     if side_fx.path_status.available:
         columns.append((f"sidecar {side_report.path or ''}".strip(), side_report))
     else:
-        err_console.print(
-            f"[yellow]sidecar unavailable:[/yellow] {side_fx.path_status.reason}", highlight=False
-        )
+        err_console.print(f"[yellow]sidecar unavailable:[/yellow] {side_fx.path_status.reason}", highlight=False)
     _print_summary(columns)
     console.print(f"Reports: {json_path}, {md_path}", highlight=False)
 
@@ -143,9 +137,7 @@ def gate(
     recall_tolerance: Annotated[
         float, typer.Option("--recall-tolerance", help="Allowed absolute recall@5 drop.")
     ] = 0.02,
-    mrr_tolerance: Annotated[
-        float, typer.Option("--mrr-tolerance", help="Allowed absolute MRR drop.")
-    ] = 0.02,
+    mrr_tolerance: Annotated[float, typer.Option("--mrr-tolerance", help="Allowed absolute MRR drop.")] = 0.02,
 ) -> None:
     """Compare a current report with the baseline; exit 1 when the gate fails."""
     reports = []

@@ -179,9 +179,7 @@ def _coverage_failures(
 ) -> list[str]:
     failures: list[str] = []
     if case.expected_keywords:
-        evidence = " ".join(
-            _fold(i.content) for i in top_items if isinstance(i, FixtureEvidenceBlock)
-        )
+        evidence = " ".join(_fold(i.content) for i in top_items if isinstance(i, FixtureEvidenceBlock))
         failures.extend(
             f"keyword {kw!r} not in top-{strong_k} evidence"
             for kw in case.expected_keywords
@@ -215,9 +213,7 @@ def _not_run(case: GoldenCase, reason: str) -> CaseResult:
     )
 
 
-def _evaluate_case(
-    case: GoldenCase, fixture: CaseFixture, ks: Sequence[int], strong_k: int
-) -> CaseResult:
+def _evaluate_case(case: GoldenCase, fixture: CaseFixture, ks: Sequence[int], strong_k: int) -> CaseResult:
     items = ranked_sources(fixture.evidence_blocks, fixture.candidates)
     ranking = [normalize_doc_id(i.doc_id) for i in items]
     expected = {d for d in (normalize_doc_id(e) for e in case.expected_docs) if d}

@@ -72,8 +72,7 @@ def classify(fixture: CaseFixture, expected_docs: Sequence[str], depth: int = 10
     expected = {d for d in (normalize_doc_id(e) for e in expected_docs) if d}
     with_filter = _rank(doc_ranking(fixture.evidence_blocks, fixture.candidates), expected, depth)
     if not probe.unfiltered_candidates and not probe.unfiltered_evidence_blocks:
-        return FilterOutcome(effect="unknown", category_filter=probe.category_filter,
-                             rank_with_filter=with_filter)
+        return FilterOutcome(effect="unknown", category_filter=probe.category_filter, rank_with_filter=with_filter)
     without = _rank(doc_ranking(probe.unfiltered_evidence_blocks, probe.unfiltered_candidates), expected, depth)
     filtered_found = bool(expected & {normalize_doc_id(d) for d in probe.filtered_docs})
     if _better(without, with_filter):
@@ -84,8 +83,9 @@ def classify(fixture: CaseFixture, expected_docs: Sequence[str], depth: int = 10
         effect = "helped"
     else:
         effect = "no_difference"
-    return FilterOutcome(effect=effect, category_filter=probe.category_filter,
-                         rank_with_filter=with_filter, rank_without_filter=without)
+    return FilterOutcome(
+        effect=effect, category_filter=probe.category_filter, rank_with_filter=with_filter, rank_without_filter=without
+    )
 
 
 def summarize(outcomes: Sequence[FilterOutcome]) -> FilterCostSummary:

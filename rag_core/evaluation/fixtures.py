@@ -81,9 +81,7 @@ class FixtureCandidate(BaseModel):
     normalized_score: float | None = None
     attempts: list[int] = Field(default_factory=list)
 
-    @field_validator(
-        "title", "breadcrumb", "category", "content_preview", "score_label", mode="before"
-    )
+    @field_validator("title", "breadcrumb", "category", "content_preview", "score_label", mode="before")
     @classmethod
     def _none_as_empty(cls, value: Any) -> Any:
         # The pipeline leaves labels unset (None) e.g. for L0 fallback blocks.
@@ -292,10 +290,7 @@ def _load_case(file: Path, case_id: str, manifest_path: str | None) -> CaseFixtu
     if fixture.case_id != case_id:
         return f"fixture {file.name} is for case {fixture.case_id!r}, not {case_id!r}"
     if manifest_path is not None and fixture.path != manifest_path:
-        return (
-            f"fixture {file.name} was recorded on path {fixture.path!r}, "
-            f"but the manifest is for {manifest_path!r}"
-        )
+        return f"fixture {file.name} was recorded on path {fixture.path!r}, but the manifest is for {manifest_path!r}"
     return fixture
 
 
@@ -321,9 +316,7 @@ def load_fixtures(directory: str | Path, case_ids: list[str] | tuple[str, ...]) 
         result.path = manifest.path
         result.path_status = manifest.path_status
     if not result.path_status.available:
-        reason = (
-            f"path {result.path!r} unavailable: {result.path_status.reason or 'no reason given'}"
-        )
+        reason = f"path {result.path!r} unavailable: {result.path_status.reason or 'no reason given'}"
         result.not_run = {cid: reason for cid in case_ids}
         return result
 
@@ -341,9 +334,7 @@ def load_fixtures(directory: str | Path, case_ids: list[str] | tuple[str, ...]) 
             result.fixtures[cid] = loaded
     for file in sorted(directory.glob("*.json")):
         if file.name != MANIFEST_NAME and file.stem not in wanted:
-            result.warnings.append(
-                f"fixture {file.name} is for unknown case {file.stem!r}; ignored"
-            )
+            result.warnings.append(f"fixture {file.name} is for unknown case {file.stem!r}; ignored")
     if result.path is None and result.fixtures:
         result.path = next(iter(result.fixtures.values())).path
     return result

@@ -35,9 +35,7 @@ _BATCH = 1_000
 # Float noise in means over identical inputs must not count as a drop.
 _EPS = 1e-9
 
-ChangeKind = Literal[
-    "newly_missed", "newly_found", "level_changed", "rank_changed", "newly_not_run", "newly_run"
-]
+ChangeKind = Literal["newly_missed", "newly_found", "level_changed", "rank_changed", "newly_not_run", "newly_run"]
 
 
 class CaseChange(BaseModel):
@@ -231,11 +229,7 @@ def compare(
         current_mrr=_mrr(cur_cases),
         newly_missed=ids("newly_missed"),
         newly_found=ids("newly_found"),
-        strong_to_miss=[
-            ch.case_id
-            for ch in changes
-            if ch.baseline_level == "strong" and ch.current_level == "miss"
-        ],
+        strong_to_miss=[ch.case_id for ch in changes if ch.baseline_level == "strong" and ch.current_level == "miss"],
         newly_not_run=ids("newly_not_run"),
         changes=changes,
     )
@@ -252,12 +246,7 @@ def compare(
 def _drop(name: str, before: float | None, after: float | None, tolerance: float) -> list[str]:
     if before is None or after is None or before - after <= tolerance + _EPS:
         return []
-    return [
-        (
-            f"{name} dropped {before:.3f} -> {after:.3f} ({after - before:+.3f}, "
-            f"tolerance {tolerance:.3f})"
-        )
-    ]
+    return [(f"{name} dropped {before:.3f} -> {after:.3f} ({after - before:+.3f}, tolerance {tolerance:.3f})")]
 
 
 def _reasons(result: GateResult, fail_on_not_run: bool) -> list[str]:
@@ -295,10 +284,7 @@ def _render(result: GateResult) -> str:
             f"- recall@{GATE_K}: {_fmt(result.baseline_recall_at_5)} -> "
             f"{_fmt(result.current_recall_at_5)} (allowed drop {result.recall_tolerance:.3f})"
         ),
-        (
-            f"- MRR: {_fmt(result.baseline_mrr)} -> {_fmt(result.current_mrr)} "
-            f"(allowed drop {result.mrr_tolerance:.3f})"
-        ),
+        (f"- MRR: {_fmt(result.baseline_mrr)} -> {_fmt(result.current_mrr)} (allowed drop {result.mrr_tolerance:.3f})"),
     ]
     sig = result.significance
     if sig is not None:

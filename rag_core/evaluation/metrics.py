@@ -73,9 +73,7 @@ def ranked_sources(evidence_blocks: Iterable[R], candidates: Iterable[R]) -> lis
     return out
 
 
-def doc_ranking(
-    evidence_blocks: Iterable[Ranked], candidates: Iterable[Ranked]
-) -> list[str | None]:
+def doc_ranking(evidence_blocks: Iterable[Ranked], candidates: Iterable[Ranked]) -> list[str | None]:
     """Doc ids in ranking order (position 0 = rank 1); ``None`` where a doc id is missing."""
     return [normalize_doc_id(item.doc_id) for item in ranked_sources(evidence_blocks, candidates)]
 
@@ -135,9 +133,7 @@ def ndcg_at_k(ranking: Sequence[str | None], relevant: Collection[str], k: int) 
     return dcg / ideal
 
 
-def rank_overlap_at_k(
-    ranking_a: Sequence[str | None], ranking_b: Sequence[str | None], k: int
-) -> float:
+def rank_overlap_at_k(ranking_a: Sequence[str | None], ranking_b: Sequence[str | None], k: int) -> float:
     """|top-k docs of a ∩ top-k docs of b| / k, in [0, 1] (missing doc ids never overlap)."""
     if k < 1:
         raise ValueError("k must be >= 1")

@@ -40,8 +40,9 @@ def corpus_hash(root: Path) -> str:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT,
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -60,8 +61,9 @@ def make_tool_for_path(settings: RagSettings, path: PathName, embedder=None):
     return LookupKnowledgeTool(quiet, store=store, embedder=embedder)
 
 
-def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out_dir: Path,
-                    embedder=None, progress: bool = True) -> dict:
+def record_fixtures(
+    settings: RagSettings, path: PathName, cases_file: Path, out_dir: Path, embedder=None, progress: bool = True
+) -> dict:
     """Write ``<out_dir>/<case_id>.json`` for every case and ``manifest.json``.
 
     When the path cannot be opened, only a manifest with ``path_status.status="unavailable"``
@@ -73,13 +75,21 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
     for old in out_dir.glob("*.json"):
         old.unlink()
     manifest = {
-        "path": path, "corpus_hash": corpus_hash(Path(settings.knowledge_dir)),
-        "model_id": settings.embedding_model or None, "embedding_backend": settings.embedding_backend,
-        "index_params": {"milvus_index": settings.milvus_index, "metric": "COSINE",
-                         "top_k": settings.top_k, "pg_index": "hnsw(vector_cosine_ops)",
-                         "lexical": "bm25" if path == "milvus" else "ts_rank_cd"},
-        "git_commit": git_commit(), "recorded_at": datetime.now(UTC).isoformat(),
-        "cases_file": str(cases_file), "case_count": len(cases),
+        "path": path,
+        "corpus_hash": corpus_hash(Path(settings.knowledge_dir)),
+        "model_id": settings.embedding_model or None,
+        "embedding_backend": settings.embedding_backend,
+        "index_params": {
+            "milvus_index": settings.milvus_index,
+            "metric": "COSINE",
+            "top_k": settings.top_k,
+            "pg_index": "hnsw(vector_cosine_ops)",
+            "lexical": "bm25" if path == "milvus" else "ts_rank_cd",
+        },
+        "git_commit": git_commit(),
+        "recorded_at": datetime.now(UTC).isoformat(),
+        "cases_file": str(cases_file),
+        "case_count": len(cases),
         "path_status": {"status": "available", "reason": None},
     }
     try:
@@ -99,16 +109,23 @@ def record_fixtures(settings: RagSettings, path: PathName, cases_file: Path, out
             started = time.perf_counter()
             result, candidates = tool.lookup_with_candidates(case.query, session_id=session)
             latency_ms = round((time.perf_counter() - started) * 1000, 2)
-            write_fixture(out_dir, {
-                "case_id": case.id, "path": path, "query": case.query, "status": result.status,
-                "error": result.retrieval_trace.error, "retrieval_layer": result.retrieval_trace.layer,
-                "candidates": _candidate_rows(candidates),
-                "evidence_blocks": _block_rows(result),
-                "context_pack_sources": result.context_pack.included_sources,
-                "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
-                "relevance_level": result.relevance_level.value,
-                "latency_ms": latency_ms,
-            })
+            write_fixture(
+                out_dir,
+                {
+                    "case_id": case.id,
+                    "path": path,
+                    "query": case.query,
+                    "status": result.status,
+                    "error": result.retrieval_trace.error,
+                    "retrieval_layer": result.retrieval_trace.layer,
+                    "candidates": _candidate_rows(candidates),
+                    "evidence_blocks": _block_rows(result),
+                    "context_pack_sources": result.context_pack.included_sources,
+                    "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
+                    "relevance_level": result.relevance_level.value,
+                    "latency_ms": latency_ms,
+                },
+            )
     finally:
         tool.close()
     manifest["session"] = session
@@ -121,31 +138,43 @@ def _candidate_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
 
 
 def _block_rows(result: LookupResult) -> list[dict[str, Any]]:
-    return [{**b.model_dump(by_alias=False), "doc_id": b.source, "content_preview": b.content[:300],
-             "normalized_score": b.score} for b in result.evidence_blocks]
+    return [
+        {
+            **b.model_dump(by_alias=False),
+            "doc_id": b.source,
+            "content_preview": b.content[:300],
+            "normalized_score": b.score,
+        }
+        for b in result.evidence_blocks
+    ]
 
 
-def _filter_probe(tool: LookupKnowledgeTool, query: str, session: str, result: LookupResult,
-                  candidates: list[Candidate]) -> dict[str, Any] | None:
+def _filter_probe(
+    tool: LookupKnowledgeTool, query: str, session: str, result: LookupResult, candidates: list[Candidate]
+) -> dict[str, Any] | None:
     """The same lookup with the L0 category filter disabled, when the lookup used a filter
     (see ``rag_core.evaluation.filter_cost``); None when no filter was used."""
     filtered = {a.attempt: a.filter for a in result.retrieval_trace.attempts if a.filter}
     if not filtered:
         return None
     probe, probe_candidates = tool.lookup_with_candidates(query, session_id=session, use_l0_filter=False)
-    return {"category_filter": next(iter(filtered.values())),
-            "filtered_docs": list(dict.fromkeys(c.hit.doc_id for c in candidates if c.attempts & filtered.keys())),
-            "unfiltered_candidates": _candidate_rows(probe_candidates),
-            "unfiltered_evidence_blocks": _block_rows(probe)}
+    return {
+        "category_filter": next(iter(filtered.values())),
+        "filtered_docs": list(dict.fromkeys(c.hit.doc_id for c in candidates if c.attempts & filtered.keys())),
+        "unfiltered_candidates": _candidate_rows(probe_candidates),
+        "unfiltered_evidence_blocks": _block_rows(probe),
+    }
 
 
 def register_record(eval_app: typer.Typer) -> None:
     """Adds ``rag eval record`` to the evaluation CLI."""
 
     @eval_app.command("record")
-    def record(path: str = typer.Option("milvus", "--path", help="milvus or pgvector"),
-               cases: Path = typer.Option(..., "--cases", help="Golden case file"),
-               out: Path = typer.Option(..., "--out", help="Fixture directory to (re)write")) -> None:
+    def record(
+        path: str = typer.Option("milvus", "--path", help="milvus or pgvector"),
+        cases: Path = typer.Option(..., "--cases", help="Golden case file"),
+        out: Path = typer.Option(..., "--out", help="Fixture directory to (re)write"),
+    ) -> None:
         """Run the real lookup pipeline per case on one path and write JSON fixtures."""
         from rag_core.cli import settings_or_exit
 
@@ -153,5 +182,8 @@ def register_record(eval_app: typer.Typer) -> None:
             raise typer.BadParameter("must be milvus or pgvector", param_hint="--path")
         m = record_fixtures(settings_or_exit(), path, cases, out)  # type: ignore[arg-type]
         status = m["path_status"]
-        typer.echo(f"{path}: {status['status']}" + (f" ({status['reason']})" if status["reason"] else "")
-                   + f"; fixtures in {out}")
+        typer.echo(
+            f"{path}: {status['status']}"
+            + (f" ({status['reason']})" if status["reason"] else "")
+            + f"; fixtures in {out}"
+        )

@@ -209,14 +209,9 @@ def _summary_row_specs(ks: Sequence[int], strong_k: int) -> list[_Row]:
     return rows
 
 
-def summary_rows(
-    summaries: Sequence[MetricSummary], ks: Sequence[int], strong_k: int = 5
-) -> list[list[str]]:
+def summary_rows(summaries: Sequence[MetricSummary], ks: Sequence[int], strong_k: int = 5) -> list[list[str]]:
     """Rows ``[metric, value per summary..., meaning]`` of the summary table (CLI, Markdown)."""
-    return [
-        [name, *(fmt(s) for s in summaries), meaning]
-        for name, fmt, _, meaning in _summary_row_specs(ks, strong_k)
-    ]
+    return [[name, *(fmt(s) for s in summaries), meaning] for name, fmt, _, meaning in _summary_row_specs(ks, strong_k)]
 
 
 def _summary_table(
@@ -263,9 +258,7 @@ def _manifest_lines(report: EvaluationReport, label: str = "") -> list[str]:
     return [
         *lines,
         bullet("recorded", f"{m.recorded_at or 'unknown'} at commit `{m.git_commit or 'unknown'}`"),
-        bullet(
-            "corpus", f"`{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`{index}"
-        ),
+        bullet("corpus", f"`{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`{index}"),
         bullet("cases", f"`{m.cases_file or 'unknown'}` · fixtures `{report.fixtures_dir}`"),
     ]
 
@@ -307,10 +300,15 @@ def _filter_cost_lines(report: EvaluationReport) -> list[str]:
     cost = report.filter_cost
     if cost is None:
         return []
-    lines = ["", "## L0 category filter cost", "",
-             f"The L0 category filter was used in {cost.filtered_cases} of {len(report.cases)} cases. "
-             "Each such case was also run with the filter disabled; ranks are first-hit ranks of an "
-             "expected doc with and without the filter.", ""]
+    lines = [
+        "",
+        "## L0 category filter cost",
+        "",
+        f"The L0 category filter was used in {cost.filtered_cases} of {len(report.cases)} cases. "
+        "Each such case was also run with the filter disabled; ranks are first-hit ranks of an "
+        "expected doc with and without the filter.",
+        "",
+    ]
     lines += _table(["effect", "cases"], [[effect, n] for effect, n in cost.counts.items() if effect != "no_filter"])
     filtered = [c for c in report.cases if c.filter_outcome and c.filter_outcome.effect != "no_filter"]
     filtered.sort(key=lambda c: (FILTER_EFFECTS.index(c.filter_outcome.effect), c.case_id))  # type: ignore[union-attr]
@@ -318,9 +316,17 @@ def _filter_cost_lines(report: EvaluationReport) -> list[str]:
         lines += [""]
         lines += _table(
             ["case", "effect", "filter", "rank with filter", "rank without filter"],
-            [[f"`{c.case_id}`", o.effect, f"`{o.category_filter}`", _rank_cell(o.rank_with_filter),
-              _rank_cell(o.rank_without_filter)]
-             for c in filtered if (o := c.filter_outcome) is not None],
+            [
+                [
+                    f"`{c.case_id}`",
+                    o.effect,
+                    f"`{o.category_filter}`",
+                    _rank_cell(o.rank_with_filter),
+                    _rank_cell(o.rank_without_filter),
+                ]
+                for c in filtered
+                if (o := c.filter_outcome) is not None
+            ],
         )
     return lines
 
@@ -451,9 +457,7 @@ def write_baseline_report(
     out_dir = Path(out_dir)
     chart = write_recall_chart([report, *other_paths], out_dir / f"{name}-recall.png")
     json_path = _write_text(out_dir / f"{name}.json", report.model_dump_json(indent=2) + "\n")
-    md = render_baseline_markdown(
-        report, name=name, other_paths=other_paths, chart_file=chart.name, out_dir=out_dir
-    )
+    md = render_baseline_markdown(report, name=name, other_paths=other_paths, chart_file=chart.name, out_dir=out_dir)
     return json_path, _write_text(out_dir / f"{name}.md", md)
 
 
@@ -509,10 +513,7 @@ def _compare_case(
         main_top=main_top,
         sidecar_top=side_top,
         differing_ranks=differing,
-        rank_overlap={
-            k: rank_overlap_at_k(main.top_docs, side.top_docs, k) if both_ran else None
-            for k in OVERLAP_KS
-        },
+        rank_overlap={k: rank_overlap_at_k(main.top_docs, side.top_docs, k) if both_ran else None for k in OVERLAP_KS},
     )
 
 
@@ -538,18 +539,14 @@ def build_comparison(
     if sidecar is None and status.available:
         status = PathStatus(status="unavailable", reason="no sidecar evaluation was provided")
     side_by_id = {c.case_id: c for c in sidecar.cases} if sidecar else {}
-    cases = [
-        _compare_case(c, side_by_id.get(c.case_id), main_fixtures, sidecar_fixtures)
-        for c in main.cases
-    ]
+    cases = [_compare_case(c, side_by_id.get(c.case_id), main_fixtures, sidecar_fixtures) for c in main.cases]
     return ComparisonReport(
         main_path=main.path,
         sidecar_path=sidecar.path if sidecar else None,
         sidecar_status=status,
         overlap_ks=list(OVERLAP_KS),
         mean_rank_overlap={
-            k: _mean([c.rank_overlap[k] for c in cases if c.rank_overlap[k] is not None])
-            for k in OVERLAP_KS
+            k: _mean([c.rank_overlap[k] for c in cases if c.rank_overlap[k] is not None]) for k in OVERLAP_KS
         },
         cases=cases,
         main=main,
@@ -562,11 +559,7 @@ def _entry_cells(entry: SideBySideEntry | None, highlight: bool) -> list[str]:
         return ["—", "—", "—", "—"]
     source = _cell(entry.doc_id or "(no doc id)")
     source = f"**{source}**" if highlight else source
-    raw = (
-        f" (raw {entry.raw_score:.3f} {entry.score_label})".rstrip()
-        if entry.raw_score is not None
-        else ""
-    )
+    raw = f" (raw {entry.raw_score:.3f} {entry.score_label})".rstrip() if entry.raw_score is not None else ""
     score = f"{_num(entry.normalized_score)}{raw}"
     return [source, entry.breadcrumb, entry.category, score]
 
@@ -639,8 +632,7 @@ def render_comparison_markdown(comparison: ComparisonReport, chart_file: str | N
     if with_sidecar:
         lines += [""]
         lines += [
-            f"- Mean rank overlap@{k} (|top-{k} main ∩ top-{k} sidecar| / {k}, cases run on "
-            f"both paths): {_num(v)}"
+            f"- Mean rank overlap@{k} (|top-{k} main ∩ top-{k} sidecar| / {k}, cases run on both paths): {_num(v)}"
             for k, v in comparison.mean_rank_overlap.items()
         ]
     if chart_file:
@@ -674,7 +666,5 @@ def write_comparison_report(
     charted = [main] + ([sidecar] if sidecar and comparison.sidecar_status.available else [])
     chart = write_recall_chart(charted, out_dir / f"{name}-recall.png")
     json_path = _write_text(out_dir / f"{name}.json", comparison.model_dump_json(indent=2) + "\n")
-    md_path = _write_text(
-        out_dir / f"{name}.md", render_comparison_markdown(comparison, chart.name)
-    )
+    md_path = _write_text(out_dir / f"{name}.md", render_comparison_markdown(comparison, chart.name))
     return json_path, md_path

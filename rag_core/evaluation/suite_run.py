@@ -46,8 +46,14 @@ class SuiteOutcome(BaseModel):
     ingest: dict[str, Any] = {}
 
 
-def run_suite(base: RagSettings, suite: GoldenSuite, embedder: Any, out_dir: Path,
-              with_sidecar: bool = True, progress: bool = False) -> SuiteOutcome:
+def run_suite(
+    base: RagSettings,
+    suite: GoldenSuite,
+    embedder: Any,
+    out_dir: Path,
+    with_sidecar: bool = True,
+    progress: bool = False,
+) -> SuiteOutcome:
     """Ingest ``suite``'s corpus into its own index, record both paths, evaluate, gate.
 
     Never raises for a suite problem: missing files give ``skipped``, any other error
@@ -65,11 +71,20 @@ def run_suite(base: RagSettings, suite: GoldenSuite, embedder: Any, out_dir: Pat
         return SuiteOutcome(suite=suite.name, status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
     report_dir = out_dir / suite.name
     main, side = reports["milvus"], reports.get("pgvector")
-    write_baseline_report(main, report_dir, "current", other_paths=[side] if side and side.path_status.available else [])
-    write_comparison_report(main, side, fixture_sets["milvus"], fixture_sets.get("pgvector"),
-                            side.path_status if side else None, report_dir)
-    return SuiteOutcome(suite=suite.name, status="ok", reports=reports, gate=_gate(suite, main),
-                        report_dir=str(report_dir), ingest=ingest_report)
+    write_baseline_report(
+        main, report_dir, "current", other_paths=[side] if side and side.path_status.available else []
+    )
+    write_comparison_report(
+        main, side, fixture_sets["milvus"], fixture_sets.get("pgvector"), side.path_status if side else None, report_dir
+    )
+    return SuiteOutcome(
+        suite=suite.name,
+        status="ok",
+        reports=reports,
+        gate=_gate(suite, main),
+        report_dir=str(report_dir),
+        ingest=ingest_report,
+    )
 
 
 def _ingest(settings: RagSettings, embedder: Any, progress: bool) -> dict[str, Any]:
@@ -84,8 +99,9 @@ def _ingest(settings: RagSettings, embedder: Any, progress: bool) -> dict[str, A
             store.close()
 
 
-def _record_and_evaluate(settings: RagSettings, suite: GoldenSuite, embedder: Any,
-                         progress: bool) -> tuple[dict[str, EvaluationReport], dict[str, Any]]:
+def _record_and_evaluate(
+    settings: RagSettings, suite: GoldenSuite, embedder: Any, progress: bool
+) -> tuple[dict[str, EvaluationReport], dict[str, Any]]:
     from rag_core.evaluation.record import record_fixtures
 
     cases = load_cases(suite.cases)
@@ -110,8 +126,17 @@ def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
     from rich.table import Table
 
     table = Table(title="Golden suites (main path = Milvus, sidecar = pgvector)")
-    for column in ("suite", "status", "path", "cases", "strong/medium/miss", "recall@5", "MRR",
-                   "filter hurt/rescued/helped/same", "gate"):
+    for column in (
+        "suite",
+        "status",
+        "path",
+        "cases",
+        "strong/medium/miss",
+        "recall@5",
+        "MRR",
+        "filter hurt/rescued/helped/same",
+        "gate",
+    ):
         table.add_column(column, overflow="fold")
     for o in outcomes:
         if o.status != "ok":
@@ -119,10 +144,21 @@ def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
             continue
         for path, r in o.reports.items():
             s, cost = r.summary, r.filter_cost
-            effects = "/".join(str(cost.counts[e]) for e in ("hurt", "rescued", "helped", "no_difference")) if cost else ""
+            effects = (
+                "/".join(str(cost.counts[e]) for e in ("hurt", "rescued", "helped", "no_difference")) if cost else ""
+            )
             gate = "" if path != "milvus" or o.gate is None else ("pass" if o.gate.passed else "FAIL")
-            table.add_row(o.suite, r.path_status.status, path, str(s.case_count),
-                          f"{s.strong}/{s.medium}/{s.miss}", _fmt(s.recall_at_k.get(5)), _fmt(s.mrr), effects, gate)
+            table.add_row(
+                o.suite,
+                r.path_status.status,
+                path,
+                str(s.case_count),
+                f"{s.strong}/{s.medium}/{s.miss}",
+                _fmt(s.recall_at_k.get(5)),
+                _fmt(s.mrr),
+                effects,
+                gate,
+            )
     Console(width=200).print(table)
 
 
@@ -162,8 +198,11 @@ def register_suites(eval_app: Any) -> None:
             raise typer.Exit(2)
         embedder = make_embedder(settings)
         out_dir = out or settings.data_dir / "reports" / "suites"
-        outcomes = [run_suite(settings, s, embedder, out_dir, with_sidecar=sidecar, progress=not as_json)
-                    for s in chosen if not suite or s.name in suite]
+        outcomes = [
+            run_suite(settings, s, embedder, out_dir, with_sidecar=sidecar, progress=not as_json)
+            for s in chosen
+            if not suite or s.name in suite
+        ]
         if as_json:
             typer.echo("[" + ",".join(o.model_dump_json(exclude={"reports"}) for o in outcomes) + "]")
         else:

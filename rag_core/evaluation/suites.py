@@ -82,19 +82,24 @@ def _resolved(suite: GoldenSuite, root: Path) -> GoldenSuite:
     def absolute(p: Path) -> Path:
         return p if p.is_absolute() else (root / p).resolve()
 
-    return suite.model_copy(update={
-        "cases": absolute(suite.cases), "knowledge_dir": absolute(suite.knowledge_dir),
-        "baseline": absolute(suite.baseline) if suite.baseline else None,
-    })
+    return suite.model_copy(
+        update={
+            "cases": absolute(suite.cases),
+            "knowledge_dir": absolute(suite.knowledge_dir),
+            "baseline": absolute(suite.baseline) if suite.baseline else None,
+        }
+    )
 
 
 def suite_settings(base: RagSettings, suite: GoldenSuite) -> RagSettings:
     """``base`` pointed at the suite: its own data dir, knowledge dir, cases, collection, table."""
     table = f"{base.pg_table}_{suite.slug}"[:63]
-    return base.model_copy(update={
-        "data_dir": base.data_dir / "suites" / suite.name,
-        "knowledge_dir": suite.knowledge_dir,
-        "golden_cases": suite.cases,
-        "collection": f"{base.collection}_{suite.slug}",
-        "pg_table": table,
-    })
+    return base.model_copy(
+        update={
+            "data_dir": base.data_dir / "suites" / suite.name,
+            "knowledge_dir": suite.knowledge_dir,
+            "golden_cases": suite.cases,
+            "collection": f"{base.collection}_{suite.slug}",
+            "pg_table": table,
+        }
+    )

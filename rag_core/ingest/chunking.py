@@ -222,7 +222,7 @@ class _Chunker:
     # -- sections --------------------------------------------------------------------------
     def sections(self) -> list[_Section]:
         raw = _sections(self.blocks, len(self.line_starts), self.doc.title)
-        return _carry_empty(raw, lambda s: bool(self.body[self.off(s.content):self.off(s.end)].strip()))
+        return _carry_empty(raw, lambda s: bool(self.body[self.off(s.content) : self.off(s.end)].strip()))
 
     def breadcrumb(self, path: tuple[str, ...]) -> str:
         """Title and heading path, cut to half of ``max_tokens`` so room for text remains."""
@@ -247,8 +247,10 @@ class _Chunker:
         self.seen_bytes = self.seen_tokens = 0
         crumb = self.breadcrumb(section.path)
         lo, hi = self.off(section.start), self.off(section.end)
-        if self.likely_fits(self.size(lo, hi) + len(crumb.encode()), self.max_tokens) \
-                and self.count(f"{crumb}\n\n{self.body[lo:hi]}") <= self.max_tokens:
+        if (
+            self.likely_fits(self.size(lo, hi) + len(crumb.encode()), self.max_tokens)
+            and self.count(f"{crumb}\n\n{self.body[lo:hi]}") <= self.max_tokens
+        ):
             return crumb, self.checked([_Piece(lo, hi, 0)], crumb, 0)
         budget = self.max_tokens - self.count(crumb) - _JOIN_MARGIN
         pieces = self.merge(self.section_pieces(section, budget), budget)
@@ -290,8 +292,9 @@ class _Chunker:
             if self.off(a) < self.off(b):
                 yield kind, block, self.off(a), self.off(b)
 
-    def split(self, lo: int, hi: int, budget: int, levels: Sequence[re.Pattern[str]],
-              tokens: int | None = None) -> list[_Piece]:
+    def split(
+        self, lo: int, hi: int, budget: int, levels: Sequence[re.Pattern[str]], tokens: int | None = None
+    ) -> list[_Piece]:
         """Cut ``[lo, hi)`` at the first level that has cut points, recursing; hard last."""
         if lo >= hi:
             return []
@@ -302,13 +305,11 @@ class _Chunker:
         for i, pattern in enumerate(levels):
             cuts = _cuts(pattern, self.body, lo, hi)
             if cuts:
-                rest = levels[i + 1:]
-                return self.pack([lo, *cuts, hi], budget,
-                                 lambda a, b, rest=rest: self.split(a, b, budget, rest))
+                rest = levels[i + 1 :]
+                return self.pack([lo, *cuts, hi], budget, lambda a, b, rest=rest: self.split(a, b, budget, rest))
         return self.hard_split(lo, hi, budget)
 
-    def pack(self, bounds: Sequence[int], budget: int,
-             cut_one: Callable[[int, int], list[_Piece]]) -> list[_Piece]:
+    def pack(self, bounds: Sequence[int], budget: int, cut_one: Callable[[int, int], list[_Piece]]) -> list[_Piece]:
         """Pieces for the consecutive ranges ``bounds[k]..bounds[k+1]``.
 
         Runs of ranges that look like they fit together (by size) are counted as one, so a
@@ -328,8 +329,7 @@ class _Chunker:
                 i += 1
         return out
 
-    def run_piece(self, bounds: Sequence[int], sizes: Sequence[int], i: int,
-                  budget: int) -> _Piece | None:
+    def run_piece(self, bounds: Sequence[int], sizes: Sequence[int], i: int, budget: int) -> _Piece | None:
         """One piece of two or more ranges from ``i`` that fits, or None. A run that turns
         out too big is retried once, shortened by what its count showed."""
         limit = budget * self.bytes_per_token * _GUESS_SAFETY
@@ -375,8 +375,7 @@ class _Chunker:
         if good == lo:  # not even one character fits: take it anyway, the repair pass copes
             return lo + 1, self.tokens(lo, lo + 1)
         if good < hi:
-            space = max(self.body.rfind(" ", (lo + good) // 2, good),
-                        self.body.rfind("\n", (lo + good) // 2, good))
+            space = max(self.body.rfind(" ", (lo + good) // 2, good), self.body.rfind("\n", (lo + good) // 2, good))
             if space > lo:
                 at_space = self.tokens(lo, space + 1)
                 if at_space <= budget:
@@ -400,8 +399,7 @@ class _Chunker:
             if open_piece and joined <= budget:
                 pieces[-1] = replace(last, end=row_hi, tokens=joined)
             elif header_tokens + row_tokens + _JOIN_MARGIN <= budget:
-                pieces.append(_Piece(row_lo, row_hi, header_tokens + row_tokens + _JOIN_MARGIN,
-                                     prefix=header))
+                pieces.append(_Piece(row_lo, row_hi, header_tokens + row_tokens + _JOIN_MARGIN, prefix=header))
                 open_piece = True
             else:  # one row alone is too big: cut it like text, without the header
                 pieces += self.split(row_lo, row_hi, budget, _ROW_LEVELS, row_tokens)
@@ -417,22 +415,20 @@ class _Chunker:
             tokens = last.tokens + piece.tokens + _JOIN_MARGIN if last else 0
             if last and not piece.prefix and last.end == piece.start and tokens <= budget:
                 mid_word = not (self.body[piece.start - 1].isspace() or self.body[piece.start].isspace())
-                out[-1] = replace(last, end=piece.end, tokens=tokens,
-                                  recount=last.recount or piece.recount or mid_word)
+                out[-1] = replace(last, end=piece.end, tokens=tokens, recount=last.recount or piece.recount or mid_word)
             else:
                 out.append(piece)
         return out
 
     def text_of(self, piece: _Piece) -> tuple[int, int, str]:
         """(start, end, text) with surrounding whitespace trimmed off the slice."""
-        raw = self.body[piece.start:piece.end]
+        raw = self.body[piece.start : piece.end]
         stripped = raw.rstrip()
         lead = 0 if piece.prefix else len(stripped) - len(stripped.lstrip())
         start, end = piece.start + lead, piece.start + len(stripped)
         return start, end, piece.prefix + self.body[start:end]
 
-    def checked(self, pieces: list[_Piece], crumb: str, budget: int,
-                depth: int = 0) -> list[tuple[int, int, str]]:
+    def checked(self, pieces: list[_Piece], crumb: str, budget: int, depth: int = 0) -> list[tuple[int, int, str]]:
         """Final (start, end, text) triples, trimmed; blank pieces dropped.
 
         A piece joined mid-word (hard cuts) is counted again with its breadcrumb and, if
@@ -456,8 +452,9 @@ class _Chunker:
         return out
 
 
-def chunk_document(doc: KnowledgeDocument, count_tokens: Callable[[str], int],
-                   max_tokens: int = DEFAULT_MAX_TOKENS) -> list[Chunk]:
+def chunk_document(
+    doc: KnowledgeDocument, count_tokens: Callable[[str], int], max_tokens: int = DEFAULT_MAX_TOKENS
+) -> list[Chunk]:
     """Split ``doc.body`` into heading-aware chunks whose ``embed_text`` fits ``max_tokens``.
 
     ``count_tokens(text) -> int`` is the embedding model's counter (e.g.
@@ -482,10 +479,18 @@ def chunk_document(doc: KnowledgeDocument, count_tokens: Callable[[str], int],
         key = path_key if seen[path_key] == 1 else f"{path_key}#{seen[path_key]}"
         crumb, texts = chunker.section_texts(section)
         for i, (start, end, text) in enumerate(texts):
-            chunks.append(Chunk(
-                chunk_id=_chunk_id(doc.doc_id, key, i), doc_id=doc.doc_id, title=doc.title,
-                breadcrumb=crumb, category=doc.category, text=text, start=start, end=end,
-                ordinal=len(chunks),
-                content_hash=_content_hash(doc.title, crumb, doc.category, text),
-            ))
+            chunks.append(
+                Chunk(
+                    chunk_id=_chunk_id(doc.doc_id, key, i),
+                    doc_id=doc.doc_id,
+                    title=doc.title,
+                    breadcrumb=crumb,
+                    category=doc.category,
+                    text=text,
+                    start=start,
+                    end=end,
+                    ordinal=len(chunks),
+                    content_hash=_content_hash(doc.title, crumb, doc.category, text),
+                )
+            )
     return chunks

@@ -293,9 +293,13 @@ def duplicate_keys(source: str, doc_id: str) -> list[DocumentIssue]:
             continue
         folded = str(key.value).strip().lower()
         if folded in seen:
-            issues.append(DocumentIssue(
-                path=doc_id, line=key.start_mark.line + 2,
-                reason=f"frontmatter key '{key.value}' repeats '{seen[folded]}': the last value wins"))
+            issues.append(
+                DocumentIssue(
+                    path=doc_id,
+                    line=key.start_mark.line + 2,
+                    reason=f"frontmatter key '{key.value}' repeats '{seen[folded]}': the last value wins",
+                )
+            )
         else:
             seen[folded] = str(key.value)
     return issues
@@ -331,8 +335,7 @@ def _list_field(fm: dict, nodes: dict, name: str, doc_id: str) -> tuple[str, ...
     if value is None:
         return ()
     if isinstance(value, dict):
-        raise _fail(doc_id, f"frontmatter field '{name}' must be a list or text, got a mapping",
-                    _node_line(node))
+        raise _fail(doc_id, f"frontmatter field '{name}' must be a list or text, got a mapping", _node_line(node))
     if isinstance(value, (list, tuple, set)):
         item_nodes = node.value if isinstance(node, yaml.SequenceNode) else [None] * len(value)
         items = []
@@ -341,8 +344,11 @@ def _list_field(fm: dict, nodes: dict, name: str, doc_id: str) -> tuple[str, ...
                 continue
             text = _scalar_text(item, item_node)
             if text is None:
-                raise _fail(doc_id, f"frontmatter field '{name}' item {i + 1} must be text, "
-                            f"got {type(item).__name__}", _node_line(item_node or node))
+                raise _fail(
+                    doc_id,
+                    f"frontmatter field '{name}' item {i + 1} must be text, got {type(item).__name__}",
+                    _node_line(item_node or node),
+                )
             items.append(text)
     else:
         items = _LIST_SEPARATORS.split(_scalar_text(value, node) or "")
@@ -359,8 +365,9 @@ def _priority(fm: dict, nodes: dict, doc_id: str) -> float | None:
     except (TypeError, ValueError):
         number = math.nan
     if not math.isfinite(number):
-        raise _fail(doc_id, f"frontmatter field 'priority' must be a number, got {value!r}",
-                    _node_line(nodes.get("priority")))
+        raise _fail(
+            doc_id, f"frontmatter field 'priority' must be a number, got {value!r}", _node_line(nodes.get("priority"))
+        )
     return number
 
 
@@ -405,15 +412,16 @@ def _parse_frontmatter(source: str | None, doc_id: str) -> _Fields:
     used = {"title", cat_key, "priority", *_LIST_FIELDS}
     budget = [_MAX_FRONTMATTER_VALUES]
     try:
-        metadata = {str(k): _json_safe(v, budget) for k, v in data.items()
-                    if str(k).strip().lower() not in used}
+        metadata = {str(k): _json_safe(v, budget) for k, v in data.items() if str(k).strip().lower() not in used}
     except ValueError:
         raise _fail(doc_id, f"frontmatter has more than {_MAX_FRONTMATTER_VALUES} values", 1) from None
     keywords, entities, aliases = (_list_field(fm, nodes, f, doc_id) for f in _LIST_FIELDS)
     return _Fields(
         title=_text_field(fm, nodes, "title", doc_id),
         category=_text_field(fm, nodes, cat_key, doc_id),
-        keywords=keywords, entities=entities, aliases=aliases,
+        keywords=keywords,
+        entities=entities,
+        aliases=aliases,
         priority=_priority(fm, nodes, doc_id),
         metadata=metadata,
         warnings=tuple(duplicate_keys(source, doc_id)) if source else (),
@@ -448,7 +456,7 @@ def load_document(path: Path, root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES)
         raise SkipDocument(DocumentIssue(path=doc_id, reason=EMPTY_FILE_REASON))
     head = _scan_head(text, doc_id)
     fields = _parse_frontmatter(head.frontmatter, doc_id)
-    body = text[_line_start(text, head.fm_end_line):]
+    body = text[_line_start(text, head.fm_end_line) :]
     if not body.strip():
         reason = SECTION_PAGE_REASON if path.name.lower() in SECTION_PAGE_NAMES else NO_BODY_REASON
         raise SkipDocument(DocumentIssue(path=doc_id, reason=reason))
@@ -493,14 +501,20 @@ def _walk(root: Path, issues: list[DocumentIssue]) -> Iterator[Path]:
             if name.startswith("."):
                 dirnames.remove(name)
             elif (here / name).is_symlink() and not (here / name).resolve().is_relative_to(real_root):
-                issues.append(DocumentIssue(
-                    path=doc_id_for(here / name, root),
-                    reason="symlinked directory points outside the knowledge root; not followed"))
+                issues.append(
+                    DocumentIssue(
+                        path=doc_id_for(here / name, root),
+                        reason="symlinked directory points outside the knowledge root; not followed",
+                    )
+                )
         yield from (here / name for name in filenames if _is_markdown(name))
 
 
-def scan_documents(root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                   ) -> tuple[list[KnowledgeDocument], list[DocumentIssue]]:
+def scan_documents(
+    root: Path,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[list[KnowledgeDocument], list[DocumentIssue]]:
     """Load every ``.md`` / ``.markdown`` file under ``root`` (recursively, sorted by doc id).
 
     Returns ``(documents, issues)``: one ``DocumentIssue`` per file that failed to load or

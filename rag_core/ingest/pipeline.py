@@ -40,8 +40,17 @@ from rag_core.models import Chunk, DocumentIssue, KnowledgeDocument
 from rag_core.settings import RagSettings
 from rag_core.stores.base import VectorStore
 
-__all__ = ["IngestRefusedError", "IngestReport", "StalePlanError", "StoreChanges", "chunk_documents",
-           "chunk_token_limit", "ingest", "refuse_wipe", "save_l0_index"]
+__all__ = [
+    "IngestRefusedError",
+    "IngestReport",
+    "StalePlanError",
+    "StoreChanges",
+    "chunk_documents",
+    "chunk_token_limit",
+    "ingest",
+    "refuse_wipe",
+    "save_l0_index",
+]
 
 log = logging.getLogger(__name__)
 
@@ -95,16 +104,17 @@ def _stage(report: IngestReport, name: str) -> Iterator[None]:
         report.stage_seconds[name] = round(report.stage_seconds.get(name, 0.0) + time.perf_counter() - t0, 4)
 
 
-
-
 def chunk_token_limit(settings: RagSettings, embedder: Embedder) -> int:
     """Tokens per chunk: the profile's/setting's ``chunk_max_tokens``, capped by the model window."""
     return min(settings.chunk_max_tokens, embedder.max_tokens)
 
 
-def chunk_documents(docs: Sequence[KnowledgeDocument], settings: RagSettings,
-                    report: IngestReport, embedder: Embedder | None = None,
-                    ) -> tuple[list[KnowledgeDocument], list[Chunk]]:
+def chunk_documents(
+    docs: Sequence[KnowledgeDocument],
+    settings: RagSettings,
+    report: IngestReport,
+    embedder: Embedder | None = None,
+) -> tuple[list[KnowledgeDocument], list[Chunk]]:
     """Chunk every document with the active model's tokenizer and window (``embedder``, else the
     one the settings name); a document whose chunking fails is added to ``report.skipped``."""
     embedder = embedder or make_embedder(settings)
@@ -120,9 +130,15 @@ def save_l0_index(plan: IngestPlan, path: Path) -> L0Index:
     return index
 
 
-def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorStore],
-           knowledge_dir: Path | None = None, rebuild: bool = False,
-           progress: bool = True, prune: bool = False) -> IngestReport:
+def ingest(
+    settings: RagSettings,
+    embedder: Embedder,
+    stores: Sequence[VectorStore],
+    knowledge_dir: Path | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+    prune: bool = False,
+) -> IngestReport:
     """Bring ``stores`` and the L0 index in step with the Markdown files under ``knowledge_dir``.
 
     ``stores[0]`` is the main path. ``rebuild`` drops and recreates every store first.
@@ -144,13 +160,25 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     with _stage(report, "plan"):
         # Read once per store: the wipe check and the diff share it.
         states = [read_store_state(store) for store in stores]
-        plan = plan_ingest(scan, chunked, states, embedder.identity(), rebuild=rebuild, prune=prune,
-                           max_remove_share=settings.ingest_max_remove_share)
+        plan = plan_ingest(
+            scan,
+            chunked,
+            states,
+            embedder.identity(),
+            rebuild=rebuild,
+            prune=prune,
+            max_remove_share=settings.ingest_max_remove_share,
+        )
     with _stage(report, "l0_index"):
         save_l0_index(plan, settings.l0_index_path)
     with _stage(report, "embed"):
-        embeddings = embed_plan(plan, embedder, EmbeddingCache.under(settings.data_dir),
-                                batch_size=settings.embedding_batch_size, progress=progress)
+        embeddings = embed_plan(
+            plan,
+            embedder,
+            EmbeddingCache.under(settings.data_dir),
+            batch_size=settings.embedding_batch_size,
+            progress=progress,
+        )
     changes: dict[str, StoreChanges] = {}
     for store in stores:
         with _stage(report, f"{store.name}_write"):
@@ -163,8 +191,9 @@ def ingest(settings: RagSettings, embedder: Embedder, stores: Sequence[VectorSto
     return report
 
 
-def fill_report(report: IngestReport, plan: IngestPlan, embeddings: ChunkEmbeddings,
-                changes: dict[str, StoreChanges]) -> IngestReport:
+def fill_report(
+    report: IngestReport, plan: IngestPlan, embeddings: ChunkEmbeddings, changes: dict[str, StoreChanges]
+) -> IngestReport:
     """Complete ``report`` (stage times already in it) from the stages' values."""
     skipped_docs = embeddings.skipped_documents
     report.documents_seen = plan.documents_seen
@@ -179,7 +208,11 @@ def fill_report(report: IngestReport, plan: IngestPlan, embeddings: ChunkEmbeddi
     for name, store_plan in plan.stores.items():
         recorded = store_plan.recorded
         if store_plan.model_changed and recorded is not None:
-            log.warning("%s was built with %s; re-embedding every chunk with %s", name,
-                        recorded.describe(), plan.identity.describe())
+            log.warning(
+                "%s was built with %s; re-embedding every chunk with %s",
+                name,
+                recorded.describe(),
+                plan.identity.describe(),
+            )
             report.model_changed[name] = f"{recorded.describe()} -> {plan.identity.describe()}"
     return report

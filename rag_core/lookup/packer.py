@@ -20,8 +20,7 @@ _SEP = "\n\n"
 
 def block_header(block: EvidenceBlock) -> str:
     reasons = ", ".join(block.hit_reasons)
-    return (f"[{block.rank}] {block.title} ({block.source})\n"
-            f"section: {block.breadcrumb}\nwhy: {reasons}\n")
+    return f"[{block.rank}] {block.title} ({block.source})\nsection: {block.breadcrumb}\nwhy: {reasons}\n"
 
 
 def water_fill(lengths: list[int], available: int) -> int:
@@ -54,12 +53,17 @@ class KnowledgeContextPacker:
                 kept.pop()  # the lowest-ranked block gives way
                 continue
             break
-        parts = [h + _truncate(c, level) for h, c in zip(headers, contents)]
+        parts = [h + _truncate(c, level) for h, c in zip(headers, contents, strict=True)]
         packed = _SEP.join(parts)
         included = [b.source for b in kept]
-        return ContextPack(packed_text=packed, strategy=STRATEGY, char_budget=self.char_budget,
-                           used_chars=len(packed), included_sources=included,
-                           omitted_sources=[b.source for b in blocks[len(kept):]])
+        return ContextPack(
+            packed_text=packed,
+            strategy=STRATEGY,
+            char_budget=self.char_budget,
+            used_chars=len(packed),
+            included_sources=included,
+            omitted_sources=[b.source for b in blocks[len(kept) :]],
+        )
 
 
 def _truncate(content: str, limit: int) -> str:

@@ -31,47 +31,109 @@ from dataclasses import dataclass, field
 # --- format vocabularies (field conventions of the formats, see the module docstring) ----------
 
 # Values that are the message of a log line / notification: they carry the meaning.
-MESSAGE_KEYS = frozenset({"msg", "message", "err", "error", "errors", "summary", "description",
-                          "reason", "detail", "details", "title", "note", "cause"})
+MESSAGE_KEYS = frozenset(
+    {
+        "msg",
+        "message",
+        "err",
+        "error",
+        "errors",
+        "summary",
+        "description",
+        "reason",
+        "detail",
+        "details",
+        "title",
+        "note",
+        "cause",
+    }
+)
 ALERT_NAME_KEYS = frozenset({"alertname", "alert_name", "alert"})
 # Keys that mark a notification on their own (Alertmanager labels and annotations).
 NOTIFICATION_KEYS = frozenset({"alertname", "alert_name", "summary", "description", "labels", "annotations"})
 # Log and notification metadata: never informative for retrieval.
-META_KEYS = frozenset({"ts", "time", "timestamp", "@timestamp", "t", "caller", "level", "lvl",
-                       "severity", "func", "file", "line", "source", "logger", "stacktrace",
-                       "trace_id", "traceid", "span_id", "spanid", "request_id", "requestid",
-                       "runbook_url", "generatorurl", "fingerprint", "startsat", "endsat",
-                       "dashboard", "panel", "id", "uid", "pid", "tid", "index", "count",
-                       "instance", "endpoint", "metrics_path", "prometheus", "receiver",
-                       "status", "labels", "annotations", "value", "values"})
-PROMQL_FUNCTIONS = frozenset("""abs absent absent_over_time avg avg_over_time bottomk ceil changes
+META_KEYS = frozenset(
+    {
+        "ts",
+        "time",
+        "timestamp",
+        "@timestamp",
+        "t",
+        "caller",
+        "level",
+        "lvl",
+        "severity",
+        "func",
+        "file",
+        "line",
+        "source",
+        "logger",
+        "stacktrace",
+        "trace_id",
+        "traceid",
+        "span_id",
+        "spanid",
+        "request_id",
+        "requestid",
+        "runbook_url",
+        "generatorurl",
+        "fingerprint",
+        "startsat",
+        "endsat",
+        "dashboard",
+        "panel",
+        "id",
+        "uid",
+        "pid",
+        "tid",
+        "index",
+        "count",
+        "instance",
+        "endpoint",
+        "metrics_path",
+        "prometheus",
+        "receiver",
+        "status",
+        "labels",
+        "annotations",
+        "value",
+        "values",
+    }
+)
+PROMQL_FUNCTIONS = frozenset(
+    """abs absent absent_over_time avg avg_over_time bottomk ceil changes
     clamp clamp_max clamp_min count count_over_time count_values day_of_month day_of_week delta
     deriv exp floor group histogram_quantile holt_winters idelta increase irate label_join
     label_replace last_over_time ln log2 log10 max max_over_time min min_over_time predict_linear
     present_over_time quantile quantile_over_time rate resets round scalar sgn sort sort_desc
     sqrt stddev stddev_over_time stdvar stdvar_over_time sum sum_over_time time timestamp topk
-    vector""".split())
-PROMQL_KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right",
-                             "and", "or", "unless", "offset", "bool"})
+    vector""".split()
+)
+PROMQL_KEYWORDS = frozenset(
+    {"by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless", "offset", "bool"}
+)
 
 # --- noise (removed from the informative text) ---------------------------------------------------
 
-_NOISE = [re.compile(p) for p in (
-    r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+",                                  # URLs
-    r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b",  # ISO dates
-    r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b",                                     # times
-    r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b",                                 # IPv4[:port]
-    r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",  # UUIDs
-    r"(?<=[a-z])-(?=[a-z0-9]{0,9}\d)[a-z0-9]{6,10}-[a-z0-9]{5}\b",              # deploy pod suffix
-    r"(?<=[a-z])-(?=[a-z0-9]{0,4}\d)[a-z0-9]{5}\b",                             # pod/ds suffix
-    r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b",           # hex hashes/ids
-    r"\b[\w.-]+\.(?:go|py|java|rs|js|ts|c|cc|cpp|rb|kt|scala):\d+\b",            # file.go:123
-    r"(?<![\w.])(?:/[\w.@-]+){2,}/?",                                           # absolute paths
-    r"(?<=[a-z])-\d+\b",                                                        # ordinal/job suffix
-    r"\b\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h|d|w|y)(?:\d+(?:ms|s|m|h))*\b",         # durations
-    r"\bx\d+\b",                                                                # (x20 over 10m)
-    r":\d{2,5}\b",                                                              # :port
-)]
+_NOISE = [
+    re.compile(p)
+    for p in (
+        r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+",  # URLs
+        r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?\b",  # ISO dates
+        r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b",  # times
+        r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b",  # IPv4[:port]
+        r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b",  # UUIDs
+        r"(?<=[a-z])-(?=[a-z0-9]{0,9}\d)[a-z0-9]{6,10}-[a-z0-9]{5}\b",  # deploy pod suffix
+        r"(?<=[a-z])-(?=[a-z0-9]{0,4}\d)[a-z0-9]{5}\b",  # pod/ds suffix
+        r"\b(?=[0-9a-fA-F]*\d)(?=[0-9a-fA-F]*[a-fA-F])[0-9a-fA-F]{8,}\b",  # hex hashes/ids
+        r"\b[\w.-]+\.(?:go|py|java|rs|js|ts|c|cc|cpp|rb|kt|scala):\d+\b",  # file.go:123
+        r"(?<![\w.])(?:/[\w.@-]+){2,}/?",  # absolute paths
+        r"(?<=[a-z])-\d+\b",  # ordinal/job suffix
+        r"\b\d+(?:\.\d+)?(?:ns|us|µs|ms|s|m|h|d|w|y)(?:\d+(?:ms|s|m|h))*\b",  # durations
+        r"\bx\d+\b",  # (x20 over 10m)
+        r":\d{2,5}\b",  # :port
+    )
+]
 
 _SPACE = re.compile(r"\s+")
 _JSON_START = re.compile(r"\{\s*\"")
@@ -85,12 +147,15 @@ _EVENT_HEADER = re.compile(r"^\s*(?:Events:|Type\s+Reason\s+Age\s+From\s+Message
 _CAMEL_WORD = re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z]+[a-z0-9]*)+\b|\b[a-z]+(?:[A-Z]+[a-z0-9]+)+\b")
 _CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _METRIC = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
-_PROMQL_MARKERS = [re.compile(p) for p in (
-    r"\b[a-z_][a-z0-9_:]*\{[^{}]*(?:=~|!~|!=|=)[^{}]*\}",                     # metric{label="x"}
-    r"\[\d+[smhdwy](?::\d*[smhdwy]?)?\]",                                        # [5m] range
-    rf"\b(?:{'|'.join(sorted(PROMQL_FUNCTIONS))})\s*\(",                          # rate( sum(
-    r"\b(?:by|without)\s*\([\w\s,]*\)",                                          # by (a, b)
-)]
+_PROMQL_MARKERS = [
+    re.compile(p)
+    for p in (
+        r"\b[a-z_][a-z0-9_:]*\{[^{}]*(?:=~|!~|!=|=)[^{}]*\}",  # metric{label="x"}
+        r"\[\d+[smhdwy](?::\d*[smhdwy]?)?\]",  # [5m] range
+        rf"\b(?:{'|'.join(sorted(PROMQL_FUNCTIONS))})\s*\(",  # rate( sum(
+        r"\b(?:by|without)\s*\([\w\s,]*\)",  # by (a, b)
+    )
+]
 _GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([\w\s,]*\)")
 _MATCHERS = re.compile(r"(?<=[\w:])\{[^{}]*\}")
 _RANGE = re.compile(r"\[\d+[smhdwy](?::\d*[smhdwy]?)?\]")
@@ -122,9 +187,14 @@ class PastedQuery:
 
     def summary(self) -> dict[str, object]:
         """Compact, JSON-ready view for the retrieval trace."""
-        return {"formats": list(self.formats), "alert_names": list(self.alert_names),
-                "metric_names": list(self.metric_names), "label_values": list(self.label_values)[:10],
-                "noise_removed": self.noise_removed, "informative_text": self.text[:300]}
+        return {
+            "formats": list(self.formats),
+            "alert_names": list(self.alert_names),
+            "metric_names": list(self.metric_names),
+            "label_values": list(self.label_values)[:10],
+            "noise_removed": self.noise_removed,
+            "informative_text": self.text[:300],
+        }
 
 
 def split_camel_words(text: str) -> str:
@@ -189,7 +259,7 @@ def _take_json(text: str, out: _Collector) -> str:
             continue
         if not isinstance(obj, dict):
             continue
-        pieces.append(text[pos:m.start()])
+        pieces.append(text[pos : m.start()])
         pos = end
         out.fmt("json_log" if {"msg", "message", "level", "ts", "time"} & set(obj) else "labels")
         for key, value in _flatten(obj):
@@ -214,8 +284,7 @@ def _take_pairs(text: str, out: _Collector) -> str:
     bare = list(_BARE_PAIR.finditer(_QUOTED_PAIR.sub(" ", text)))
     keys = {m.group(1).lower() for m in quoted + bare}
     known = keys & (ALERT_NAME_KEYS | MESSAGE_KEYS | META_KEYS)
-    if not keys & (ALERT_NAME_KEYS | MESSAGE_KEYS) and (
-            len(quoted) + len(bare) < 2 or (len(quoted) < 2 and not known)):
+    if not keys & (ALERT_NAME_KEYS | MESSAGE_KEYS) and (len(quoted) + len(bare) < 2 or (len(quoted) < 2 and not known)):
         return text
     out.fmt("logfmt" if keys & {"msg", "message", "level", "ts", "caller"} else "labels")
     for m in quoted:
@@ -243,13 +312,13 @@ def _take_colon_pairs(text: str, out: _Collector) -> str:
         if m.start() < pos:
             continue
         key = m.group(1)
-        rest = text[m.end():]
+        rest = text[m.end() :]
         if key in MESSAGE_KEYS:
             stop = re.search(r"\n|\s\|\s", rest)
         else:
             stop = re.search(r"[\s,;|]", rest)
         value = rest[: stop.start()] if stop else rest
-        pieces.append(text[pos:m.start()])
+        pieces.append(text[pos : m.start()])
         pos = m.end() + len(value)
         out.pair(key, value)
         if key not in MESSAGE_KEYS | ALERT_NAME_KEYS | META_KEYS:
@@ -264,16 +333,19 @@ def _take_am_title(text: str, out: _Collector) -> str:
         if m.group(1):
             out.alerts.append(m.group(1))
         return " "
+
     return _AM_TITLE.sub(repl, text)
 
 
 def _take_events(text: str, out: _Collector) -> str:
     """``kubectl describe``/``get events`` lines: ``Warning BackOff 3m (x20 over 10m) kubelet
     Back-off restarting failed container``: reason written out as words, message kept."""
+
     def repl(m: re.Match[str]) -> str:
         out.fmt("k8s_event")
         out.messages.append(split_camel_words(m.group(2)))
         return " " + _EVENT_COUNT.sub(" ", m.group(3))
+
     text = _EVENT.sub(repl, text)
     return _EVENT_HEADER.sub(" ", text) if "k8s_event" in out.formats else text
 
@@ -298,6 +370,7 @@ def _take_promql(text: str, out: _Collector) -> str:
             return " "
         out.metrics.append(word)
         return word.replace("_", " ")
+
     text = _METRIC.sub(metric, text)
     text = re.sub(rf"\b(?:{'|'.join(sorted(PROMQL_FUNCTIONS))})\s*(?=\()", " ", text)
     return _OPERATORS.sub(" ", text)
@@ -326,9 +399,16 @@ def analyze_pasted(query: str) -> PastedQuery:
         v, _ = strip_noise(value.replace("_", " "))
         if re.search(r"[^\W\d_]{2,}", v):
             labels.append(v)
-    return PastedQuery(original=query, text=clean or query, formats=tuple(out.formats),
-                       alert_names=tuple(_unique(out.alerts)), metric_names=tuple(_unique(out.metrics)),
-                       label_values=tuple(labels), noise_removed=removed, fields=out.fields)
+    return PastedQuery(
+        original=query,
+        text=clean or query,
+        formats=tuple(out.formats),
+        alert_names=tuple(_unique(out.alerts)),
+        metric_names=tuple(_unique(out.metrics)),
+        label_values=tuple(labels),
+        noise_removed=removed,
+        fields=out.fields,
+    )
 
 
 def _words(name: str) -> str:

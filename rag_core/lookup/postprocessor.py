@@ -29,15 +29,16 @@ class RerankWeights:
 
     Weights were chosen on the golden suites (golden/suites.yaml) with multilingual-e5-small,
     checked not to hurt MiniLM, in one sweep of lexical 0.2-1.0, top_k 10-40, doc support and
-    title weights (closing note of issue 10). ``lexical``: times the candidate's BM25 score divided by the best BM25 score of the
-    result set (0 when found by the dense channel only). ``doc_support``: per further chunk
-    of the same document among the candidates, up to ``doc_support_cap``. ``title``: L0
-    matched the document's title/H1/alias exactly or through a typo (``title~fuzzy``); a
-    partial name match (``title~partial:s``) gets ``title`` times its coverage s.
-    ``keyword``/``entity``: per L0 keyword/entity match of that document, up to ``term_cap``.
-    ``domain``: the block's category is an L0 domain hint. ``priority``: times the
-    document's frontmatter ``priority``, clamped to [-5, 5]. ``filtered_attempt``: found by the category-filtered attempt; kept small so an
-    in-domain hit never beats a clearly stronger unfiltered one.
+    title weights (closing note of issue 10). ``lexical``: times the candidate's BM25 score
+    divided by the best BM25 score of the result set (0 when found by the dense channel only).
+    ``doc_support``: per further chunk of the same document among the candidates, up to
+    ``doc_support_cap``. ``title``: L0 matched the document's title/H1/alias exactly or through
+    a typo (``title~fuzzy``); a partial name match (``title~partial:s``) gets ``title`` times
+    its coverage s. ``keyword``/``entity``: per L0 keyword/entity match of that document, up to
+    ``term_cap``. ``domain``: the block's category is an L0 domain hint. ``priority``: times
+    the document's frontmatter ``priority``, clamped to [-5, 5]. ``filtered_attempt``: found by
+    the category-filtered attempt; kept small so an in-domain hit never beats a clearly
+    stronger unfiltered one.
     """
 
     dense: float = 1.0
@@ -66,16 +67,25 @@ def candidate_reasons(c: Candidate) -> list[str]:
 class KnowledgeEvidencePostProcessor:
     """Turns L1 candidates (and L0 hints) into ranked evidence blocks."""
 
-    def __init__(self, l0: L0Index | None, min_similarity: float, max_blocks: int,
-                 weights: RerankWeights = RerankWeights(), chunks_per_block: int = 3):
+    def __init__(
+        self,
+        l0: L0Index | None,
+        min_similarity: float,
+        max_blocks: int,
+        weights: RerankWeights = RerankWeights(),
+        chunks_per_block: int = 3,
+    ):
         self.chunks_per_block = chunks_per_block
         self.l0 = l0
         self.min_similarity = min_similarity
         self.max_blocks = max_blocks
         self.weights = weights
 
-    def process(self, candidates: list[Candidate], hints: L0Hints,
-                ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
+    def process(
+        self,
+        candidates: list[Candidate],
+        hints: L0Hints,
+    ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
         """Blocks best first (ranks from 1) and their rerank entries, same order."""
         # A document the query names by its whole name (L0 exact or fuzzy) that L1 also found is
         # evidence even when the embedding scores it low (an English-only model on a Chinese
@@ -90,7 +100,7 @@ class KnowledgeEvidencePostProcessor:
         for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
             per_doc.setdefault(c.hit.doc_id, []).append(c)
         scored = []
-        for before, (doc_id, group) in enumerate(per_doc.items(), start=1):
+        for before, group in enumerate(per_doc.values(), start=1):
             scores = [(self._contributions(c, group, hints, best_lex), c) for c in group]
             contrib, best = max(scores, key=lambda s: (base[id(s[1])] + sum(s[0].values()), s[1].rrf))
             reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
@@ -101,17 +111,33 @@ class KnowledgeEvidencePostProcessor:
         for after, (final, before, c, contrib, reasons) in enumerate(top, start=1):
             match = hints.match_for(c.hit.doc_id)
             reasons = reasons + _l0_reasons(match, c.hit.category, hints)
-            blocks.append(EvidenceBlock(
-                rank=after, source=c.hit.doc_id, chunk_id=c.hit.chunk_id, title=c.hit.title,
-                breadcrumb=c.hit.breadcrumb, category=c.hit.category,
-                retrieval_layer="L0+L1" if match else "L1",
-                content=block_content(c, per_doc[c.hit.doc_id], self.chunks_per_block),
-                score=round(c.similarity, 4), raw_score=round(c.hit.raw_score, 4),
-                score_label=c.hit.score_label, final_score=round(final, 4), hit_reasons=reasons))
-            entries.append(RerankEntry(
-                source=c.hit.doc_id, base_score=round(base[id(c)], 4),
-                contributions={k: round(v, 4) for k, v in contrib.items() if v},
-                final_score=round(final, 4), rank_before=before, rank_after=after))
+            blocks.append(
+                EvidenceBlock(
+                    rank=after,
+                    source=c.hit.doc_id,
+                    chunk_id=c.hit.chunk_id,
+                    title=c.hit.title,
+                    breadcrumb=c.hit.breadcrumb,
+                    category=c.hit.category,
+                    retrieval_layer="L0+L1" if match else "L1",
+                    content=block_content(c, per_doc[c.hit.doc_id], self.chunks_per_block),
+                    score=round(c.similarity, 4),
+                    raw_score=round(c.hit.raw_score, 4),
+                    score_label=c.hit.score_label,
+                    final_score=round(final, 4),
+                    hit_reasons=reasons,
+                )
+            )
+            entries.append(
+                RerankEntry(
+                    source=c.hit.doc_id,
+                    base_score=round(base[id(c)], 4),
+                    contributions={k: round(v, 4) for k, v in contrib.items() if v},
+                    final_score=round(final, 4),
+                    rank_before=before,
+                    rank_after=after,
+                )
+            )
         return blocks, entries
 
     def _base_scores(self, kept: list[Candidate]) -> dict[int, float]:
@@ -127,8 +153,7 @@ class KnowledgeEvidencePostProcessor:
         span = (max(c.similarity for c in kept) - lo) or 1.0
         return {id(c): self.weights.dense * (c.similarity - lo) / span for c in kept}
 
-    def _contributions(self, c: Candidate, group: list[Candidate], hints: L0Hints,
-                       best_lex: float) -> dict[str, float]:
+    def _contributions(self, c: Candidate, group: list[Candidate], hints: L0Hints, best_lex: float) -> dict[str, float]:
         w = self.weights
         match = hints.match_for(c.hit.doc_id)
         reasons = match.reasons if match else []
@@ -159,7 +184,7 @@ def keep_named(ranked: list[T], named: set[str], limit: int, key: Callable[[T], 
         drop = next((i for i in range(len(top) - 1, -1, -1) if key(top[i]) not in named), None)
         if drop is None:
             break
-        top = top[:drop] + top[drop + 1:] + [item]
+        top = top[:drop] + top[drop + 1 :] + [item]
     return top
 
 
@@ -189,11 +214,22 @@ def l0_fallback_blocks(hints: L0Hints, l0: L0Index | None, max_blocks: int) -> l
     blocks = []
     for rank, m in enumerate(hints.matches[:max_blocks], start=1):
         entry = l0.entries.get(m.doc_id) if l0 else None
-        blocks.append(EvidenceBlock(
-            rank=rank, source=m.doc_id, title=m.title, breadcrumb=m.title, category=m.category,
-            retrieval_layer="L0", content=entry.summary if entry else "", score=0.0,
-            raw_score=m.score, score_label="l0_match_score", final_score=m.score,
-            hit_reasons=["l0_fallback", *_l0_reasons(m, m.category, hints)]))
+        blocks.append(
+            EvidenceBlock(
+                rank=rank,
+                source=m.doc_id,
+                title=m.title,
+                breadcrumb=m.title,
+                category=m.category,
+                retrieval_layer="L0",
+                content=entry.summary if entry else "",
+                score=0.0,
+                raw_score=m.score,
+                score_label="l0_match_score",
+                final_score=m.score,
+                hit_reasons=["l0_fallback", *_l0_reasons(m, m.category, hints)],
+            )
+        )
     return blocks
 
 

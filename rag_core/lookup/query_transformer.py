@@ -52,14 +52,21 @@ class TransformedQuery:
     pasted: PastedQuery | None = None
 
     def summary(self) -> dict[str, Any]:
-        return {"original_chars": len(self.original), "rewritten": self.rewritten[:200],
-                "truncated": self.truncated, "category_filter": self.category_filter,
-                "filter_reason": self.filter_reason, "proposed_filter": self.proposed_filter,
-                "domain_hints": self.hints.domains, "named_categories": self.hints.named_categories,
-                "matched_keywords": self.hints.matched_keywords,
-                "entities": self.hints.entities, "l0_titles": self.hints.matched_titles,
-                "name_corrections": self.hints.corrections,
-                "pasted": self.pasted.summary() if self.pasted and self.pasted.pasted else None}
+        return {
+            "original_chars": len(self.original),
+            "rewritten": self.rewritten[:200],
+            "truncated": self.truncated,
+            "category_filter": self.category_filter,
+            "filter_reason": self.filter_reason,
+            "proposed_filter": self.proposed_filter,
+            "domain_hints": self.hints.domains,
+            "named_categories": self.hints.named_categories,
+            "matched_keywords": self.hints.matched_keywords,
+            "entities": self.hints.entities,
+            "l0_titles": self.hints.matched_titles,
+            "name_corrections": self.hints.corrections,
+            "pasted": self.pasted.summary() if self.pasted and self.pasted.pasted else None,
+        }
 
 
 def choose_filter(hints: L0Hints) -> tuple[str | None, str]:
@@ -96,21 +103,27 @@ class KnowledgeQueryTransformer:
         lines = "\n".join(" ".join(ln.split()) for ln in normalize(query).splitlines())
         pasted = analyze_pasted(lines[: self.max_query_chars * 2])
         informative = " ".join(pasted.text.split()) if pasted.pasted else text
-        hints = (self.l0.analyze_query(informative, pasted.alert_names, pasted.metric_names)
-                 if self.l0 is not None else L0Hints())
+        hints = (
+            self.l0.analyze_query(informative, pasted.alert_names, pasted.metric_names)
+            if self.l0 is not None
+            else L0Hints()
+        )
         corrected = informative
         for span, name in hints.corrections.items():  # a typo'd name written correctly
             at = corrected.lower().find(span)
-            corrected = (corrected[:at] + name + corrected[at + len(span):] if at >= 0
-                         else f"{corrected} {name}")
+            corrected = corrected[:at] + name + corrected[at + len(span) :] if at >= 0 else f"{corrected} {name}"
         dense = split_camel_words(corrected)[: self.max_query_chars]
         # Lexical terms from the unsplit text: the tokenizer keeps a CamelCase name's joined form.
         lexical_source = " ".join([corrected, *pasted.label_values, *pasted.alert_names])
         proposed, reason = choose_filter(hints)
         return TransformedQuery(
-            original=query, rewritten=dense, hints=hints,
+            original=query,
+            rewritten=dense,
+            hints=hints,
             category_filter=proposed if use_l0_filter else None,
-            lexical_terms=sorted(set(lexical_tokens(lexical_source))), truncated=truncated,
-            filter_reason=reason if use_l0_filter else "disabled", proposed_filter=proposed,
+            lexical_terms=sorted(set(lexical_tokens(lexical_source))),
+            truncated=truncated,
+            filter_reason=reason if use_l0_filter else "disabled",
+            proposed_filter=proposed,
             pasted=pasted,
         )

@@ -76,8 +76,9 @@ Ranked = tuple[int, str, bool, list[StoreHit]]  # (attempt, channel, filtered, h
 _Pending = tuple[Future[tuple[list[StoreHit], float]], float]  # (future, submitted at)
 
 
-def fuse(dense: list[StoreHit], lexical: list[StoreHit], attempt: int, filtered: bool,
-         k: int = RRF_K) -> dict[str, Candidate]:
+def fuse(
+    dense: list[StoreHit], lexical: list[StoreHit], attempt: int, filtered: bool, k: int = RRF_K
+) -> dict[str, Candidate]:
     """RRF-fuse one attempt's two ranked hit lists into candidates keyed by chunk id."""
     return fuse_lists([(attempt, "dense", filtered, dense), (attempt, "lexical", filtered, lexical)], k)
 
@@ -122,8 +123,7 @@ def low_quality_reason(cands: list[Candidate], settings: RagSettings) -> str | N
 class KnowledgeDocumentRetriever:
     """Runs the L1 attempts on ``store`` for a transformed query and its query vector."""
 
-    def __init__(self, store: VectorStore, settings: RagSettings,
-                 pool: ThreadPoolExecutor | None = None):
+    def __init__(self, store: VectorStore, settings: RagSettings, pool: ThreadPoolExecutor | None = None):
         self.store = store
         self.settings = settings
         self.pool = pool or _POOL
@@ -131,8 +131,7 @@ class KnowledgeDocumentRetriever:
     def _submit(self, fn: Callable[[], list[StoreHit]]) -> _Pending:
         return self.pool.submit(_timed_call, fn), time.perf_counter()
 
-    def _start_attempt(self, tq: TransformedQuery, vector: np.ndarray,
-                       category: str | None) -> dict[str, _Pending]:
+    def _start_attempt(self, tq: TransformedQuery, vector: np.ndarray, category: str | None) -> dict[str, _Pending]:
         k = self.settings.top_k
         store = self.store
 
@@ -151,8 +150,9 @@ class KnowledgeDocumentRetriever:
                     return {"dense": first, "lexical": self._submit(lexical)}
         return {"dense": self._submit(dense), "lexical": self._submit(lexical)}
 
-    def _finish_attempt(self, tq: TransformedQuery, category: str | None, attempt: int,
-                        futures: dict[str, _Pending]) -> tuple[list[Ranked], RetrievalAttempt]:
+    def _finish_attempt(
+        self, tq: TransformedQuery, category: str | None, attempt: int, futures: dict[str, _Pending]
+    ) -> tuple[list[Ranked], RetrievalAttempt]:
         """Gather one attempt's channels. Never raises: a channel error goes into ``error``."""
         lists: list[Ranked] = []
         errors: list[str] = []
@@ -170,7 +170,10 @@ class KnowledgeDocumentRetriever:
         failed = len(errors) == len(futures)
         # Queueing in the shared pool counts: the attempt took from submission to its last channel.
         rec = RetrievalAttempt(
-            attempt=attempt, query=tq.rewritten[:200], filter=category, top_k=self.settings.top_k,
+            attempt=attempt,
+            query=tq.rewritten[:200],
+            filter=category,
+            top_k=self.settings.top_k,
             candidate_count=len(ranked),
             top_score=round(max(c.similarity for c in ranked), 4) if ranked else None,
             duration_ms=round((max(ended) - t0) * 1000, 2),
@@ -179,8 +182,9 @@ class KnowledgeDocumentRetriever:
         )
         return lists, rec
 
-    def search_once(self, tq: TransformedQuery, vector: np.ndarray, category: str | None,
-                    attempt: int) -> tuple[dict[str, Candidate], RetrievalAttempt]:
+    def search_once(
+        self, tq: TransformedQuery, vector: np.ndarray, category: str | None, attempt: int
+    ) -> tuple[dict[str, Candidate], RetrievalAttempt]:
         """One attempt: dense and lexical search (concurrently) with the same filter, fused.
         Never raises: a store error is recorded in the attempt."""
         lists, rec = self._finish_attempt(tq, category, attempt, self._start_attempt(tq, vector, category))

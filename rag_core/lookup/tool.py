@@ -65,8 +65,9 @@ def tool_definition() -> dict[str, Any]:
             "description": TOOL_DESCRIPTION,
             "parameters": {
                 "type": "object",
-                "properties": {"query": {"type": "string", "description":
-                                         "The question or alert text to find evidence for."}},
+                "properties": {
+                    "query": {"type": "string", "description": "The question or alert text to find evidence for."}
+                },
                 "required": ["query"],
                 "additionalProperties": False,
             },
@@ -88,9 +89,17 @@ class LookupKnowledgeTool:
     a local spool). Safe to call from several threads.
     """
 
-    def __init__(self, settings: RagSettings | None = None, *, embedder=None, store=None,
-                 sidecar=None, l0: L0Index | None = None, recorder=None,
-                 weights: RerankWeights = RerankWeights()):
+    def __init__(
+        self,
+        settings: RagSettings | None = None,
+        *,
+        embedder=None,
+        store=None,
+        sidecar=None,
+        l0: L0Index | None = None,
+        recorder=None,
+        weights: RerankWeights = RerankWeights(),
+    ):
         self.settings = settings or RagSettings()
         self._embedder = embedder
         self._store = store
@@ -160,10 +169,13 @@ class LookupKnowledgeTool:
                 from rag_core.stores.pgserver import resolve_dsn
                 from rag_core.stores.pgvector import PgVectorStore
 
-                self._sidecar = PgVectorStore(resolve_dsn(self.settings), self.settings.pg_table,
-                                              ef_search=self.settings.pg_ef_search,
-                                              connect_timeout=self.settings.pg_connect_timeout_s,
-                                              statement_timeout_ms=self.settings.pg_statement_timeout_ms)
+                self._sidecar = PgVectorStore(
+                    resolve_dsn(self.settings),
+                    self.settings.pg_table,
+                    ef_search=self.settings.pg_ef_search,
+                    connect_timeout=self.settings.pg_connect_timeout_s,
+                    statement_timeout_ms=self.settings.pg_statement_timeout_ms,
+                )
             return self._sidecar
 
     @property
@@ -183,8 +195,9 @@ class LookupKnowledgeTool:
         """Evidence for ``query``. Never raises; see the module docstring."""
         return self.lookup_with_candidates(query, session_id)[0]
 
-    def lookup_with_candidates(self, query: str, session_id: str | None = None,
-                               use_l0_filter: bool = True) -> tuple[LookupResult, list[Candidate]]:
+    def lookup_with_candidates(
+        self, query: str, session_id: str | None = None, use_l0_filter: bool = True
+    ) -> tuple[LookupResult, list[Candidate]]:
         """``lookup`` plus the fused L1 candidates before post-processing (best first), for
         evaluation fixtures and comparisons. ``use_l0_filter=False`` runs the unfiltered
         search only (the evaluation's filter cost accounting). Never raises."""
@@ -203,24 +216,30 @@ class LookupKnowledgeTool:
         """Async variant of ``lookup`` (runs it in a worker thread)."""
         return await asyncio.to_thread(self.lookup, query, session_id)
 
-    def _lookup(self, query: str, session_id: str | None, timings: dict[str, float],
-                use_l0_filter: bool = True) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
+    def _lookup(
+        self, query: str, session_id: str | None, timings: dict[str, float], use_l0_filter: bool = True
+    ) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
         if not isinstance(query, str):
             error = f"query must be a string (got {type(query).__name__})"
             return self._empty_result(f"<{type(query).__name__}>", session_id, error, "error", error), None, []
         if not query.strip():
-            return self._empty_result(query, session_id,
-                                      "the query is empty: ask with a question or alert text"), None, []
+            return (
+                self._empty_result(query, session_id, "the query is empty: ask with a question or alert text"),
+                None,
+                [],
+            )
         with _timed(timings, "l0_ms"):
             tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(
-                query, use_l0_filter=use_l0_filter)
+                query, use_l0_filter=use_l0_filter
+            )
         outcome, sidecar_status = self._retrieve(tq, timings)
         if self.settings.l1_enabled and not outcome.error:
             # A damaged or vanished index is an error in the trace, never "found nothing".
             outcome.error = self._index_problem(outcome)
         with _timed(timings, "postprocess_ms"):
-            post = KnowledgeEvidencePostProcessor(self.l0, self.settings.min_block_similarity,
-                                                  self.settings.max_evidence_blocks, self._weights)
+            post = KnowledgeEvidencePostProcessor(
+                self.l0, self.settings.min_block_similarity, self.settings.max_evidence_blocks, self._weights
+            )
             blocks, rerank = post.process(outcome.candidates, tq.hints)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
             # L0 matches are offered whenever L1 gave no usable evidence: when it failed, was
@@ -234,31 +253,42 @@ class LookupKnowledgeTool:
                     b.hit_reasons.append("seen_earlier_in_session")
         with _timed(timings, "pack_ms"):
             pack = self.packer.pack(blocks)
-        domains = self.sessions.update(session_id, tq.hints.domains + [b.category for b in blocks if b.category],
-                                       [b.source for b in blocks])
+        domains = self.sessions.update(
+            session_id, tq.hints.domains + [b.category for b in blocks if b.category], [b.source for b in blocks]
+        )
         trace = RetrievalTrace(
             path=getattr(self.store, "name", "milvus") if self.settings.l1_enabled else "none",
-            layer=layer, attempts=outcome.attempts, candidate_count=len(outcome.candidates),
+            layer=layer,
+            attempts=outcome.attempts,
+            candidate_count=len(outcome.candidates),
             fallback_reason=("l0_fallback: " + (outcome.error or _no_l1_evidence(outcome, self.settings)))
-            if layer == "L0" else outcome.fallback_reason,
-            error=outcome.error, query_truncated=tq.truncated, l0_hints=tq.hints.to_dict(),
-            sidecar=sidecar_status)
+            if layer == "L0"
+            else outcome.fallback_reason,
+            error=outcome.error,
+            query_truncated=tq.truncated,
+            l0_hints=tq.hints.to_dict(),
+            sidecar=sidecar_status,
+        )
         message = None
         if layer == "L0" and (outcome.error or not self.settings.l1_enabled):
-            message = ("semantic retrieval unavailable; returning title/keyword (L0) matches only: "
-                       "verify before relying on them")
+            message = (
+                "semantic retrieval unavailable; returning title/keyword (L0) matches only: "
+                "verify before relying on them"
+            )
         elif layer == "L0":
-            message = ("semantic retrieval found no evidence above the minimum similarity; returning "
-                       "title/keyword (L0) matches only: verify before relying on them")
+            message = (
+                "semantic retrieval found no evidence above the minimum similarity; returning "
+                "title/keyword (L0) matches only: verify before relying on them"
+            )
         elif outcome.error and not blocks:
             message = f"knowledge retrieval failed and nothing matched by title: {outcome.error}"
         status = ("error" if not blocks else "degraded") if outcome.error else "ok"
-        result = self.assembler.assemble(query, session_id, blocks, pack, trace, rerank, tq.hints,
-                                         domains, message, status)
+        result = self.assembler.assemble(
+            query, session_id, blocks, pack, trace, rerank, tq.hints, domains, message, status
+        )
         return result, tq, outcome.candidates
 
-    def _retrieve(self, tq: TransformedQuery,
-                  timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
+    def _retrieve(self, tq: TransformedQuery, timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
         if not self.settings.l1_enabled:
             return RetrievalOutcome([], [], "l1_disabled"), SidecarStatus(status="disabled")
         try:
@@ -309,13 +339,20 @@ class LookupKnowledgeTool:
             return None
         breaker = self.sidecar_breaker
         if not breaker.allow():
-            return SidecarStatus(status="unavailable", reason=(
-                f"skipped: sidecar failed ({breaker.last_error or 'error'}); "
-                f"next try in {breaker.retry_in():.1f} s")[:300])
+            return SidecarStatus(
+                status="unavailable",
+                reason=(
+                    f"skipped: sidecar failed ({breaker.last_error or 'error'}); next try in {breaker.retry_in():.1f} s"
+                )[:300],
+            )
         if not self._sidecar_slots.acquire(blocking=False):
-            return SidecarStatus(status="unavailable", reason=(
-                f"skipped: {self.settings.sidecar_queue_max} sidecar searches already in flight "
-                "(RAG_SIDECAR_QUEUE_MAX)"))
+            return SidecarStatus(
+                status="unavailable",
+                reason=(
+                    f"skipped: {self.settings.sidecar_queue_max} sidecar searches already in flight "
+                    "(RAG_SIDECAR_QUEUE_MAX)"
+                ),
+            )
 
         def run():
             t0 = time.perf_counter()
@@ -363,19 +400,22 @@ class LookupKnowledgeTool:
 
     # --- results without retrieval ----------------------------------------------------------
 
-    def _empty_result(self, query: str, session_id: str | None, message: str,
-                      status: str = "ok", error: str | None = None) -> LookupResult:
+    def _empty_result(
+        self, query: str, session_id: str | None, message: str, status: str = "ok", error: str | None = None
+    ) -> LookupResult:
         pack = self.packer.pack([])
         trace = RetrievalTrace(path="none", layer="none", attempts=[], error=error)
-        return self.assembler.assemble(query, session_id, [], pack, trace, [], L0Hints(),
-                                       self.sessions.update(session_id, [], []), message, status)
+        return self.assembler.assemble(
+            query, session_id, [], pack, trace, [], L0Hints(), self.sessions.update(session_id, [], []), message, status
+        )
 
     def _error_result(self, query, session_id, exc: Exception) -> LookupResult:
         err = f"{type(exc).__name__}: {exc}"[:500]
         return self._empty_result(str(query), session_id, f"knowledge lookup failed: {err}", "error", err)
 
-    def _record(self, result: LookupResult, tq: TransformedQuery | None,
-                timings: dict[str, float], latency_ms: float) -> None:
+    def _record(
+        self, result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], latency_ms: float
+    ) -> None:
         try:
             recorder = self.recorder
             if recorder is None:
@@ -424,11 +464,14 @@ class LookupKnowledgeTool:
         nothing at all."""
         store_name = getattr(self.store, "name", "milvus")
         if self.health is not None and self.health.problems_of(store_name):
-            return ("index check failed: " + "; ".join(self.health.problems_of(store_name))
-                    + " (run `rag doctor`)")[:500]
+            return ("index check failed: " + "; ".join(self.health.problems_of(store_name)) + " (run `rag doctor`)")[
+                :500
+            ]
         if not self._l0_given and self._l0_mtime is not None and not self.settings.data_dir.exists():
-            return (f"the data dir {self.settings.data_dir} is gone (deleted under this process?): the "
-                    "index may be stale or empty; run `rag ingest`")
+            return (
+                f"the data dir {self.settings.data_dir} is gone (deleted under this process?): the "
+                "index may be stale or empty; run `rag ingest`"
+            )
         if outcome.candidates:
             return None
         try:
@@ -436,15 +479,18 @@ class LookupKnowledgeTool:
         except Exception as exc:
             return f"L1 returned nothing and the {store_name} index cannot be counted: {exc}"[:500]
         if rows > 0:
-            return (f"L1 returned nothing from a {store_name} index of {rows} rows: the index is damaged "
-                    "(run `rag doctor`)")
+            return (
+                f"L1 returned nothing from a {store_name} index of {rows} rows: the index is damaged (run `rag doctor`)"
+            )
         from rag_core.health import read_index_state
 
         state, _ = read_index_state(self.settings)
         expected = state.get(store_name) if state else None
         if expected is not None and expected.rows > 0:
-            return (f"the {store_name} index is empty but the last ingest left {expected.rows} rows: "
-                    "run `rag doctor` / `rag ingest`")
+            return (
+                f"the {store_name} index is empty but the last ingest left {expected.rows} rows: "
+                "run `rag doctor` / `rag ingest`"
+            )
         return None
 
     def close(self) -> None:
@@ -474,6 +520,5 @@ class _timed:
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc):
-        self.timings[self.key] = round(self.timings.get(self.key, 0.0)
-                                       + (time.perf_counter() - self.t0) * 1000, 3)
+        self.timings[self.key] = round(self.timings.get(self.key, 0.0) + (time.perf_counter() - self.t0) * 1000, 3)
         return False

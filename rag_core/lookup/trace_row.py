@@ -12,8 +12,9 @@ EVIDENCE_PREVIEW_CHARS = 200
 INPUT_CHARS = 4000
 
 
-def build_trace_row(result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float],
-                    latency_ms: float, tool_name: str) -> dict[str, Any]:
+def build_trace_row(
+    result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], latency_ms: float, tool_name: str
+) -> dict[str, Any]:
     """One trace row (without ``id``/``created_at``): the columns of the tool_invocation table."""
     rt = result.retrieval_trace
     details = {
@@ -23,12 +24,20 @@ def build_trace_row(result: LookupResult, tq: TransformedQuery | None, timings: 
         "fallback_reason": rt.fallback_reason,
         "sidecar": rt.sidecar.model_dump(mode="json"),
         "rerank": [r.model_dump(mode="json") for r in result.rerank_trace],
-        "context_pack": {k: v for k, v in result.context_pack.model_dump(mode="json").items()
-                         if k != "packed_text"},
-        "evidence": [{"rank": b.rank, "source": b.source, "breadcrumb": b.breadcrumb,
-                      "layer": b.retrieval_layer, "score": b.score, "final_score": b.final_score,
-                      "hit_reasons": b.hit_reasons, "content": b.content[:EVIDENCE_PREVIEW_CHARS]}
-                     for b in result.evidence_blocks],
+        "context_pack": {k: v for k, v in result.context_pack.model_dump(mode="json").items() if k != "packed_text"},
+        "evidence": [
+            {
+                "rank": b.rank,
+                "source": b.source,
+                "breadcrumb": b.breadcrumb,
+                "layer": b.retrieval_layer,
+                "score": b.score,
+                "final_score": b.final_score,
+                "hit_reasons": b.hit_reasons,
+                "content": b.content[:EVIDENCE_PREVIEW_CHARS],
+            }
+            for b in result.evidence_blocks
+        ],
         "candidate_count": rt.candidate_count,
         "final_block_count": len(result.evidence_blocks),
         "relevance_level": result.relevance_level.value,

@@ -118,6 +118,7 @@ class IndexModelMismatchError(StoreError):
         super().__init__(
             f"{where} was built with {recorded.describe()} but the active model is "
             f"{active.describe()}: run `rag ingest` to re-embed with it (RAG_EMBEDDING_BACKEND / "
-            "RAG_EMBEDDING_MODEL select the model)")
+            "RAG_EMBEDDING_MODEL select the model)"
+        )
         self.recorded = recorded
         self.active = active

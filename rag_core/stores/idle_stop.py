@@ -33,9 +33,14 @@ def spawn_watchdog(kind: str, data_dir: Path, pid: int, seconds: float) -> None:
     """Start the detached watchdog for server ``pid`` of ``kind`` in ``data_dir``."""
     if kind not in KINDS:
         raise ValueError(f"unknown server kind {kind!r}")
-    subprocess.Popen([sys.executable, "-m", "rag_core.stores.idle_stop", kind, str(data_dir), str(pid),
-                      repr(float(seconds))], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    subprocess.Popen(
+        [sys.executable, "-m", "rag_core.stores.idle_stop", kind, str(data_dir), str(pid), repr(float(seconds))],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def client_connections(kind: str, pid: int) -> int:

@@ -81,8 +81,10 @@ class InMemoryStore:
         """The stored chunks of ``chunk_ids`` (absent ids are left out)."""
         with self._lock:
             found = [(self._chunks[c], self._vectors[c]) for c in chunk_ids if c in self._chunks]
-        return {c.chunk_id: StoredChunk(c.chunk_id, c.doc_id, c.title, c.breadcrumb, c.category, c.text,
-                                        c.content_hash, v) for c, v in found}
+        return {
+            c.chunk_id: StoredChunk(c.chunk_id, c.doc_id, c.title, c.breadcrumb, c.category, c.text, c.content_hash, v)
+            for c, v in found
+        }
 
     def count(self) -> int:
         """Number of chunks."""
@@ -108,8 +110,9 @@ class InMemoryStore:
                     break
         return hits
 
-    def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
-                       category: str | None = None) -> list[StoreHit]:
+    def search_lexical(
+        self, terms: Sequence[str], vector: np.ndarray, top_k: int, category: str | None = None
+    ) -> list[StoreHit]:
         """Top-k by BM25 over ``terms`` (only chunks containing a term), each with its cosine."""
         if not terms:
             return []
@@ -176,7 +179,16 @@ class InMemoryStore:
 
 
 def _hit(chunk: Chunk, cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
-    return StoreHit(chunk_id=chunk.chunk_id, doc_id=chunk.doc_id, title=chunk.title,
-                    breadcrumb=chunk.breadcrumb, category=chunk.category, text=chunk.text,
-                    raw_score=finite_score(cosine), score_label=SCORE_LABEL, similarity=cosine_to_similarity(cosine),
-                    channel=channel, lexical_score=lexical_score)
+    return StoreHit(
+        chunk_id=chunk.chunk_id,
+        doc_id=chunk.doc_id,
+        title=chunk.title,
+        breadcrumb=chunk.breadcrumb,
+        category=chunk.category,
+        text=chunk.text,
+        raw_score=finite_score(cosine),
+        score_label=SCORE_LABEL,
+        similarity=cosine_to_similarity(cosine),
+        channel=channel,
+        lexical_score=lexical_score,
+    )

@@ -52,8 +52,14 @@ _quiet_pymilvus()
 SCORE_LABEL = "milvus_cosine_similarity[-1,1]"
 # VARCHAR max_length in Milvus counts UTF-8 bytes, not characters.
 VARCHAR_LIMITS = {
-    "chunk_id": 64, "doc_id": 1024, "title": 1024, "breadcrumb": 4096,
-    "category": 512, "text": 65535, "content_hash": 64, "lexical": 65535,
+    "chunk_id": 64,
+    "doc_id": 1024,
+    "title": 1024,
+    "breadcrumb": 4096,
+    "category": 512,
+    "text": 65535,
+    "content_hash": 64,
+    "lexical": 65535,
 }
 MODEL_SUFFIX = "__model"
 _OUTPUT = ["chunk_id", "doc_id", "title", "breadcrumb", "category", "text"]
@@ -73,9 +79,16 @@ def escape_filter_value(value: str) -> str:
 
 def check_varchar_limits(chunk: Chunk, lexical: str) -> None:
     """ValueError naming the chunk and field when a value exceeds its VARCHAR limit in UTF-8 bytes."""
-    values = {"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "title": chunk.title,
-              "breadcrumb": chunk.breadcrumb, "category": chunk.category, "text": chunk.text,
-              "content_hash": chunk.content_hash, "lexical": lexical}
+    values = {
+        "chunk_id": chunk.chunk_id,
+        "doc_id": chunk.doc_id,
+        "title": chunk.title,
+        "breadcrumb": chunk.breadcrumb,
+        "category": chunk.category,
+        "text": chunk.text,
+        "content_hash": chunk.content_hash,
+        "lexical": lexical,
+    }
     for field, value in values.items():
         size = len(value.encode("utf-8"))
         if size > VARCHAR_LIMITS[field]:
@@ -129,10 +142,18 @@ class MilvusStore:
     name = "milvus"
     score_label = SCORE_LABEL
 
-    def __init__(self, uri: str, collection: str, token: str | None = None,
-                 index_type: str = "FLAT", timeout: float = 10.0, *,
-                 index: IndexSettings | None = None, embedded_dir: Path | None = None,
-                 idle_stop_seconds: float = 0.0):
+    def __init__(
+        self,
+        uri: str,
+        collection: str,
+        token: str | None = None,
+        index_type: str = "FLAT",
+        timeout: float = 10.0,
+        *,
+        index: IndexSettings | None = None,
+        embedded_dir: Path | None = None,
+        idle_stop_seconds: float = 0.0,
+    ):
         self.uri = uri
         self.collection = collection
         self.index = index or IndexSettings(index_type=index_type)
@@ -154,11 +175,21 @@ class MilvusStore:
     @classmethod
     def from_settings(cls, settings: RagSettings) -> MilvusStore:
         token = settings.milvus_token.get_secret_value() if settings.milvus_token else None
-        index = IndexSettings(index_type=settings.milvus_index, hnsw_ef=settings.milvus_hnsw_ef,
-                              ivf_nlist=settings.milvus_ivf_nlist, ivf_nprobe=settings.milvus_ivf_nprobe)
+        index = IndexSettings(
+            index_type=settings.milvus_index,
+            hnsw_ef=settings.milvus_hnsw_ef,
+            ivf_nlist=settings.milvus_ivf_nlist,
+            ivf_nprobe=settings.milvus_ivf_nprobe,
+        )
         if settings.milvus_embedded:
-            return cls("", settings.collection, token, index=index, embedded_dir=settings.data_dir,
-                       idle_stop_seconds=settings.embedded_idle_stop_seconds)
+            return cls(
+                "",
+                settings.collection,
+                token,
+                index=index,
+                embedded_dir=settings.data_dir,
+                idle_stop_seconds=settings.embedded_idle_stop_seconds,
+            )
         return cls(settings.milvus_target, settings.collection, token, index=index)
 
     @property
@@ -188,9 +219,12 @@ class MilvusStore:
                 # A dedicated channel without client keepalive pings: Milvus Lite's embedded
                 # server drops connections that ping while idle ("too_many_pings"), and the
                 # shared per-URI channel would then fail every later call of the process.
-                kwargs = {"uri": self.uri, "timeout": self._timeout, "dedicated": True,
-                          "grpc_options": {"grpc.keepalive_permit_without_calls": False,
-                                           "grpc.keepalive_time_ms": 2**31 - 1}}
+                kwargs = {
+                    "uri": self.uri,
+                    "timeout": self._timeout,
+                    "dedicated": True,
+                    "grpc_options": {"grpc.keepalive_permit_without_calls": False, "grpc.keepalive_time_ms": 2**31 - 1},
+                }
                 if self._token:
                     kwargs["token"] = self._token
                 self._client = MilvusClient(**kwargs)
@@ -214,8 +248,9 @@ class MilvusStore:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(f"Milvus {what} failed on {self.collection!r} after restarting the embedded "
-                             f"server: {_brief(exc)}") from None
+            raise StoreError(
+                f"Milvus {what} failed on {self.collection!r} after restarting the embedded server: {_brief(exc)}"
+            ) from None
 
     def _recovered_server(self, used_pid: int | None) -> bool:
         """After a call on the embedded server ``used_pid`` failed: True when that server had
@@ -229,16 +264,19 @@ class MilvusStore:
         with self._reconnect_lock:  # several threads may fail at once: one reconnects
             if self._server_pid == state.pid and self._client is not None:
                 return True
-            log.warning("the embedded Milvus (pid %s) was gone; reconnecting to pid %d at %s",
-                        used_pid, state.pid, state.uri)
+            log.warning(
+                "the embedded Milvus (pid %s) was gone; reconnecting to pid %d at %s", used_pid, state.pid, state.uri
+            )
             self._drop_client()
             client = self._connect()
             try:
                 if self._loaded and client.has_collection(self.collection):
                     client.load_collection(self.collection)
             except Exception as exc:
-                raise StoreError(f"Milvus load_collection failed on {self.collection!r} after restarting "
-                                 f"the embedded server: {_brief(exc)}") from None
+                raise StoreError(
+                    f"Milvus load_collection failed on {self.collection!r} after restarting "
+                    f"the embedded server: {_brief(exc)}"
+                ) from None
         return True
 
     def _drop_client(self) -> None:
@@ -285,15 +323,27 @@ class MilvusStore:
         schema.add_field("chunk_id", DataType.VARCHAR, is_primary=True, max_length=VARCHAR_LIMITS["chunk_id"])
         for name in ("doc_id", "title", "breadcrumb", "category", "text", "content_hash"):
             schema.add_field(name, DataType.VARCHAR, max_length=VARCHAR_LIMITS[name])
-        schema.add_field("lexical", DataType.VARCHAR, max_length=VARCHAR_LIMITS["lexical"],
-                         enable_analyzer=True, analyzer_params={"tokenizer": "standard"})
+        schema.add_field(
+            "lexical",
+            DataType.VARCHAR,
+            max_length=VARCHAR_LIMITS["lexical"],
+            enable_analyzer=True,
+            analyzer_params={"tokenizer": "standard"},
+        )
         schema.add_field("sparse", DataType.SPARSE_FLOAT_VECTOR)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
-        schema.add_function(Function(name="bm25", function_type=FunctionType.BM25,
-                                     input_field_names=["lexical"], output_field_names=["sparse"]))
+        schema.add_function(
+            Function(
+                name="bm25",
+                function_type=FunctionType.BM25,
+                input_field_names=["lexical"],
+                output_field_names=["sparse"],
+            )
+        )
         index = client.prepare_index_params()
-        index.add_index("vector", index_type=self.index.index_type, metric_type="COSINE",
-                        params=self.index.build_params())
+        index.add_index(
+            "vector", index_type=self.index.index_type, metric_type="COSINE", params=self.index.build_params()
+        )
         index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
         index.add_index("doc_id", index_type="INVERTED")
         index.add_index("category", index_type="INVERTED")
@@ -314,8 +364,10 @@ class MilvusStore:
     def _ready(self) -> None:
         if not self._loaded:
             if not self.exists():
-                raise StoreError(f"Milvus collection {self.collection!r} does not exist at "
-                                 f"{redact_dsn(self.uri)}: run `rag ingest` first")
+                raise StoreError(
+                    f"Milvus collection {self.collection!r} does not exist at "
+                    f"{redact_dsn(self.uri)}: run `rag ingest` first"
+                )
             self._ensure_loaded()
 
     # --- writes -----------------------------------------------------------------------------
@@ -329,13 +381,22 @@ class MilvusStore:
         for chunk, vector in zip(chunks, vectors, strict=True):
             lexical = lexical_string(chunk.embed_text)
             check_varchar_limits(chunk, lexical)
-            rows.append({"chunk_id": chunk.chunk_id, "doc_id": chunk.doc_id, "title": chunk.title,
-                         "breadcrumb": chunk.breadcrumb, "category": chunk.category,
-                         "text": chunk.text, "content_hash": chunk.content_hash,
-                         "lexical": lexical, "vector": vector.tolist()})
+            rows.append(
+                {
+                    "chunk_id": chunk.chunk_id,
+                    "doc_id": chunk.doc_id,
+                    "title": chunk.title,
+                    "breadcrumb": chunk.breadcrumb,
+                    "category": chunk.category,
+                    "text": chunk.text,
+                    "content_hash": chunk.content_hash,
+                    "lexical": lexical,
+                    "vector": vector.tolist(),
+                }
+            )
         self._ready()
         for i in range(0, len(rows), UPSERT_ROWS):
-            part = rows[i:i + UPSERT_ROWS]
+            part = rows[i : i + UPSERT_ROWS]
             self._call("upsert", lambda c, part=part: c.upsert(self.collection, part))
             self.pending_rows += len(part)
 
@@ -386,8 +447,12 @@ class MilvusStore:
 
         def scan(client):
             out: dict[str, tuple[str, str]] = {}
-            it = client.query_iterator(self.collection, batch_size=1000, filter='chunk_id != ""',
-                                       output_fields=["chunk_id", "doc_id", "content_hash"])
+            it = client.query_iterator(
+                self.collection,
+                batch_size=1000,
+                filter='chunk_id != ""',
+                output_fields=["chunk_id", "doc_id", "content_hash"],
+            )
             while batch := it.next():
                 for row in batch:
                     out[row["chunk_id"]] = (row["doc_id"], row["content_hash"])
@@ -401,12 +466,23 @@ class MilvusStore:
         if not chunk_ids or not self.exists():
             return {}
         self._ready()
-        rows = self._call("get", lambda c: c.get(self.collection, ids=list(chunk_ids),
-                                                 output_fields=[*_OUTPUT, "content_hash", "vector"]))
-        return {r["chunk_id"]: StoredChunk(
-            chunk_id=r["chunk_id"], doc_id=r["doc_id"], title=r["title"], breadcrumb=r["breadcrumb"],
-            category=r["category"], text=r["text"], content_hash=r["content_hash"],
-            vector=np.asarray(r["vector"], dtype=np.float32)) for r in rows}
+        rows = self._call(
+            "get",
+            lambda c: c.get(self.collection, ids=list(chunk_ids), output_fields=[*_OUTPUT, "content_hash", "vector"]),
+        )
+        return {
+            r["chunk_id"]: StoredChunk(
+                chunk_id=r["chunk_id"],
+                doc_id=r["doc_id"],
+                title=r["title"],
+                breadcrumb=r["breadcrumb"],
+                category=r["category"],
+                text=r["text"],
+                content_hash=r["content_hash"],
+                vector=np.asarray(r["vector"], dtype=np.float32),
+            )
+            for r in rows
+        }
 
     def count(self) -> int:
         if not self.exists():
@@ -419,24 +495,41 @@ class MilvusStore:
         """Top-k by COSINE similarity (raw score in [-1, 1]); ``category`` filters exactly."""
         q = check_query_vector(vector)
         self._ready()
-        res = self._call("search", lambda c: c.search(
-            self.collection, data=[q.tolist()], anns_field="vector", limit=top_k,
-            filter=_category_filter(category), output_fields=_OUTPUT,
-            search_params=self.index.search_params(top_k)))
+        res = self._call(
+            "search",
+            lambda c: c.search(
+                self.collection,
+                data=[q.tolist()],
+                anns_field="vector",
+                limit=top_k,
+                filter=_category_filter(category),
+                output_fields=_OUTPUT,
+                search_params=self.index.search_params(top_k),
+            ),
+        )
         return [_hit(h, finite_score(h["distance"]), "dense") for h in res[0]]
 
-    def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
-                       category: str | None = None) -> list[StoreHit]:
+    def search_lexical(
+        self, terms: Sequence[str], vector: np.ndarray, top_k: int, category: str | None = None
+    ) -> list[StoreHit]:
         """Top-k by BM25 over the lexical column; each hit's cosine to ``vector`` is computed
         from the stored vector so both channels share one similarity scale."""
         if not terms:
             return []
         vector = check_query_vector(vector)
         self._ready()
-        res = self._call("search", lambda c: c.search(
-            self.collection, data=[" ".join(terms)], anns_field="sparse", limit=top_k,
-            filter=_category_filter(category), output_fields=[*_OUTPUT, "vector"],
-            search_params={"metric_type": "BM25"}))
+        res = self._call(
+            "search",
+            lambda c: c.search(
+                self.collection,
+                data=[" ".join(terms)],
+                anns_field="sparse",
+                limit=top_k,
+                filter=_category_filter(category),
+                output_fields=[*_OUTPUT, "vector"],
+                search_params={"metric_type": "BM25"},
+            ),
+        )
         hits = []
         for h in res[0]:
             cosine = float(np.dot(np.asarray(h["entity"]["vector"], dtype=np.float32), vector))
@@ -446,7 +539,6 @@ class MilvusStore:
     def close(self) -> None:
         self._drop_client()
         self._loaded = False
-
 
     # --- the model the collection was built with (a one-row side collection) -------------
 
@@ -461,8 +553,9 @@ class MilvusStore:
         or unrecorded (built before models were recorded). StoreError when unreachable."""
         if not self.exists() or not self._call("has_collection", lambda c: c.has_collection(self.model_collection)):
             return None
-        rows = self._call("query", lambda c: c.query(self.model_collection, filter='key == "model"',
-                                                      output_fields=["identity"]))
+        rows = self._call(
+            "query", lambda c: c.query(self.model_collection, filter='key == "model"', output_fields=["identity"])
+        )
         if not rows:
             return None
         try:
@@ -490,17 +583,26 @@ class MilvusStore:
         client.upsert(self.model_collection, [{"key": "model", "identity": value, "vector": [0.0, 1.0]}])
         client.flush(self.model_collection)
 
+
 def _category_filter(category: str | None) -> str:
     return f"category == {escape_filter_value(category)}" if category else ""
 
 
 def _hit(h: dict, cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
     e = h["entity"]
-    return StoreHit(chunk_id=e.get("chunk_id", h.get("chunk_id", h.get("id"))), doc_id=e["doc_id"],
-                    title=e["title"], breadcrumb=e["breadcrumb"], category=e["category"],
-                    text=e["text"], raw_score=finite_score(cosine), score_label=SCORE_LABEL,
-                    similarity=cosine_to_similarity(cosine), channel=channel,
-                    lexical_score=lexical_score)
+    return StoreHit(
+        chunk_id=e.get("chunk_id", h.get("chunk_id", h.get("id"))),
+        doc_id=e["doc_id"],
+        title=e["title"],
+        breadcrumb=e["breadcrumb"],
+        category=e["category"],
+        text=e["text"],
+        raw_score=finite_score(cosine),
+        score_label=SCORE_LABEL,
+        similarity=cosine_to_similarity(cosine),
+        channel=channel,
+        lexical_score=lexical_score,
+    )
 
 
 def _brief(exc: Exception) -> str:

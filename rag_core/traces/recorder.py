@@ -57,8 +57,20 @@ def trace_row(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # Exact key names only: "tokens" (query tokens) and the like are ordinary trace data.
-_SECRET_KEYS = frozenset({"password", "passwd", "secret", "token", "api_key", "apikey",
-                          "access_token", "authorization", "milvus_token", "pg_dsn"})
+_SECRET_KEYS = frozenset(
+    {
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "api_key",
+        "apikey",
+        "access_token",
+        "authorization",
+        "milvus_token",
+        "pg_dsn",
+    }
+)
 
 
 def _scrub(value: Any) -> Any:
@@ -82,9 +94,17 @@ class ToolInvocationRecorder:
     (``queue_size`` rows) is full it appends to the spool directly.
     """
 
-    def __init__(self, store_factory: Callable[[], TraceStore] | None, spool_path: Path, *,
-                 queue_size: int = 10_000, batch_size: int = 200, retry_interval: float = 2.0,
-                 max_retry_interval: float = 60.0, poll_interval: float = 0.2):
+    def __init__(
+        self,
+        store_factory: Callable[[], TraceStore] | None,
+        spool_path: Path,
+        *,
+        queue_size: int = 10_000,
+        batch_size: int = 200,
+        retry_interval: float = 2.0,
+        max_retry_interval: float = 60.0,
+        poll_interval: float = 0.2,
+    ):
         self._factory = store_factory
         self._spool = JsonlSpool(Path(spool_path))
         self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
@@ -146,8 +166,9 @@ class ToolInvocationRecorder:
                 self._flush_requests += 1
             request = self._flush_requests
             done = self._cond.wait_for(
-                lambda: (self._settled >= target and self._flush_served >= request)
-                or not self._thread.is_alive(), timeout)
+                lambda: (self._settled >= target and self._flush_served >= request) or not self._thread.is_alive(),
+                timeout,
+            )
         return bool(done) and self._settled >= target and not self._overflow
 
     def close(self, timeout: float = 5.0) -> None:
@@ -170,9 +191,13 @@ class ToolInvocationRecorder:
             self._spill(leftover)
         if self._overflow:
             # Once, loudly: these rows exist only in this process and are about to be lost.
-            log.error("%d trace row(s) LOST at exit: the trace store is unavailable and the spool %s "
-                      "cannot be written (%s); check RAG_DATA_DIR permissions",
-                      len(self._overflow), self._spool.path, self._spool_error)
+            log.error(
+                "%d trace row(s) LOST at exit: the trace store is unavailable and the spool %s "
+                "cannot be written (%s); check RAG_DATA_DIR permissions",
+                len(self._overflow),
+                self._spool.path,
+                self._spool_error,
+            )
         self._drop_store()
         with contextlib.suppress(Exception):
             atexit.unregister(self._close_at_exit)
@@ -185,8 +210,9 @@ class ToolInvocationRecorder:
             self._spool.append(rows)
         except (OSError, Timeout, TypeError, ValueError) as exc:
             if self._spool_error is None:  # reported once, not per row
-                log.error("trace spool %s not writable (%s); keeping trace rows in memory until it is",
-                          self._spool.path, exc)
+                log.error(
+                    "trace spool %s not writable (%s); keeping trace rows in memory until it is", self._spool.path, exc
+                )
             self._spool_error = str(exc)
             self._keep_in_memory(rows)
             return
@@ -264,7 +290,7 @@ class ToolInvocationRecorder:
             for path in self._spool.claim():
                 rows = self._spool.read(path)
                 for start in range(0, len(rows), _REPLAY_BATCH):
-                    _insert(store, rows[start:start + _REPLAY_BATCH])
+                    _insert(store, rows[start : start + _REPLAY_BATCH])
                 path.unlink(missing_ok=True)
                 log.info("replayed %d trace rows from the spool", len(rows))
         except StoreError as exc:
@@ -308,8 +334,12 @@ class ToolInvocationRecorder:
             self._store = None
 
 
-@retry(retry=retry_if_exception_type(StoreError), stop=stop_after_attempt(2),
-       wait=wait_exponential(multiplier=0.1, max=0.5), reraise=True)
+@retry(
+    retry=retry_if_exception_type(StoreError),
+    stop=stop_after_attempt(2),
+    wait=wait_exponential(multiplier=0.1, max=0.5),
+    reraise=True,
+)
 def _insert(store: TraceStore, rows: list[dict[str, Any]]) -> None:
     """One retry for a blip (e.g. a connection reset); then the caller spools."""
     store.insert_many(rows)
@@ -361,7 +391,7 @@ class JsonlSpool:
     def _claimable(self) -> list[Path]:
         out = []
         for path in self.path.parent.glob(f"{self.path.name}.*.replay"):
-            pid = path.name[len(self.path.name) + 1:].split(".")[0]
+            pid = path.name[len(self.path.name) + 1 :].split(".")[0]
             if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
                 out.append(path)
         return out

@@ -51,8 +51,7 @@ TRACE_COLUMNS: dict[str, str] = {
     "latency_ms": "double precision",
     "created_at": "timestamptz NOT NULL DEFAULT now()",
 }
-_TEXT_COLUMNS = ("session_id", "tool_name", "input", "output_preview", "retrieval_layer",
-                 "status", "error")
+_TEXT_COLUMNS = ("session_id", "tool_name", "input", "output_preview", "retrieval_layer", "status", "error")
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BATCH = 500
 
@@ -66,30 +65,43 @@ class TraceStore:
     method raises StoreError, without passwords, when PostgreSQL is unreachable.
     """
 
-    def __init__(self, dsn: str, table: str = "tool_invocation", *, pool_size: int = 4,
-                 connect_timeout: float = 5.0, statement_timeout_ms: int = 0):
+    def __init__(
+        self,
+        dsn: str,
+        table: str = "tool_invocation",
+        *,
+        pool_size: int = 4,
+        connect_timeout: float = 5.0,
+        statement_timeout_ms: int = 0,
+    ):
         if not _TABLE_NAME.match(table):
             raise ValueError(f"table name {table!r} must match {_TABLE_NAME.pattern}")
         self.table = table
         self._dsn = dsn
         self._ident = sql.Identifier(table)
-        self._pool = PgConnectionPool(dsn, max_size=pool_size, connect_timeout=connect_timeout,
-                                      statement_timeout_ms=statement_timeout_ms)
+        self._pool = PgConnectionPool(
+            dsn, max_size=pool_size, connect_timeout=connect_timeout, statement_timeout_ms=statement_timeout_ms
+        )
 
     @classmethod
     def from_settings(cls, settings: RagSettings) -> TraceStore:
         """The trace store on ``settings.pg_dsn`` or the embedded server (which this may start;
         StoreError when it cannot)."""
-        return cls(resolve_dsn(settings), connect_timeout=settings.pg_connect_timeout_s,
-                   statement_timeout_ms=settings.pg_statement_timeout_ms)
+        return cls(
+            resolve_dsn(settings),
+            connect_timeout=settings.pg_connect_timeout_s,
+            statement_timeout_ms=settings.pg_statement_timeout_ms,
+        )
 
     def __repr__(self) -> str:
         return f"TraceStore({redacted(self._dsn)!r}, table={self.table!r})"
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
         return self._pool.run_mapped(
-            f"trace {action} on {self.table!r}", fn,
-            f"trace table {self.table!r} does not exist in {redacted(self._dsn)}: call ensure_schema() first")
+            f"trace {action} on {self.table!r}",
+            fn,
+            f"trace table {self.table!r} does not exist in {redacted(self._dsn)}: call ensure_schema() first",
+        )
 
     def ensure_schema(self) -> None:
         """Create the table and its indexes, adding columns an older table lacks.
@@ -97,10 +109,10 @@ class TraceStore:
         Idempotent and safe from several processes at once; existing rows are kept (a new
         ``created_at`` column is filled with the migration time).
         """
+
         def migrate(conn: psycopg.Connection) -> None:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))",
-                             (f"rag_core:traces:{self.table}",))
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_core:traces:{self.table}",))
                 for statement in self._ddl():
                     conn.execute(statement)
 
@@ -111,11 +123,17 @@ class TraceStore:
         statements = [sql.SQL("CREATE TABLE IF NOT EXISTS {t} (id text PRIMARY KEY)").format(t=t)]
         for name, kind in TRACE_COLUMNS.items():
             if name != "id":
-                statements.append(sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {c} {k}").format(
-                    t=t, c=sql.Identifier(name), k=sql.SQL(kind)))
+                statements.append(
+                    sql.SQL("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {c} {k}").format(
+                        t=t, c=sql.Identifier(name), k=sql.SQL(kind)
+                    )
+                )
         for column in ("created_at", "session_id"):
-            statements.append(sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} ({c})").format(
-                i=sql.Identifier(f"{self.table}_{column}"[:63]), t=t, c=sql.Identifier(column)))
+            statements.append(
+                sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} ({c})").format(
+                    i=sql.Identifier(f"{self.table}_{column}"[:63]), t=t, c=sql.Identifier(column)
+                )
+            )
         return statements
 
     def insert_many(self, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -128,14 +146,14 @@ class TraceStore:
             return
         params = [_params(r) for r in rows]
         cols = sql.SQL(", ").join(map(sql.Identifier, TRACE_COLUMNS))
-        statement = sql.SQL("INSERT INTO {t} ({cols}) VALUES ({vals}) ON CONFLICT (id) DO NOTHING"
-                            ).format(t=self._ident, cols=cols,
-                                     vals=sql.SQL(", ").join(sql.Placeholder() * len(TRACE_COLUMNS)))
+        statement = sql.SQL("INSERT INTO {t} ({cols}) VALUES ({vals}) ON CONFLICT (id) DO NOTHING").format(
+            t=self._ident, cols=cols, vals=sql.SQL(", ").join(sql.Placeholder() * len(TRACE_COLUMNS))
+        )
 
         def write(conn: psycopg.Connection) -> None:
             with conn.transaction(), conn.cursor() as cur:
                 for start in range(0, len(params), _BATCH):
-                    cur.executemany(statement, params[start:start + _BATCH])
+                    cur.executemany(statement, params[start : start + _BATCH])
 
         self._run("insert", write)
 
@@ -149,8 +167,9 @@ class TraceStore:
 
         Half-open, so consecutive daily partitions never share a row.
         """
-        statement = sql.SQL("SELECT * FROM {t} WHERE created_at >= %s AND created_at < %s "
-                            "ORDER BY created_at, id").format(t=self._ident)
+        statement = sql.SQL(
+            "SELECT * FROM {t} WHERE created_at >= %s AND created_at < %s ORDER BY created_at, id"
+        ).format(t=self._ident)
         return self._select(statement, (_aware(start), _aware(end)))
 
     def _select(self, statement: sql.Composed, params: tuple) -> list[dict[str, Any]]:
