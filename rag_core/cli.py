@@ -6,19 +6,23 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 
+from rag_core.cli_views import table
 from rag_core.settings import RagSettings
+
+if TYPE_CHECKING:
+    from rag_core.embedding import Embedder
 
 app = typer.Typer(help="Knowledge retrieval for agents (lookup_knowledge).", no_args_is_help=True)
 console = Console()
 
 
-def settings_or_exit(**overrides) -> RagSettings:
+def settings_or_exit(**overrides: Any) -> RagSettings:
     """Settings from the environment; an invalid value exits 2 with the setting named."""
     try:
         return RagSettings(**{k: v for k, v in overrides.items() if v is not None})
@@ -29,7 +33,7 @@ def settings_or_exit(**overrides) -> RagSettings:
         raise typer.Exit(2) from None
 
 
-def embedder_or_exit(settings: RagSettings):
+def embedder_or_exit(settings: RagSettings) -> Embedder:
     """The configured embedder; a model that cannot load exits 2 with one line naming the setting."""
     from rag_core.components import make_embedder
     from rag_core.embedding import EmbedderLoadError
@@ -138,7 +142,10 @@ def lookup(
 
 
 @app.command()
-def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent invocations")) -> None:
+def traces(
+    last: int = typer.Option(10, "--last", min=1, help="How many recent invocations"),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON (whole, not truncated)"),
+) -> None:
     """Show the most recent tool_invocation rows."""
     from rag_core.stores.base import StoreError
     from rag_core.stores.pgserver import resolve_dsn
@@ -152,9 +159,12 @@ def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent i
     except StoreError as exc:  # PostgreSQL down: one line (the DSN's password redacted)
         console.print(f"[red]traces unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    table = Table("created_at", "session", "layer", "status", "latency ms", "input", "error")
+    if as_json:
+        print(json.dumps(rows, indent=2, ensure_ascii=False, default=str))
+        return
+    t = table("created_at", "session", "layer", "status", "latency ms", "input", "error")
     for r in rows:
-        table.add_row(
+        t.add_row(
             str(r["created_at"])[:19],
             r["session_id"] or "",
             r["retrieval_layer"] or "",
@@ -163,16 +173,23 @@ def traces(last: int = typer.Option(10, "--last", min=1, help="How many recent i
             (r["input"] or "")[:60],
             (r["error"] or "")[:60],
         )
-    console.print(table)
+    console.print(t)
 
 
 @app.command()
-def compare(query: str = typer.Argument(..., help="Question or alert text")) -> None:
+def compare(
+    query: str = typer.Argument(..., help="Question or alert text"),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON"),
+) -> None:
     """Query the Milvus main path and the pgvector sidecar side by side."""
     from rag_core.cli_views import print_compare
     from rag_core.compare import compare_paths
 
-    print_compare(console, compare_paths(settings_or_exit(), query))
+    comparison = compare_paths(settings_or_exit(), query)
+    if as_json:
+        print(json.dumps(comparison, indent=2, ensure_ascii=False))
+    else:
+        print_compare(console, comparison)
 
 
 @app.command()
@@ -217,7 +234,7 @@ server_app = typer.Typer(help="The embedded Milvus and PostgreSQL servers of the
 app.add_typer(server_app, name="server")
 
 
-def _server_rows(settings: RagSettings) -> list[dict]:
+def _server_rows(settings: RagSettings) -> list[dict[str, Any]]:
     from rag_core.stores import milvus_server
     from rag_core.stores.pgserver import embedded_status
 
@@ -242,10 +259,10 @@ def _server_rows(settings: RagSettings) -> list[dict]:
     return rows
 
 
-def _print_servers(rows: list[dict], title: str) -> None:
-    table = Table("server", "state", "pid", "uri", "engine", "uptime s", "data", title=title)
+def _print_servers(rows: list[dict[str, Any]], title: str) -> None:
+    t = table("server", "state", "pid", "uri", "engine", "uptime s", "data", title=title)
     for r in rows:
-        table.add_row(
+        t.add_row(
             r["server"],
             "running" if r["running"] else "not running",
             str(r.get("pid", "")),
@@ -254,7 +271,7 @@ def _print_servers(rows: list[dict], title: str) -> None:
             f"{r['uptime_s']:.0f}" if "uptime_s" in r else "",
             r.get("db_path") or r.get("data_dir", ""),
         )
-    console.print(table)
+    console.print(t)
 
 
 @server_app.command("status")

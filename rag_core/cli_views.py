@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from rag_core.ingest.pipeline import IngestReport
-from rag_core.lookup.contracts import LookupResult
+if TYPE_CHECKING:  # annotations only: `rag --help` stays light
+    from rag_core.ingest.pipeline import IngestReport
+    from rag_core.lookup.contracts import LookupResult
+
+
+def table(*columns: str, title: str | None = None) -> Table:
+    """A rich table whose cells wrap (fold) instead of being cut with an ellipsis: doc ids and
+    breadcrumbs stay whole when the output is narrow or piped (rich assumes 80 columns then)."""
+    t = Table(title=title)
+    for column in columns:
+        t.add_column(column, overflow="fold")
+    return t
 
 
 def print_ingest_report(console: Console, report: IngestReport) -> None:
@@ -16,7 +28,7 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
         f"{report.documents_seen} documents, {report.chunks_total} chunks, "
         f"{report.chunks_embedded} embedded ({report.embedding_cache_hits} from the embedding cache)"
     )
-    t = Table("store", "added", "updated", "removed", "unchanged")
+    t = table("store", "added", "updated", "removed", "unchanged")
     for name, c in report.stores.items():
         t.add_row(name, str(c.added), str(c.updated), str(c.removed), str(c.unchanged))
     console.print(t)
@@ -26,7 +38,7 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
         )
     for title, issues in (("Skipped", report.skipped), ("Warnings (ingested)", report.warnings)):
         if issues:
-            s = Table("document", "line", "heading", "reason", title=title)
+            s = table("document", "line", "heading", "reason", title=title)
             for issue in issues:
                 s.add_row(issue.path, str(issue.line or ""), issue.heading or "", issue.reason)
             console.print(s)
@@ -52,7 +64,7 @@ def print_lookup(console: Console, result: LookupResult) -> None:
     if rt.sidecar.status != "disabled":
         console.print(f"  sidecar: {rt.sidecar.status} {rt.sidecar.reason or ''} {rt.sidecar.top_sources}")
     rerank = {r.source: r for r in result.rerank_trace}
-    t = Table("#", "source", "breadcrumb", "layer", "score", "final", "hit reasons / rerank")
+    t = table("#", "source", "breadcrumb", "layer", "score", "final", "hit reasons / rerank")
     for b in result.evidence_blocks:
         r = rerank.get(b.source)
         contrib = ", ".join(f"{k}+{v:.3f}" for k, v in r.contributions.items()) if r else ""
@@ -77,12 +89,12 @@ def print_lookup(console: Console, result: LookupResult) -> None:
     )
 
 
-def print_compare(console: Console, comparison: dict) -> None:
+def print_compare(console: Console, comparison: dict[str, Any]) -> None:
     console.print(
         f"[bold]{comparison['query']}[/bold]  sidecar: {comparison['sidecar_status']}"
         + (f" ({comparison['sidecar_reason']})" if comparison.get("sidecar_reason") else "")
     )
-    t = Table("rank", "milvus source", "breadcrumb", "score", "pgvector source", "breadcrumb", "score", "same")
+    t = table("rank", "milvus source", "breadcrumb", "score", "pgvector source", "breadcrumb", "score", "same")
     for row in comparison["rows"]:
         m, p = row.get("main") or {}, row.get("sidecar") or {}
         same = row["same_source"]
@@ -105,7 +117,7 @@ def print_compare(console: Console, comparison: dict) -> None:
     )
 
 
-def _score(c: dict) -> str:
+def _score(c: dict[str, Any]) -> str:
     if not c:
         return ""
     return f"{c['normalized_score']:.3f} ({c['raw_score']:.3f} {c['score_label'].split('[')[0]})"

@@ -88,3 +88,32 @@ def test_compare_paths_side_by_side(both, pg_dsn, pg_table):
     )
     assert down["sidecar_status"] in ("unavailable", "error") and down["rows"][0]["main"]
     assert "pw9" not in str(down)
+
+
+def test_rag_compare_json_and_narrow_table_keep_sources_whole(both, pg_dsn, pg_table, monkeypatch):
+    import io
+    import json
+
+    from pydantic import SecretStr
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    import rag_core.cli as cli
+
+    settings, main, _ = both
+    main.close()
+    cfg = settings.model_copy(update={"pg_dsn": SecretStr(pg_dsn), "pg_table": pg_table})
+    monkeypatch.setattr(cli, "settings_or_exit", lambda **_: cfg)
+    res = CliRunner().invoke(cli.app, ["compare", "--json", "kafka consumer lag keeps growing"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["rows"][0]["main"]["doc_id"] == "queues/KafkaConsumerLagHigh.md"
+    # piped output is narrow: cells wrap, and no doc id or breadcrumb is cut with an ellipsis
+    narrow = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=narrow, width=70))
+    res = CliRunner().invoke(cli.app, ["compare", "kafka consumer lag keeps growing"])
+    assert res.exit_code == 0, res.output
+    text = narrow.getvalue()
+    assert "…" not in text
+    column = "".join(line.split("│")[2].strip() for line in text.splitlines() if line.count("│") > 2)
+    assert "queues/KafkaConsumerLagHigh.md" in column  # the milvus source column, folded lines joined
