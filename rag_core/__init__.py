@@ -3,12 +3,14 @@
 Heavy dependencies (torch, pymilvus, psycopg) load only when a component is first used.
 """
 
+from typing import Any
+
 from rag_core.settings import RagSettings
 
 __all__ = ["RagSettings", "LookupKnowledgeTool", "LookupResult", "tool_definition"]
 
 
-def __getattr__(name):  # lazy: importing rag_core must stay cheap (e.g. for the evaluator)
+def __getattr__(name: str) -> Any:  # lazy: importing rag_core must stay cheap (e.g. for the evaluator)
     if name in ("LookupKnowledgeTool", "tool_definition"):
         from rag_core.lookup import tool
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rag_core.l0 import L0Index
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever
 from rag_core.settings import RagSettings
 
 
-def candidate_row(rank: int, c: Candidate) -> dict:
+def candidate_row(rank: int, c: Candidate) -> dict[str, Any]:
     """A path-neutral candidate: source, chunk, breadcrumb, category, rank, scores with label."""
     return {
         "rank": rank,
@@ -26,8 +28,9 @@ def candidate_row(rank: int, c: Candidate) -> dict:
     }
 
 
-def _doc_rows(cands: list[Candidate], k: int) -> list[dict]:
-    rows, seen = [], set()
+def _doc_rows(cands: list[Candidate], k: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
     for c in cands:
         if c.hit.doc_id not in seen:
             seen.add(c.hit.doc_id)
@@ -37,7 +40,7 @@ def _doc_rows(cands: list[Candidate], k: int) -> list[dict]:
     return rows
 
 
-def compare_paths(settings: RagSettings, query: str, k: int = 5) -> dict:
+def compare_paths(settings: RagSettings, query: str, k: int = 5) -> dict[str, Any]:
     """Both paths on the same query vector. The sidecar's failure is reported, never raised."""
     from rag_core.components import make_embedder, make_main_store, make_sidecar_store
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from rapidfuzz import fuzz, process
 
@@ -142,7 +143,7 @@ class L0Hints:
     def match_for(self, doc_id: str) -> DocMatch | None:
         return next((m for m in self.matches if m.doc_id == doc_id), None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

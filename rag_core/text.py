@@ -17,6 +17,7 @@ import logging
 import re
 import unicodedata
 from functools import lru_cache
+from typing import cast
 
 import jieba
 import Stemmer
@@ -55,7 +56,7 @@ _stem_lock = __import__("threading").Lock()
 def stem(word: str) -> str:
     """Snowball (Porter 2) English stem of a lower-case word: ``failing``/``failed`` -> ``fail``."""
     with _stem_lock:  # PyStemmer objects are not thread-safe
-        return _STEMMER.stemWord(word)
+        return cast(str, _STEMMER.stemWord(word))  # PyStemmer has no type stubs
 
 
 def split_camel(word: str) -> list[str]:

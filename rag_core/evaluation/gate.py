@@ -11,11 +11,15 @@ depend on a p-value threshold).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from rag_core.evaluation.evaluator import CaseResult, EvaluationReport, HitLevel
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 __all__ = [
     "GATE_K",
@@ -149,7 +153,7 @@ def _change(base: CaseResult, cur: CaseResult) -> CaseChange | None:
     )
 
 
-def _sign_flip_p_value(diffs, seed: int):
+def _sign_flip_p_value(diffs: npt.NDArray[np.float64], seed: int) -> float:
     """Two-sided p-value of |mean(diffs)| under random sign flips (see ``PairedTest``)."""
     import numpy as np
 

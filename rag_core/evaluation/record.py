@@ -22,6 +22,7 @@ from rag_core.evaluation.fixtures import write_fixture, write_manifest
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
 if TYPE_CHECKING:
+    from rag_core.embedding.base import Embedder
     from rag_core.lookup.contracts import LookupResult
     from rag_core.lookup.retriever import Candidate
     from rag_core.lookup.tool import LookupKnowledgeTool
@@ -48,7 +49,7 @@ def git_commit() -> str | None:
         return None
 
 
-def make_tool_for_path(settings: RagSettings, path: PathName, embedder=None):
+def make_tool_for_path(settings: RagSettings, path: PathName, embedder: Embedder | None = None) -> LookupKnowledgeTool:
     """A LookupKnowledgeTool whose L1 store is ``path``'s store (no sidecar beside it).
 
     Raises StoreError (or what the store raises) when that path cannot be opened.
@@ -62,8 +63,13 @@ def make_tool_for_path(settings: RagSettings, path: PathName, embedder=None):
 
 
 def record_fixtures(
-    settings: RagSettings, path: PathName, cases_file: Path, out_dir: Path, embedder=None, progress: bool = True
-) -> dict:
+    settings: RagSettings,
+    path: PathName,
+    cases_file: Path,
+    out_dir: Path,
+    embedder: Embedder | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Write ``<out_dir>/<case_id>.json`` for every case and ``manifest.json``.
 
     When the path cannot be opened, only a manifest with ``path_status.status="unavailable"``
@@ -74,7 +80,7 @@ def record_fixtures(
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in out_dir.glob("*.json"):
         old.unlink()
-    manifest = {
+    manifest: dict[str, Any] = {
         "path": path,
         "corpus_hash": corpus_hash(Path(settings.knowledge_dir)),
         "model_id": settings.embedding_model or None,

@@ -138,6 +138,15 @@ def _path_name(report: EvaluationReport | None, fallback: str) -> str:
 _Row = tuple[str, Callable[[MetricSummary], str], Callable[[MetricSummary], float | None], str]
 
 
+def _recall_row(k: int) -> _Row:
+    return (
+        f"recall@{k}",
+        lambda s: _num(s.recall_at_k.get(k)),
+        lambda s: s.recall_at_k.get(k),
+        f"share of run cases with an expected doc in the top {k} docs (hit rate, 0–1)",
+    )
+
+
 def _summary_row_specs(ks: Sequence[int], strong_k: int) -> list[_Row]:
     rows: list[_Row] = [
         (
@@ -171,15 +180,7 @@ def _summary_row_specs(ks: Sequence[int], strong_k: int) -> list[_Row]:
             "no usable fixture (see reasons); not in the rates",
         ),
     ]
-    for k in ks:
-        rows.append(
-            (
-                f"recall@{k}",
-                lambda s, k=k: _num(s.recall_at_k.get(k)),
-                lambda s, k=k: s.recall_at_k.get(k),
-                f"share of run cases with an expected doc in the top {k} docs (hit rate, 0–1)",
-            )
-        )
+    rows += [_recall_row(k) for k in ks]
     rows += [
         (
             "MRR",
@@ -272,7 +273,7 @@ def _regenerate_line(report: EvaluationReport, name: str, out_dir: Path) -> str:
     )
 
 
-def _case_rows(cases: Sequence[CaseResult]) -> list[list[str]]:
+def _case_rows(cases: Sequence[CaseResult]) -> list[list[str | None]]:  # None: _cell shows —
     return [
         [
             f"`{c.case_id}`",
@@ -417,8 +418,9 @@ def write_recall_chart(reports: Sequence[EvaluationReport], png_path: str | Path
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
     try:
         for report in reports:
-            ks = [k for k in report.ks if report.summary.recall_at_k.get(k) is not None]
-            values = [report.summary.recall_at_k[k] for k in ks]
+            points = [(k, v) for k in report.ks if (v := report.summary.recall_at_k.get(k)) is not None]
+            ks = [k for k, _ in points]
+            values = [v for _, v in points]
             label = f"{report.path or 'unknown'} ({report.summary.run_count} cases run)"
             ax.plot(ks, values, marker="o", label=label)
         ax.set_xlabel("K (top-K documents)")
@@ -513,7 +515,10 @@ def _compare_case(
         main_top=main_top,
         sidecar_top=side_top,
         differing_ranks=differing,
-        rank_overlap={k: rank_overlap_at_k(main.top_docs, side.top_docs, k) if both_ran else None for k in OVERLAP_KS},
+        rank_overlap={
+            k: rank_overlap_at_k(main.top_docs, side.top_docs, k) if both_ran and side is not None else None
+            for k in OVERLAP_KS
+        },
     )
 
 
@@ -545,9 +550,7 @@ def build_comparison(
         sidecar_path=sidecar.path if sidecar else None,
         sidecar_status=status,
         overlap_ks=list(OVERLAP_KS),
-        mean_rank_overlap={
-            k: _mean([c.rank_overlap[k] for c in cases if c.rank_overlap[k] is not None]) for k in OVERLAP_KS
-        },
+        mean_rank_overlap={k: _mean([v for c in cases if (v := c.rank_overlap[k]) is not None]) for k in OVERLAP_KS},
         cases=cases,
         main=main,
         sidecar=sidecar,

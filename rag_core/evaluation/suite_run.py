@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
@@ -20,6 +20,9 @@ from rag_core.evaluation.gate import compare as gate_compare
 from rag_core.evaluation.reports import load_report, write_baseline_report, write_comparison_report
 from rag_core.evaluation.suites import GoldenSuite, suite_settings
 from rag_core.settings import RagSettings
+
+if TYPE_CHECKING:
+    import typer
 
 __all__ = ["SuiteOutcome", "run_suite"]
 
@@ -166,7 +169,7 @@ def _fmt(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
-def register_suites(eval_app: Any) -> None:
+def register_suites(eval_app: typer.Typer) -> None:
     """Adds ``rag eval suites`` to the evaluation CLI."""
     import typer
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rag_core.evaluation.fixtures import (
     CaseFixture,
@@ -31,7 +32,7 @@ def _raw(path: str, similarity: float) -> float:
     return round(1.0 - similarity, 4) if path == "pgvector" else similarity
 
 
-def _entry(path: str, rank: int, doc_id: str | None, breadcrumb: str) -> dict:
+def _entry(path: str, rank: int, doc_id: str | None, breadcrumb: str) -> dict[str, Any]:
     similarity = round(max(0.9 - 0.05 * (rank - 1), 0.05), 4)
     category = doc_id.split("/", 1)[0] if doc_id and "/" in doc_id else ""
     return {

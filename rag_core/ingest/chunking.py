@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import pairwise
@@ -272,14 +272,14 @@ class _Chunker:
 
         def cut_unit(ulo: int, uhi: int) -> list[_Piece]:
             kind, block, _ = kinds[ulo]
-            if kind == "table":
+            if kind == "table" and block is not None:  # "table" only comes from a block
                 return self.table_pieces(block, ulo, uhi, room)
             return self.split(ulo, uhi, room, _CODE_LEVELS if kind == "code" else _TEXT_LEVELS)
 
         bounds = [u[2] for u in units] + [units[-1][3]] if units else []
         return head + self.pack(bounds, room, cut_unit)
 
-    def units(self, section: _Section):
+    def units(self, section: _Section) -> Iterator[tuple[str, _Block | None, int, int]]:
         """(kind, block, lo, hi) per top-level block of the section's content; gaps go before."""
         first = bisect.bisect_left(self.block_starts, section.content)
         last = bisect.bisect_left(self.block_starts, section.end)
@@ -306,7 +306,11 @@ class _Chunker:
             cuts = _cuts(pattern, self.body, lo, hi)
             if cuts:
                 rest = levels[i + 1 :]
-                return self.pack([lo, *cuts, hi], budget, lambda a, b, rest=rest: self.split(a, b, budget, rest))
+
+                def cut_rest(a: int, b: int, rest: Sequence[re.Pattern[str]] = rest) -> list[_Piece]:
+                    return self.split(a, b, budget, rest)
+
+                return self.pack([lo, *cuts, hi], budget, cut_rest)
         return self.hard_split(lo, hi, budget)
 
     def pack(self, bounds: Sequence[int], budget: int, cut_one: Callable[[int, int], list[_Piece]]) -> list[_Piece]:

@@ -23,7 +23,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # types-PyYAML is not a dev dependency
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from mdit_py_plugins.front_matter import front_matter_plugin
@@ -318,7 +318,7 @@ def _scalar_text(value: Any, node: yaml.Node | None) -> str | None:
     return value.isoformat() if isinstance(value, (dt.date, dt.datetime)) else str(value)
 
 
-def _text_field(fm: dict, nodes: dict, name: str, doc_id: str) -> str | None:
+def _text_field(fm: dict[str, Any], nodes: dict[str, yaml.Node], name: str, doc_id: str) -> str | None:
     value, node = fm.get(name), nodes.get(name)
     if value is None:
         return None
@@ -329,7 +329,7 @@ def _text_field(fm: dict, nodes: dict, name: str, doc_id: str) -> str | None:
     return collapse_ws(text) or None
 
 
-def _list_field(fm: dict, nodes: dict, name: str, doc_id: str) -> tuple[str, ...]:
+def _list_field(fm: dict[str, Any], nodes: dict[str, yaml.Node], name: str, doc_id: str) -> tuple[str, ...]:
     """A list or a comma-separated string -> stripped, de-duplicated items (order kept)."""
     value, node = fm.get(name), nodes.get(name)
     if value is None:
@@ -356,7 +356,7 @@ def _list_field(fm: dict, nodes: dict, name: str, doc_id: str) -> tuple[str, ...
     return tuple(dict.fromkeys(item for item in cleaned if item))
 
 
-def _priority(fm: dict, nodes: dict, doc_id: str) -> float | None:
+def _priority(fm: dict[str, Any], nodes: dict[str, yaml.Node], doc_id: str) -> float | None:
     value = fm.get("priority")
     if value is None:
         return None

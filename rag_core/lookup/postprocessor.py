@@ -233,8 +233,8 @@ def l0_fallback_blocks(hints: L0Hints, l0: L0Index | None, max_blocks: int) -> l
     return blocks
 
 
-def _l0_reasons(match, category: str, hints: L0Hints) -> list[str]:
-    out = []
+def _l0_reasons(match: DocMatch | None, category: str, hints: L0Hints) -> list[str]:
+    out: list[str] = []
     if match:
         out += ["l0_title_match" if r == "title" else f"l0_{r}" for r in match.reasons]
     if category and category in hints.domains:

@@ -15,7 +15,7 @@ import time
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rag_core.breaker import CircuitBreaker
 from rag_core.l0 import L0Hints, L0Index
@@ -38,7 +38,12 @@ from rag_core.lookup.trace_row import build_trace_row
 from rag_core.settings import RagSettings
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from rag_core.embedding.base import Embedder
     from rag_core.health import HealthReport
+    from rag_core.stores.base import VectorStore
+    from rag_core.traces.recorder import ToolInvocationRecorder
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +98,13 @@ class LookupKnowledgeTool:
         self,
         settings: RagSettings | None = None,
         *,
-        embedder=None,
-        store=None,
-        sidecar=None,
+        embedder: Embedder | None = None,
+        store: VectorStore | None = None,
+        sidecar: VectorStore | None = None,
         l0: L0Index | None = None,
-        recorder=None,
+        recorder: ToolInvocationRecorder | None = None,
         weights: RerankWeights = RerankWeights(),
-    ):
+    ) -> None:
         self.settings = settings or RagSettings()
         self._embedder = embedder
         self._store = store
@@ -143,7 +148,7 @@ class LookupKnowledgeTool:
         return self._l0
 
     @property
-    def embedder(self):
+    def embedder(self) -> Embedder:
         with self._init_lock:
             if self._embedder is None:
                 from rag_core.embedding import make_embedder
@@ -152,7 +157,7 @@ class LookupKnowledgeTool:
             return self._embedder
 
     @property
-    def store(self):
+    def store(self) -> VectorStore:
         with self._init_lock:
             if self._store is None:
                 from rag_core.stores.milvus import MilvusStore
@@ -161,7 +166,7 @@ class LookupKnowledgeTool:
             return self._store
 
     @property
-    def sidecar(self):
+    def sidecar(self) -> VectorStore | None:
         if not self.settings.sidecar_enabled:
             return None
         with self._init_lock:
@@ -179,7 +184,7 @@ class LookupKnowledgeTool:
             return self._sidecar
 
     @property
-    def recorder(self):
+    def recorder(self) -> ToolInvocationRecorder | None:
         if not self.settings.trace_enabled:
             return None
         with self._init_lock:
@@ -304,7 +309,7 @@ class LookupKnowledgeTool:
             outcome = KnowledgeDocumentRetriever(self.store, self.settings).retrieve(tq, vector)
         return outcome, self._sidecar_status(sidecar_future)
 
-    def _index_model_error(self, store: Any = None) -> str | None:
+    def _index_model_error(self, store: VectorStore | None = None) -> str | None:
         """The message when ``store`` (default: the main one) was built with another embedding
         model, else None.
 
@@ -332,7 +337,9 @@ class LookupKnowledgeTool:
         self._model_checks[id(store)] = (now, error)
         return error
 
-    def _start_sidecar(self, tq: TransformedQuery, vector) -> Future | SidecarStatus | None:
+    def _start_sidecar(
+        self, tq: TransformedQuery, vector: np.ndarray
+    ) -> Future[tuple[RetrievalOutcome, float]] | SidecarStatus | None:
         """The sidecar search as a future, or the status saying why it was skipped (breaker
         open after a failure, or ``sidecar_queue_max`` searches already in flight)."""
         if not self.settings.sidecar_enabled:
@@ -354,14 +361,17 @@ class LookupKnowledgeTool:
                 ),
             )
 
-        def run():
+        def run() -> tuple[RetrievalOutcome, float]:
             t0 = time.perf_counter()
             try:
-                mismatch = self._index_model_error(self.sidecar)
+                sidecar = self.sidecar
+                if sidecar is None:  # RAG_SIDECAR_ENABLED switched off since the check above
+                    raise RuntimeError("the sidecar is disabled")
+                mismatch = self._index_model_error(sidecar)
                 if mismatch:
                     breaker.success()  # reachable: a model mismatch is reported, not retried
                     return RetrievalOutcome([], [], None, mismatch), (time.perf_counter() - t0) * 1000
-                outcome = KnowledgeDocumentRetriever(self.sidecar, self.settings).retrieve(tq, vector)
+                outcome = KnowledgeDocumentRetriever(sidecar, self.settings).retrieve(tq, vector)
             except Exception as exc:
                 breaker.failure(f"{type(exc).__name__}: {exc}"[:200])
                 raise
@@ -379,7 +389,7 @@ class LookupKnowledgeTool:
         future.add_done_callback(lambda _f: self._sidecar_slots.release())
         return future
 
-    def _sidecar_status(self, future: Future | SidecarStatus | None) -> SidecarStatus:
+    def _sidecar_status(self, future: Future[tuple[RetrievalOutcome, float]] | SidecarStatus | None) -> SidecarStatus:
         if future is None:
             return SidecarStatus(status="disabled")
         if isinstance(future, SidecarStatus):
@@ -409,7 +419,7 @@ class LookupKnowledgeTool:
             query, session_id, [], pack, trace, [], L0Hints(), self.sessions.update(session_id, [], []), message, status
         )
 
-    def _error_result(self, query, session_id, exc: Exception) -> LookupResult:
+    def _error_result(self, query: object, session_id: str | None, exc: Exception) -> LookupResult:
         err = f"{type(exc).__name__}: {exc}"[:500]
         return self._empty_result(str(query), session_id, f"knowledge lookup failed: {err}", "error", err)
 
@@ -449,7 +459,8 @@ class LookupKnowledgeTool:
         from rag_core.health import HealthReport, check_health
 
         try:
-            stores = [self.store] + ([self.sidecar] if self.settings.sidecar_enabled else [])
+            store, sidecar = self.store, self.sidecar  # sidecar: None unless sidecar_enabled
+            stores = [store] + ([sidecar] if sidecar is not None else [])
             report = check_health(self.settings, stores, self.embedder.identity())
         except Exception as exc:
             report = HealthReport(stores=[], state_problem=f"health check failed: {type(exc).__name__}: {exc}")
@@ -513,12 +524,12 @@ def _no_l1_evidence(outcome: RetrievalOutcome, settings: RagSettings) -> str:
 
 
 class _timed:
-    def __init__(self, timings: dict[str, float], key: str):
+    def __init__(self, timings: dict[str, float], key: str) -> None:
         self.timings, self.key = timings, key
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         self.t0 = time.perf_counter()
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.timings[self.key] = round(self.timings.get(self.key, 0.0) + (time.perf_counter() - self.t0) * 1000, 3)
         return False

@@ -20,9 +20,12 @@ class StoreError(RuntimeError):
 
 
 class DimensionMismatchError(StoreError):
-    """The embedding dimension differs from the one the collection/table was created with."""
+    """The embedding dimension differs from the one the collection/table was created with.
 
-    def __init__(self, where: str, store_dim: int, model_dim: int):
+    ``store_dim`` is None when the store exists without a readable vector dimension.
+    """
+
+    def __init__(self, where: str, store_dim: int | None, model_dim: int):
         super().__init__(
             f"{where} holds {store_dim}-dimensional vectors but the embedding model gives "
             f"{model_dim}; rebuild the index (rag ingest --rebuild) or use the original model"

@@ -14,10 +14,10 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
 # milvus-lite 2.5's server returns no MVCC timestamp to query iterators; pymilvus then warns on
 # every scan and uses a client-side timestamp, which is right for one local server.
 _QUIET_LOGGERS = ("pymilvus.client.iterator.query_iterator",)
@@ -160,7 +163,7 @@ class MilvusStore:
         self.index_type = self.index.index_type
         self._token = token
         self._timeout = timeout
-        self._client = None
+        self._client: Any | None = None  # a pymilvus MilvusClient (untyped)
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
         self._reconnect_lock = threading.Lock()
@@ -202,7 +205,7 @@ class MilvusStore:
         """Pid of the embedded server this store is connected to (None otherwise)."""
         return self._server_pid
 
-    def _connect(self):
+    def _connect(self) -> Any:
         with self._lock:
             if self._client is not None:
                 return self._client
@@ -232,7 +235,7 @@ class MilvusStore:
                 raise StoreError(f"cannot connect to Milvus at {redact_dsn(self.uri)}: {_brief(exc)}") from None
             return self._client
 
-    def _call(self, what: str, fn, *args, **kwargs):
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         client = self._connect()
         used_pid = self._server_pid
         try:
@@ -291,7 +294,7 @@ class MilvusStore:
     # --- schema -----------------------------------------------------------------------------
 
     def exists(self) -> bool:
-        return self._call("has_collection", lambda c: c.has_collection(self.collection))
+        return bool(self._call("has_collection", lambda c: c.has_collection(self.collection)))
 
     def ensure_schema(self, dim: int) -> None:
         """Create the collection if missing, else check its dimension; then load it.
@@ -316,7 +319,7 @@ class MilvusStore:
                 return int(field["params"]["dim"])
         return None
 
-    def _create(self, client, dim: int) -> None:
+    def _create(self, client: Any, dim: int) -> None:
         from pymilvus import DataType, Function, FunctionType
 
         schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
@@ -445,7 +448,7 @@ class MilvusStore:
             return {}
         self._ready()
 
-        def scan(client):
+        def scan(client: Any) -> dict[str, tuple[str, str]]:
             out: dict[str, tuple[str, str]] = {}
             it = client.query_iterator(
                 self.collection,
@@ -588,7 +591,7 @@ def _category_filter(category: str | None) -> str:
     return f"category == {escape_filter_value(category)}" if category else ""
 
 
-def _hit(h: dict, cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
+def _hit(h: dict[str, Any], cosine: float, channel: str, lexical_score: float | None = None) -> StoreHit:
     e = h["entity"]
     return StoreHit(
         chunk_id=e.get("chunk_id", h.get("chunk_id", h.get("id"))),

@@ -25,7 +25,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import psutil
 import psycopg
@@ -203,7 +203,7 @@ def _start(data_dir: Path, idle_stop_seconds: float = 0.0) -> str:
     try:
         # cleanup_mode=None: never stop the server at this process' exit (others share it).
         server = pgserver.get_server(data_dir, cleanup_mode=None)
-        uri = server.get_uri()
+        uri: str = server.get_uri()
     except _START_ERRORS as exc:
         raise StoreError(
             f"could not start the embedded PostgreSQL in {data_dir} "
@@ -251,6 +251,12 @@ def stop_embedded(data_dir: Path, mode: str = "fast", lock_timeout: float = STAR
 # --- connections ---------------------------------------------------------------------------
 
 
+class _ConnOptions(TypedDict, total=False):
+    """Extra libpq connection parameters passed to ``psycopg.connect``."""
+
+    options: str
+
+
 class PgConnectionPool:
     """A small thread-safe pool of autocommit psycopg connections to one DSN.
 
@@ -273,7 +279,7 @@ class PgConnectionPool:
         self._dsn = dsn
         self._connect_timeout = max(1, round(connect_timeout))
         # Server-side limit per statement, set at connect time (0 = the server's default).
-        self._options = (
+        self._options: _ConnOptions = (
             {"options": f"-c statement_timeout={int(statement_timeout_ms)}"} if statement_timeout_ms > 0 else {}
         )
         self._acquire_timeout = acquire_timeout
@@ -372,3 +378,11 @@ def _close_quietly(conn: psycopg.Connection) -> None:
         conn.close()
     except Exception:  # closing a dead connection must not mask the caller's error
         log.debug("closing a PostgreSQL connection failed", exc_info=True)
+
+
+def one_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The row of a query that always returns exactly one (``count(*)``, ``SELECT EXISTS``, ...)."""
+    row = cursor.fetchone()
+    if row is None:  # not for such a query; fails loudly instead of a TypeError on None
+        raise StoreError("PostgreSQL returned no row for a single-row query")
+    return row

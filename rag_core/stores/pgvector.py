@@ -41,7 +41,7 @@ from rag_core.stores.base import (
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.pgserver import PgConnectionPool, redacted, resolve_dsn, store_error
+from rag_core.stores.pgserver import PgConnectionPool, one_row, redacted, resolve_dsn, store_error
 from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string, lexical_terms
 
@@ -146,12 +146,14 @@ class PgVectorStore:
 
     def _stored_dim(self, conn: psycopg.Connection) -> int | None:
         """Dimension of the table's embedding column; None when the table does not exist."""
-        exists, typmod = conn.execute(
-            "SELECT c.oid IS NOT NULL, a.atttypmod FROM (SELECT to_regclass(%s) AS oid) c"
-            " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'embedding'"
-            " AND NOT a.attisdropped",
-            (self._ident.as_string(conn),),
-        ).fetchone()
+        exists, typmod = one_row(
+            conn.execute(
+                "SELECT c.oid IS NOT NULL, a.atttypmod FROM (SELECT to_regclass(%s) AS oid) c"
+                " LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'embedding'"
+                " AND NOT a.attisdropped",
+                (self._ident.as_string(conn),),
+            )
+        )
         if not exists:
             return None
         if typmod is None or typmod < 1:
@@ -275,7 +277,7 @@ class PgVectorStore:
         self._run("upsert", write)
 
     def _is_empty(self, conn: psycopg.Connection) -> bool:
-        return not conn.execute(self._sql("SELECT EXISTS (SELECT 1 FROM {t})")).fetchone()[0]
+        return not one_row(conn.execute(self._sql("SELECT EXISTS (SELECT 1 FROM {t})")))[0]
 
     def _upsert_sql(self) -> sql.Composed:
         cols = [sql.Identifier(c) for c in _COLUMNS]
@@ -324,14 +326,26 @@ class PgVectorStore:
             "embedding FROM {t} WHERE chunk_id = ANY(%s)"
         )
         rows = self._run("fetch", lambda conn: conn.execute(statement, (list(chunk_ids),)).fetchall())
-        return {r[0]: StoredChunk(*r[:7], vector=_as_array(r[7])) for r in rows}
+        return {
+            r[0]: StoredChunk(
+                chunk_id=r[0],
+                doc_id=r[1],
+                title=r[2],
+                breadcrumb=r[3],
+                category=r[4],
+                text=r[5],
+                content_hash=r[6],
+                vector=_as_array(r[7]),
+            )
+            for r in rows
+        }
 
     def count(self) -> int:
         """Number of stored chunks; 0 when the table does not exist."""
         if not self.exists():
             return 0
         statement = self._sql("SELECT count(*) FROM {t}")
-        return int(self._run("count", lambda conn: conn.execute(statement).fetchone()[0]))
+        return int(self._run("count", lambda conn: one_row(conn.execute(statement))[0]))
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k chunks by cosine distance (best first), only of ``category`` when given.
@@ -346,7 +360,7 @@ class PgVectorStore:
         params: dict[str, Any] = {"q": q, "k": top_k, "cat": category}
         statement = self._dense_sql(category is not None)
 
-        def query(conn: psycopg.Connection) -> list[tuple]:
+        def query(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
             with conn.transaction():
                 exact = self._candidate_rows(conn, category) <= self._exact_max
                 if exact:
@@ -376,9 +390,9 @@ class PgVectorStore:
             if row is not None and row[0] >= 0:
                 return float(row[0])
             statement = self._sql("SELECT count(*) FROM (SELECT 1 FROM {t} LIMIT %s) s")
-            return float(conn.execute(statement, (self._exact_max + 1,)).fetchone()[0])
+            return float(one_row(conn.execute(statement, (self._exact_max + 1,)))[0])
         statement = self._sql("SELECT count(*) FROM (SELECT 1 FROM {t} WHERE category = %s LIMIT %s) s")
-        return float(conn.execute(statement, (category, self._exact_max + 1)).fetchone()[0])
+        return float(one_row(conn.execute(statement, (category, self._exact_max + 1)))[0])
 
     def _tune_hnsw(self, conn: psycopg.Connection, top_k: int) -> None:
         settings: dict[str, Any] = {"hnsw.ef_search": min(1000, max(self._ef_search, 2 * top_k))}
@@ -483,7 +497,7 @@ class PgVectorStore:
         )
 
 
-def _row(chunk: Chunk, vector: np.ndarray) -> tuple:
+def _row(chunk: Chunk, vector: np.ndarray) -> tuple[Any, ...]:
     values = (
         chunk.chunk_id,
         chunk.doc_id,

@@ -50,7 +50,7 @@ def trace_row(row: Mapping[str, Any]) -> dict[str, Any]:
     (UTC ISO-8601, the time of the call) filled in when missing. Every string that looks like
     a DSN or ``password=...`` is scrubbed (``rag_core.settings.redact_dsn``), and values under
     keys named e.g. ``password`` or ``token`` are replaced by ``***``."""
-    clean = _scrub(json_safe(dict(row)))
+    clean: dict[str, Any] = _scrub(json_safe(dict(row)))  # a dict stays a dict through both
     clean["id"] = str(clean.get("id") or uuid.uuid4())
     clean["created_at"] = clean.get("created_at") or datetime.now(UTC).isoformat()
     return clean

@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 from rag_core.settings import RagSettings
 from rag_core.stores.pgserver import (
     PgConnectionPool,
+    one_row,
     redacted,
     resolve_dsn,
     scrub_secrets,
@@ -172,7 +173,7 @@ class TraceStore:
         ).format(t=self._ident)
         return self._select(statement, (_aware(start), _aware(end)))
 
-    def _select(self, statement: sql.Composed, params: tuple) -> list[dict[str, Any]]:
+    def _select(self, statement: sql.Composed, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         def query(conn: psycopg.Connection) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
                 return cur.execute(statement, params).fetchall()
@@ -182,7 +183,7 @@ class TraceStore:
     def count(self) -> int:
         """Number of rows in the table."""
         statement = sql.SQL("SELECT count(*) FROM {t}").format(t=self._ident)
-        return int(self._run("count", lambda conn: conn.execute(statement).fetchone()[0]))
+        return int(self._run("count", lambda conn: one_row(conn.execute(statement))[0]))
 
     def close(self) -> None:
         """Close pooled connections."""
@@ -233,7 +234,7 @@ def safe_text(text: str) -> str:
     return text
 
 
-def _params(row: Mapping[str, Any]) -> tuple:
+def _params(row: Mapping[str, Any]) -> tuple[Any, ...]:
     # Never raises for a dict: a row PostgreSQL would reject could block a spool replay forever.
     values: dict[str, Any] = {c: None for c in TRACE_COLUMNS}
     values["id"] = str(row.get("id") or uuid.uuid4())
