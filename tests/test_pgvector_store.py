@@ -17,10 +17,11 @@ import pytest
 from pgvector.psycopg import register_vector
 
 from rag_core.models import Chunk
+from rag_core.secrets import redacted
 from rag_core.settings import RagSettings
 from rag_core.stores import pgvector as pgvector_module
 from rag_core.stores.base import DimensionMismatchError, StoreError
-from rag_core.stores.pgserver import redacted, resolve_dsn, stop_embedded
+from rag_core.stores.pgserver import resolve_dsn, stop_embedded
 from rag_core.stores.pgvector import PgVectorStore
 from rag_core.text import tokenize
 

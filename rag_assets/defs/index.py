@@ -43,7 +43,7 @@ PGVECTOR_POOL = "rag_pgvector"
 
 
 def _sidecar_reason(exc: BaseException) -> str:
-    from rag_core.stores.pgserver import scrub_secrets
+    from rag_core.secrets import scrub_secrets
 
     return scrub_secrets(f"{type(exc).__name__}: {exc}")[:500]
 

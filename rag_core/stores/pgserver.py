@@ -15,10 +15,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import re
 import subprocess
 import threading
 import time
@@ -32,7 +30,8 @@ import psycopg
 from filelock import FileLock, Timeout
 from psycopg.pq import TransactionStatus
 
-from rag_core.settings import RagSettings, redact_dsn
+from rag_core.secrets import redacted, scrub_secrets
+from rag_core.settings import RagSettings
 from rag_core.stores.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -46,40 +45,6 @@ _EMBEDDED: dict[str, tuple[Path, float]] = {}
 _READY_WAIT_S = 15.0
 # What pgserver raises when initdb/pg_ctl fail or the pid file is odd.
 _START_ERRORS = (subprocess.SubprocessError, AssertionError, RuntimeError, OSError, ValueError, KeyError)
-_URI = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
-_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)", re.IGNORECASE)
-
-
-# --- secrets ---------------------------------------------------------------------------------
-
-
-def redacted(dsn: str) -> str:
-    """``dsn`` with any password replaced (``rag_core.settings.redact_dsn``); safe to log."""
-    return redact_dsn(dsn)
-
-
-def scrub_secrets(text: str, dsn: str | None = None) -> str:
-    """``text`` with passwords removed: URIs are redacted, ``password=...`` pairs masked, and
-    the password of ``dsn`` (when given) replaced wherever it appears verbatim."""
-    if not text:
-        return text
-    for secret in _dsn_passwords(dsn):
-        text = text.replace(secret, "***")
-    text = _URI.sub(lambda m: redact_dsn(m.group(0)), text)
-    return _KV_PASSWORD.sub(r"\1***", text)
-
-
-def _dsn_passwords(dsn: str | None) -> list[str]:
-    if not dsn:
-        return []
-    found = [m.group(2).strip("'") for m in _KV_PASSWORD.finditer(dsn)]
-    with contextlib.suppress(psycopg.Error):  # an unparseable DSN still gets the regex pass
-        found.append(psycopg.conninfo.conninfo_to_dict(dsn).get("password") or "")
-    match = re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://[^:/@]*:([^@/]*)@", dsn)
-    if match:
-        found.append(match.group(1))
-    # Very short "passwords" would mangle unrelated text; the regexes cover those cases.
-    return [p for p in {str(p) for p in found} if len(p) >= 3]
 
 
 def store_error(action: str, dsn: str, exc: BaseException) -> StoreError:

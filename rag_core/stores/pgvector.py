@@ -33,6 +33,7 @@ from psycopg import sql
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
+from rag_core.secrets import redacted
 from rag_core.settings import RagSettings
 from rag_core.stores.base import (
     DimensionMismatchError,
@@ -41,7 +42,7 @@ from rag_core.stores.base import (
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.pgserver import PgConnectionPool, one_row, redacted, resolve_dsn, store_error
+from rag_core.stores.pgserver import PgConnectionPool, one_row, resolve_dsn, store_error
 from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string, lexical_terms
 

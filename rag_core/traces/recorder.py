@@ -28,16 +28,19 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rag_core.breaker import CircuitBreaker
+from rag_core.secrets import scrub_secrets
 from rag_core.settings import RagSettings
 from rag_core.stores.base import StoreError
-from rag_core.stores.pgserver import scrub_secrets
-from rag_core.traces.store import TraceStore, json_safe
+from rag_core.traces.rows import json_safe
+
+if TYPE_CHECKING:
+    from rag_core.traces.store import TraceStore
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +136,7 @@ class ToolInvocationRecorder:
     def from_settings(cls, settings: RagSettings) -> ToolInvocationRecorder:
         """A recorder writing to ``TraceStore.from_settings(settings)`` (connected lazily, in the
         writer thread) with its spool at ``settings.trace_spool_path``."""
-        return cls(lambda: TraceStore.from_settings(settings), settings.trace_spool_path)
+        return cls(lambda: _trace_store(settings), settings.trace_spool_path)
 
     # --- caller side ----------------------------------------------------------------------
 
@@ -430,3 +433,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _trace_store(settings: RagSettings) -> TraceStore:
+    """``TraceStore.from_settings``; StoreError naming the ``pg`` extra when its driver is not
+    installed (a core-only install: rows then stay in the spool until it is)."""
+    try:
+        from rag_core.traces.store import TraceStore
+    except ImportError as exc:
+        raise StoreError(
+            f"the trace store needs the pg extra (pip install 'rag-retrieval[pg]'; {exc}); "
+            "RAG_TRACE_ENABLED=false turns traces off"
+        ) from None
+    return TraceStore.from_settings(settings)
