@@ -6,43 +6,15 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
 
+from rag_core.cli_common import console, embedder_or_exit, settings_or_exit
 from rag_core.cli_views import table
 from rag_core.settings import RagSettings
 
-if TYPE_CHECKING:
-    from rag_core.embedding import Embedder
-
 app = typer.Typer(help="Knowledge retrieval for agents (lookup_knowledge).", no_args_is_help=True)
-console = Console()
-
-
-def settings_or_exit(**overrides: Any) -> RagSettings:
-    """Settings from the environment; an invalid value exits 2 with the setting named."""
-    try:
-        return RagSettings(**{k: v for k, v in overrides.items() if v is not None})
-    except ValidationError as exc:
-        for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "settings"
-            console.print(f"[red]invalid setting RAG_{field.upper()}: {err['msg']}[/red]")
-        raise typer.Exit(2) from None
-
-
-def embedder_or_exit(settings: RagSettings) -> Embedder:
-    """The configured embedder; a model that cannot load exits 2 with one line naming the setting."""
-    from rag_core.components import make_embedder
-    from rag_core.embedding import EmbedderLoadError
-
-    try:
-        return make_embedder(settings)
-    except EmbedderLoadError as exc:
-        console.print(f"[red]embedding model unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
 
 
 @app.callback()
@@ -314,8 +286,8 @@ def _mount_eval() -> None:
         from rag_core.evaluation.cli import eval_app
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
-    from rag_core.evaluation.record import register_record
-    from rag_core.evaluation.suite_run import register_suites
+    from rag_core.recording.record import register_record
+    from rag_core.recording.suites import register_suites
 
     register_record(eval_app)
     register_suites(eval_app)

@@ -5,6 +5,7 @@ the embedded Milvus server, its trace kept in the local spool (no trace store in
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import textwrap
 import venv
@@ -79,8 +80,15 @@ def test_core_alone_installs_lean_and_answers_a_lookup(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    # Built from a copy: an in-tree build would leave build/ (and stale modules) in the checkout.
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in ("rag_core", "rag_assets"):
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", str(src)],
         capture_output=True,
         text=True,
         timeout=840,

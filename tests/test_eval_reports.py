@@ -249,3 +249,38 @@ def test_cli_bad_inputs_exit_2(tmp_path: Path):
 
     done = CliRunner().invoke(eval_app, ["gate", "--baseline", str(good), "--current", str(good)])
     assert done.exit_code == 2 and "cannot read report" in done.output
+
+
+def test_cli_json_output_is_the_report_data(tmp_path: Path):
+    import json
+
+    cases_file = tmp_path / "cases.yaml"
+    cases_file.write_text(CASES_YAML, encoding="utf-8")
+    main_dir = main_fixtures(tmp_path / "main")
+    out = tmp_path / "out"
+    done = _cli("run", "--cases", str(cases_file), "--fixtures", str(main_dir), "--out", str(out), "--json")
+    assert done.exit_code == 0, done.output
+    printed = json.loads(done.output)
+    stored = load_report(out / "baseline.json")
+    assert printed["report"]["summary"]["mrr"] == pytest.approx(stored.summary.mrr)
+    assert [c["case_id"] for c in printed["report"]["cases"]] == [c.case_id for c in stored.cases]
+    assert printed["files"] == [str(out / "baseline.json"), str(out / "baseline.md")]
+
+    done = _cli(
+        "compare",
+        "--cases",
+        str(cases_file),
+        "--main",
+        str(main_dir),
+        "--sidecar",
+        str(tmp_path / "none"),
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert done.exit_code == 0, done.output
+    comparison = json.loads(done.output)
+    assert comparison["sidecar"] is None and comparison["sidecar_status"]["status"] == "unavailable"
+
+    done = _cli("gate", "--baseline", str(out / "baseline.json"), "--current", str(out / "baseline.json"), "--json")
+    assert done.exit_code == 0 and json.loads(done.output)["passed"] is True

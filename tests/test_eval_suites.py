@@ -120,8 +120,8 @@ def test_suite_settings_give_each_suite_its_own_index(tmp_path):
 
 @pytest.mark.integration
 def test_run_suite_ingests_records_and_evaluates(tmp_path, embedder):
-    from rag_core.evaluation.suite_run import run_suite
     from rag_core.evaluation.suites import GoldenSuite
+    from rag_core.recording.suites import run_suite
 
     cases = tmp_path / "cases.yaml"
     cases.write_text(

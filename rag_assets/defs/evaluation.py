@@ -72,7 +72,7 @@ def _fixture_metadata(manifest: dict, out_dir: Path) -> dict:
 
 
 def _record(path: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
-    from rag_core.evaluation.record import record_fixtures
+    from rag_core.recording.record import record_fixtures
 
     out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(path)
     manifest = record_fixtures(

@@ -53,7 +53,7 @@ def _suite_asset(suite: GoldenSuite) -> dg.AssetsDefinition:
         embedder: EmbedderResource,
         evaluation: EvaluationConfigResource,
     ) -> dg.MaterializeResult:
-        from rag_core.evaluation.suite_run import run_suite
+        from rag_core.recording.suites import run_suite
 
         settings = rag.get_settings()
         out_dir = evaluation.files(settings).reports_dir / "suites"

@@ -244,6 +244,9 @@ def register_calibrate(eval_app: typer.Typer) -> None:
         profiles: Annotated[Path, typer.Option(help="Model profile file to update")] = PROFILES_PATH,
         write: Annotated[bool, typer.Option("--write/--dry-run", help="Write the profile")] = True,
         objective: Annotated[str, typer.Option(help="youden (balanced separation) or agreement (accuracy)")] = "youden",
+        as_json: Annotated[
+            bool, typer.Option("--json", help="Print one JSON document (result, previous, file)")
+        ] = False,
     ) -> None:
         """Pick the thresholds that best separate answered from unanswered cases; write the profile."""
         if len(cases) != len(fixtures):
@@ -267,8 +270,11 @@ def register_calibrate(eval_app: typer.Typer) -> None:
         except ValueError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from None
-        typer.echo(json.dumps({"profile": f"{backend}:{model}", **result.to_dict()}, indent=2))
-        typer.echo(f"previous profile: {model_profile(backend, model, profiles) or 'none'}")
+        previous = model_profile(backend, model, profiles)
+        written = None
+        if not as_json:
+            typer.echo(json.dumps({"profile": f"{backend}:{model}", **result.to_dict()}, indent=2))
+            typer.echo(f"previous profile: {previous or 'none'}")
         if write:
             path = write_profile(
                 backend,
@@ -281,4 +287,9 @@ def register_calibrate(eval_app: typer.Typer) -> None:
                 },
                 profiles,
             )
-            typer.echo(f"wrote {backend}:{model} to {path}")
+            written = str(path)
+            if not as_json:
+                typer.echo(f"wrote {backend}:{model} to {path}")
+        if as_json:
+            payload = {"profile": f"{backend}:{model}", **result.to_dict(), "previous": previous, "written": written}
+            typer.echo(json.dumps(payload, indent=2))

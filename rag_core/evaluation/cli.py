@@ -6,6 +6,7 @@ Fixtures are recorded by ``rag eval record`` (mounted by ``rag_core.cli``).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,7 @@ CasesOpt = Annotated[Path, typer.Option("--cases", help="Golden case file (YAML 
 OutOpt = Annotated[Path, typer.Option("--out", help="Directory for the reports.")]
 KOpt = Annotated[str, typer.Option("--k", help="Comma-separated cut-offs for recall@K.")]
 StrongKOpt = Annotated[int, typer.Option("--strong-k", min=1, help="Depth for strong/medium hits.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON (for scripts) instead of tables.")]
 
 
 def _fail(message: str) -> typer.Exit:
@@ -92,12 +94,16 @@ def run(
     k: KOpt = "1,3,5,10",
     name: Annotated[str, typer.Option("--name", help="Report file stem.")] = "baseline",
     strong_k: StrongKOpt = 5,
+    as_json: JsonOpt = False,
 ) -> None:
     """Evaluate one path's fixtures; write <name>.json, <name>.md and a recall@K chart."""
     golden = _cases(cases)
     report = evaluate(golden, _fixtures(fixtures, golden, required=True), _parse_ks(k), strong_k)
     json_path, md_path = write_baseline_report(report, out, name)
     _print_warnings(report)
+    if as_json:
+        _print_json({"report": report.model_dump(mode="json"), "files": [str(json_path), str(md_path)]})
+        return
     _print_summary([(report.path or "value", report)])
     console.print(f"Reports: {json_path}, {md_path}", highlight=False)
 
@@ -110,6 +116,7 @@ def compare(
     out: OutOpt,
     k: KOpt = "1,3,5,10",
     strong_k: StrongKOpt = 5,
+    as_json: JsonOpt = False,
 ) -> None:
     """Main path and sidecar side by side; works when the sidecar is missing or unavailable."""
     golden = _cases(cases)
@@ -121,6 +128,17 @@ def compare(
     status = side_fx.path_status.model_dump()
     json_path, md_path = write_comparison_report(main_report, side_report, main_fx, side_fx, status, out)
     _print_warnings(main_report)
+    if as_json:
+        side = side_report.model_dump(mode="json") if side_fx.path_status.available else None
+        _print_json(
+            {
+                "main": main_report.model_dump(mode="json"),
+                "sidecar": side,
+                "sidecar_status": status,
+                "files": [str(json_path), str(md_path)],
+            }
+        )
+        return
     columns = [(f"main {main_report.path or ''}".strip(), main_report)]
     if side_fx.path_status.available:
         columns.append((f"sidecar {side_report.path or ''}".strip(), side_report))
@@ -138,6 +156,7 @@ def gate(
         float, typer.Option("--recall-tolerance", help="Allowed absolute recall@5 drop.")
     ] = 0.02,
     mrr_tolerance: Annotated[float, typer.Option("--mrr-tolerance", help="Allowed absolute MRR drop.")] = 0.02,
+    as_json: JsonOpt = False,
 ) -> None:
     """Compare a current report with the baseline; exit 1 when the gate fails."""
     reports = []
@@ -147,9 +166,16 @@ def gate(
         except (OSError, ValueError) as exc:
             raise _fail(f"cannot read report {path}: {exc}") from None
     result = gate_compare(reports[0], reports[1], recall_tolerance, mrr_tolerance)
-    console.print(result.to_markdown(), highlight=False, markup=False)
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    else:
+        console.print(result.to_markdown(), highlight=False, markup=False)
     if not result.passed:
         raise typer.Exit(code=1)
+
+
+def _print_json(data: object) -> None:
+    print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
 def _mount_calibrate() -> None:

@@ -7,6 +7,7 @@ evaluator itself reads the JSON it writes and nothing else.
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import time
 from datetime import UTC, datetime
@@ -180,13 +181,17 @@ def register_record(eval_app: typer.Typer) -> None:
         path: str = typer.Option("milvus", "--path", help="milvus or pgvector"),
         cases: Path = typer.Option(..., "--cases", help="Golden case file"),
         out: Path = typer.Option(..., "--out", help="Fixture directory to (re)write"),
+        as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
     ) -> None:
         """Run the real lookup pipeline per case on one path and write JSON fixtures."""
-        from rag_core.cli import settings_or_exit
+        from rag_core.cli_common import settings_or_exit
 
         if path not in ("milvus", "pgvector"):
             raise typer.BadParameter("must be milvus or pgvector", param_hint="--path")
         m = record_fixtures(settings_or_exit(), path, cases, out)  # type: ignore[arg-type]
+        if as_json:
+            typer.echo(json.dumps(m, indent=2, ensure_ascii=False))
+            return
         status = m["path_status"]
         typer.echo(
             f"{path}: {status['status']}"

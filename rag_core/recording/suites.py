@@ -105,7 +105,7 @@ def _ingest(settings: RagSettings, embedder: Any, progress: bool) -> dict[str, A
 def _record_and_evaluate(
     settings: RagSettings, suite: GoldenSuite, embedder: Any, progress: bool
 ) -> tuple[dict[str, EvaluationReport], dict[str, Any]]:
-    from rag_core.evaluation.record import record_fixtures
+    from rag_core.recording.record import record_fixtures
 
     cases = load_cases(suite.cases)
     reports: dict[str, EvaluationReport] = {}
@@ -185,7 +185,7 @@ def register_suites(eval_app: typer.Typer) -> None:
 
         Exit 1 when a suite's gate fails or a suite failed, 2 on an unusable suites file.
         """
-        from rag_core.cli import settings_or_exit
+        from rag_core.cli_common import settings_or_exit
         from rag_core.components import make_embedder
         from rag_core.evaluation.suites import DEFAULT_SUITES_FILE, SuiteFileError, load_suites
 
