@@ -11,6 +11,7 @@ if TYPE_CHECKING:  # the components' modules load heavy dependencies: imported o
     from rag_core.stores.base import VectorStore
     from rag_core.stores.milvus import MilvusStore
     from rag_core.stores.pgvector import PgVectorStore
+    from rag_core.traces.recorder import ToolInvocationRecorder
 
 
 def make_embedder(settings: RagSettings) -> Embedder:
@@ -31,12 +32,32 @@ def make_main_store(settings: RagSettings) -> MilvusStore:
     return MilvusStore.from_settings(settings)
 
 
-def make_sidecar_store(settings: RagSettings) -> PgVectorStore:
-    """The pgvector store on ``RAG_PG_DSN`` or the embedded PostgreSQL under the data dir."""
+def make_sidecar_store(settings: RagSettings, *, lookup: bool = False) -> PgVectorStore:
+    """The pgvector store on ``RAG_PG_DSN`` or the embedded PostgreSQL under the data dir.
+
+    ``lookup``: the lookup side's short connect and statement timeouts
+    (``RAG_PG_CONNECT_TIMEOUT_S``, ``RAG_PG_STATEMENT_TIMEOUT_MS``); ingest waits as long as it takes.
+    """
     from rag_core.stores.pgserver import resolve_dsn
     from rag_core.stores.pgvector import PgVectorStore
 
-    return PgVectorStore(resolve_dsn(settings), settings.pg_table, ef_search=settings.pg_ef_search)
+    if not lookup:
+        return PgVectorStore(resolve_dsn(settings), settings.pg_table, ef_search=settings.pg_ef_search)
+    return PgVectorStore(
+        resolve_dsn(settings),
+        settings.pg_table,
+        ef_search=settings.pg_ef_search,
+        connect_timeout=settings.pg_connect_timeout_s,
+        statement_timeout_ms=settings.pg_statement_timeout_ms,
+    )
+
+
+def make_recorder(settings: RagSettings) -> ToolInvocationRecorder:
+    """The trace recorder: rows to ``tool_invocation`` (``RAG_PG_DSN`` or the embedded
+    PostgreSQL), spooled under the data dir while the store is down or not installed."""
+    from rag_core.traces.recorder import ToolInvocationRecorder
+
+    return ToolInvocationRecorder.from_settings(settings)
 
 
 def make_stores(settings: RagSettings, with_sidecar: bool | None = None) -> list[VectorStore]:

@@ -41,9 +41,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
 from rapidfuzz import fuzz, process
 
-from rag_core.models import KnowledgeDocument
+from rag_core.models import CamelModel, KnowledgeDocument
 from rag_core.text import normalize, tokenize
 
 NAME_COVERAGE = 0.75
@@ -84,8 +85,7 @@ class L0Entry:
     summary: str = ""
 
 
-@dataclass
-class DocMatch:
+class DocMatch(CamelModel):
     """One document L0 matched, with why (``title``, ``title~fuzzy:0.97``,
     ``title~partial:0.80``, ``keyword:x``, ``entity:y``)."""
 
@@ -111,9 +111,8 @@ class DocMatch:
         return self.name_kind in ("exact", "fuzzy")
 
 
-@dataclass
-class L0Hints:
-    """Structured L0 hints for one query (JSON-ready with ``asdict``).
+class L0Hints(CamelModel):
+    """Structured L0 hints for one query; in the result and the trace as camelCase JSON.
 
     ``domains`` are the nonblank categories of the documents matched by whole name (exact or
     fuzzy), else of those matched partially by name, else of all matched documents, plus the
@@ -124,17 +123,17 @@ class L0Hints:
     the document name it fuzzy-matched (``{"kubeshedulerdown": "KubeSchedulerDown"}``).
     """
 
-    matched_doc_ids: list[str] = field(default_factory=list)
-    matched_titles: list[str] = field(default_factory=list)
-    matched_keywords: list[str] = field(default_factory=list)
-    domains: list[str] = field(default_factory=list)
-    entities: list[str] = field(default_factory=list)
-    matches: list[DocMatch] = field(default_factory=list)
+    matched_doc_ids: list[str] = Field(default_factory=list)
+    matched_titles: list[str] = Field(default_factory=list)
+    matched_keywords: list[str] = Field(default_factory=list)
+    domains: list[str] = Field(default_factory=list)
+    entities: list[str] = Field(default_factory=list)
+    matches: list[DocMatch] = Field(default_factory=list)
     domains_from_names: bool = False
-    named_categories: list[str] = field(default_factory=list)
-    alert_names: list[str] = field(default_factory=list)
-    metric_names: list[str] = field(default_factory=list)
-    corrections: dict[str, str] = field(default_factory=dict)
+    named_categories: list[str] = Field(default_factory=list)
+    alert_names: list[str] = Field(default_factory=list)
+    metric_names: list[str] = Field(default_factory=list)
+    corrections: dict[str, str] = Field(default_factory=dict)
 
     @property
     def matched(self) -> bool:
@@ -144,7 +143,8 @@ class L0Hints:
         return next((m for m in self.matches if m.doc_id == doc_id), None)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """camelCase JSON-ready dict."""
+        return self.model_dump(mode="json")
 
 
 class L0Index:
@@ -260,7 +260,11 @@ class L0Index:
                     entities.append(ent)
                     score += 0.5
             if reasons:
-                matches.append(DocMatch(e.doc_id, e.title, e.category, round(score, 4), reasons))
+                matches.append(
+                    DocMatch(
+                        doc_id=e.doc_id, title=e.title, category=e.category, score=round(score, 4), reasons=reasons
+                    )
+                )
         matches.sort(key=lambda m: (-m.score, m.doc_id))
         fuzzy_names = {m.title for m in matches if m.name_kind == "fuzzy"} | {
             n for m in matches if m.name_kind == "fuzzy" for n in self.entries[m.doc_id].names

@@ -9,6 +9,16 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+
+class CamelModel(BaseModel):
+    """Base of every model the agent receives: snake_case in Python, camelCase in JSON
+    (``model_dump()`` and ``model_dump_json()`` use the aliases; either name is accepted)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+
 
 @dataclass(frozen=True)
 class DocumentIssue:

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # types-PyYAML is not a dev dependency
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = ["KNOWN_SCENARIOS", "CaseFileError", "GoldenCase", "load_cases"]

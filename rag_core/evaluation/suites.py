@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml  # type: ignore[import-untyped]  # types-PyYAML is not a dev dependency
+import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from rag_core.settings import PROJECT_ROOT, RagSettings

@@ -9,14 +9,15 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
-from pydantic.alias_generators import to_camel
+from pydantic import Field, computed_field
+
+from rag_core.l0 import L0Hints
+from rag_core.models import CamelModel
 
 Layer = Literal["L1", "L0+L1", "L0", "none"]
 
 
-class _Camel(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+_Camel = CamelModel
 
 
 class RelevanceLevel(str, Enum):
@@ -90,7 +91,7 @@ class RetrievalTrace(_Camel):
     fallback_reason: str | None = None
     error: str | None = None
     query_truncated: bool = False
-    l0_hints: dict[str, Any] = Field(default_factory=dict)
+    l0_hints: L0Hints = Field(default_factory=L0Hints)
     sidecar: SidecarStatus = Field(default_factory=lambda: SidecarStatus(status="disabled"))
 
 

@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from rag_core import components
 from rag_core.breaker import CircuitBreaker
 from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.assembler import LookupResultAssembler
@@ -151,18 +152,14 @@ class LookupKnowledgeTool:
     def embedder(self) -> Embedder:
         with self._init_lock:
             if self._embedder is None:
-                from rag_core.embedding import make_embedder
-
-                self._embedder = make_embedder(self.settings)
+                self._embedder = components.make_embedder(self.settings)
             return self._embedder
 
     @property
     def store(self) -> VectorStore:
         with self._init_lock:
             if self._store is None:
-                from rag_core.stores.milvus import MilvusStore
-
-                self._store = MilvusStore.from_settings(self.settings)
+                self._store = components.make_main_store(self.settings)
             return self._store
 
     @property
@@ -171,16 +168,7 @@ class LookupKnowledgeTool:
             return None
         with self._init_lock:
             if self._sidecar is None:
-                from rag_core.stores.pgserver import resolve_dsn
-                from rag_core.stores.pgvector import PgVectorStore
-
-                self._sidecar = PgVectorStore(
-                    resolve_dsn(self.settings),
-                    self.settings.pg_table,
-                    ef_search=self.settings.pg_ef_search,
-                    connect_timeout=self.settings.pg_connect_timeout_s,
-                    statement_timeout_ms=self.settings.pg_statement_timeout_ms,
-                )
+                self._sidecar = components.make_sidecar_store(self.settings, lookup=True)
             return self._sidecar
 
     @property
@@ -189,9 +177,7 @@ class LookupKnowledgeTool:
             return None
         with self._init_lock:
             if self._recorder is None:
-                from rag_core.traces.recorder import ToolInvocationRecorder
-
-                self._recorder = ToolInvocationRecorder.from_settings(self.settings)
+                self._recorder = components.make_recorder(self.settings)
             return self._recorder
 
     # --- the tool -----------------------------------------------------------------------------
@@ -271,7 +257,7 @@ class LookupKnowledgeTool:
             else outcome.fallback_reason,
             error=outcome.error,
             query_truncated=tq.truncated,
-            l0_hints=tq.hints.to_dict(),
+            l0_hints=tq.hints,
             sidecar=sidecar_status,
         )
         message = None

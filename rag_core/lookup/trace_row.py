@@ -18,7 +18,7 @@ def build_trace_row(
     """One trace row (without ``id``/``created_at``): the columns of the tool_invocation table."""
     rt = result.retrieval_trace
     details = {
-        "l0_hints": rt.l0_hints,
+        "l0_hints": rt.l0_hints.model_dump(mode="json", by_alias=False),  # the trace is snake_case throughout
         "query_transform": tq.summary() if tq else None,
         "attempts": [a.model_dump(mode="json") for a in rt.attempts],
         "fallback_reason": rt.fallback_reason,
