@@ -72,8 +72,8 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
     from rag_core.evaluation.cases import load_cases
     from rag_core.evaluation.evaluator import evaluate
     from rag_core.evaluation.fixtures import load_fixtures
-    from rag_core.recording.record import record_fixtures
     from rag_core.ingest.pipeline import ingest
+    from rag_core.recording.record import record_fixtures
     from rag_core.stores.milvus import MilvusStore
 
     out: dict[str, Any] = {"backend": backend, "sets": {}, "ingest": {}}

@@ -21,6 +21,7 @@ from typing import Any
 from bench import report
 from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log
 from bench.context import BenchContext
+from rag_core.fileio import write_text_atomic
 
 BENCHMARKS = ("ingestion", "latency", "concurrency", "engine", "evaluation", "scale", "memory", "embedding")
 
@@ -194,9 +195,7 @@ def _write(out: Path, results: dict[str, Any], started: float, final: bool) -> N
     results["meta"]["load_average_end"] = load_average()
     results["meta"]["complete"] = final
     results["targets"] = report.evaluate_targets(results)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    tmp.replace(out / "results.json")
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
     if final:
         chart = report.chart(results, out / "scale_latency.png")
         (out / "results.md").write_text(report.markdown(results, chart.name if chart else None))

@@ -2,35 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
 
+from rag_core.fileio import temp_beside as _temp_beside
+from rag_core.fileio import write_text_atomic
 
-@contextmanager
-def _temp_beside(target: Path) -> Iterator[str]:
-    """A temp path in ``target``'s directory, renamed over ``target`` when the body succeeds."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield tmp
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(target: Path, text: str) -> Path:
-    """Write UTF-8 ``text`` to ``target``; returns ``target``."""
-    with _temp_beside(target) as tmp:
-        Path(tmp).write_text(text, encoding="utf-8")
-    return target
+__all__ = ["copy_atomic", "write_parquet_atomic", "write_text_atomic"]
 
 
 def write_parquet_atomic(frame: pl.DataFrame, target: Path) -> Path:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag_core.embedding.base import ModelIdentity
+from rag_core.fileio import write_text_atomic
 from rag_core.ingest.chunking import _content_hash as content_hash  # the hash chunking stores
 from rag_core.models import Chunk
 from rag_core.settings import RagSettings
@@ -79,11 +78,7 @@ def write_index_state(
     }
     path = state_path(settings)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".index_state.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError as exc:
         log.warning(
             "could not write the index state %s (%s): `rag doctor` cannot verify this index", path, exc.strerror or exc

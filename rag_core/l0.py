@@ -44,6 +44,7 @@ from typing import Any
 from pydantic import Field
 from rapidfuzz import fuzz, process
 
+from rag_core.fileio import write_text_atomic
 from rag_core.models import CamelModel, KnowledgeDocument
 from rag_core.text import normalize, tokenize
 
@@ -202,10 +203,7 @@ class L0Index:
         return cls(entries)
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(e) for e in self.entries.values()], ensure_ascii=False))
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps([asdict(e) for e in self.entries.values()], ensure_ascii=False))
 
     @classmethod
     def load(cls, path: Path) -> L0Index:

@@ -153,9 +153,9 @@ def test_long_paragraphs_split_at_sentences_within_budget(count, max_tokens):
     assert len(chunks) > 2
     assert_well_formed(doc, chunks, count, max_tokens)
     english = [c for c in chunks if "kubelet" in c.text and "检查" not in c.text]
-    assert all(c.text.rstrip().endswith(".") for c in english[:-1])  # cut after a sentence
+    assert len(english) >= 2 and all(c.text.rstrip().endswith(".") for c in english[:-1])  # cut after a sentence
     chinese = [c for c in chunks if "检查" in c.text and "kubelet" not in c.text]
-    assert all(c.text.endswith("。") for c in chinese)
+    assert chinese and all(c.text.endswith("。") for c in chinese)
 
 
 def test_text_without_any_cut_point_is_cut_hard_within_budget(count):
@@ -175,7 +175,7 @@ def test_table_split_repeats_the_header(count):
     assert len(chunks) > 3
     assert_well_formed(doc, chunks, count, 100)
     table_chunks = [c for c in chunks if "| Alert" in c.text]
-    assert all(header in c.text for c in table_chunks)
+    assert len(table_chunks) >= 2 and all(header in c.text for c in table_chunks)
     continued = [c for c in table_chunks if c.text.startswith(header)]
     assert len(continued) == len(table_chunks) - 1  # the first keeps its own header in place
     for chunk in continued:

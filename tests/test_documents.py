@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -231,16 +230,15 @@ def test_section_page_with_a_body_loads(tmp_path):
     assert load(tmp_path, "k8s/_index.md", "---\ntitle: K8s\n---\nAbout this section.\n").title == "K8s"
 
 
-def test_large_document_loads_fast_and_the_size_cap_applies(tmp_path):
+def test_large_document_loads_whole_and_the_size_cap_applies(tmp_path):
     para = "The pod restarts because the liveness probe fails; check `kubectl describe`.\n"
     section = "## Diagnosis\n\n" + para * 10 + "\n- item one\n- item two\n\n"
     content = "---\ntitle: Big\n---\n# Big\n\n" + section * (5_000_000 // len(section))
     path = write(tmp_path, "big.md", content)
     assert path.stat().st_size > 4_900_000
-    started = time.perf_counter()
     doc = load_document(path, tmp_path)
-    assert time.perf_counter() - started < 5
-    assert doc.title == "Big" and len(doc.body) > 4_900_000
+    assert doc.title == "Big" and doc.h1 == "Big"
+    assert doc.body == content.split("---\n", 2)[2]  # the whole body, nothing cut or altered
     with pytest.raises(DocumentError, match="over the max_bytes limit of 1000000"):
         load_document(path, tmp_path, max_bytes=1_000_000)
 

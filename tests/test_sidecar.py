@@ -8,6 +8,8 @@ from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.milvus import MilvusStore
 from rag_core.stores.pgvector import PgVectorStore
 
+pytestmark = pytest.mark.integration
+
 
 class Untouchable:
     """A sidecar that fails the test if the tool touches it at all."""

@@ -59,7 +59,7 @@ def retrieval_history(
     night = NightRecord(
         night=night_of(main),
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        run_id=context.run_id,
+        run_id=context.run.run_id,
         paths=paths,
     )
     reports_dir = evaluation.files(settings).reports_dir

@@ -47,6 +47,9 @@ class BadVectorError(ValueError):
         self.label = label
 
 
+INCOMPLETE_PREFIX = "incomplete:"
+
+
 @dataclass(frozen=True)
 class ModelIdentity:
     """What a vector store records about the model that filled it.
@@ -70,6 +73,16 @@ class ModelIdentity:
 
     def describe(self) -> str:
         return f"{self.backend}:{self.model_id} ({self.dimension}-d, fingerprint {self.fingerprint})"
+
+    def incomplete(self) -> ModelIdentity:
+        """The marker an ingest records while it writes a new store or re-embeds one for this
+        model: it equals no model, so a store left half-written (rows of two models, or
+        unrecorded ones) is rewritten whole by the next ingest and refused by lookups meanwhile."""
+        return ModelIdentity(self.backend, self.model_id, self.dimension, INCOMPLETE_PREFIX + self.fingerprint)
+
+    @property
+    def is_incomplete(self) -> bool:
+        return self.fingerprint.startswith(INCOMPLETE_PREFIX)
 
 
 def fingerprint(settings: dict[str, Any]) -> str:

@@ -14,8 +14,6 @@ them with ``load_fixtures``. Nothing here talks to a vector store.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -27,6 +25,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from rag_core.fileio import write_text_atomic
 
 __all__ = [
     "MANIFEST_NAME",
@@ -212,22 +212,9 @@ def fixture_filename(case_id: str) -> str:
 
 
 def _write_atomic(target: Path, text: str) -> Path:
-    """Write ``text`` to a temp file in the same directory, then rename over ``target``.
-
-    A reader never sees a half-written file, even if the recorder is killed mid-write. No
-    fsync: after a power loss a torn file is reported as corrupt (that case not_run), which
-    is cheaper than 10 ms per fixture on every recording.
-    """
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    """Fixtures are written atomically: a recorder killed mid-write leaves no half file (a
+    torn file after a power loss is reported as corrupt and its case not_run)."""
+    return write_text_atomic(target, text)
 
 
 def _model_json(model: BaseModel) -> str:

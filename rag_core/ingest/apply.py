@@ -3,7 +3,8 @@
 ``apply_plan`` first re-reads the store and refuses (``StalePlanError``) when it no longer holds
 what the plan was made against: another ingest wrote in between, and applying this diff could
 delete its chunks or leave them half-replaced. Then: drop/recreate when planned, upsert the
-planned chunks with their vectors, record the model, delete the planned chunk ids, flush.
+planned chunks with their vectors, record the model, delete the planned chunk ids, flush. A new
+store or a model change is marked incomplete (``ModelIdentity.incomplete``) while it is written.
 Documents the embed stage skipped (a bad vector) keep their stored chunks.
 """
 
@@ -54,6 +55,11 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     if store_plan.drop:
         store.drop()
     store.ensure_schema(plan.identity.dimension)
+    if store_plan.recorded != plan.identity:
+        # A new store, or one of another model: until the last row is written it holds unrecorded
+        # or mixed-model vectors. The marker makes a run after an interruption rewrite it whole
+        # (never take half-written rows for current ones) and lookups refuse it meanwhile.
+        store.record_model(plan.identity.incomplete())
     _upsert_in_batches(store, upsert, embeddings)
     store.record_model(plan.identity)
     store.delete_chunks(delete)

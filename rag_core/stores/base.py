@@ -118,10 +118,17 @@ class IndexModelMismatchError(StoreError):
     """The index was built with another embedding model (or other embedding settings)."""
 
     def __init__(self, where: str, recorded: ModelIdentity, active: ModelIdentity):
-        super().__init__(
-            f"{where} was built with {recorded.describe()} but the active model is "
-            f"{active.describe()}: run `rag ingest` to re-embed with it (RAG_EMBEDDING_BACKEND / "
-            "RAG_EMBEDDING_MODEL select the model)"
-        )
+        if recorded.is_incomplete:
+            message = (
+                f"{where} is being written by an ingest for {recorded.model_id}, or its last ingest was "
+                "interrupted: run `rag ingest` (it rewrites the index whole)"
+            )
+        else:
+            message = (
+                f"{where} was built with {recorded.describe()} but the active model is "
+                f"{active.describe()}: run `rag ingest` to re-embed with it (RAG_EMBEDDING_BACKEND / "
+                "RAG_EMBEDDING_MODEL select the model)"
+            )
+        super().__init__(message)
         self.recorded = recorded
         self.active = active

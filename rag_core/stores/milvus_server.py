@@ -40,6 +40,7 @@ from pathlib import Path
 import psutil
 from filelock import FileLock, Timeout
 
+from rag_core.fileio import write_text_atomic
 from rag_core.stores.base import StoreError
 
 log = logging.getLogger(__name__)
@@ -169,9 +170,7 @@ def _read_state(state_path: Path) -> ServerState | None:
 
 
 def _write_state(state_path: Path, state: ServerState) -> None:
-    tmp = state_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(asdict(state), indent=2), encoding="utf-8")
-    os.replace(tmp, state_path)  # atomic: a reader never sees half a file
+    write_text_atomic(state_path, json.dumps(asdict(state), indent=2))  # a reader never sees half a file
 
 
 def _is_our_server(state: ServerState) -> bool:
