@@ -7,7 +7,10 @@ from typing import TYPE_CHECKING
 from rag_core.settings import RagSettings
 
 if TYPE_CHECKING:  # the components' modules load heavy dependencies: imported on first use
+    from collections.abc import Callable
+
     from rag_core.embedding.base import Embedder
+    from rag_core.models import Chunk
     from rag_core.stores.base import VectorStore
     from rag_core.stores.milvus import MilvusStore
     from rag_core.stores.pgvector import PgVectorStore
@@ -58,6 +61,14 @@ def make_recorder(settings: RagSettings) -> ToolInvocationRecorder:
     from rag_core.traces.recorder import ToolInvocationRecorder
 
     return ToolInvocationRecorder.from_settings(settings)
+
+
+def chunk_checks(settings: RagSettings) -> list[Callable[[Chunk], None]]:
+    """The ``check_chunk`` of each store the settings write to, without opening them (chunking
+    runs before any store is touched, e.g. the Dagster ``chunks`` asset). pgvector has no limits."""
+    from rag_core.stores.milvus import check_chunk_fits
+
+    return [check_chunk_fits]
 
 
 def make_stores(settings: RagSettings, with_sidecar: bool | None = None) -> list[VectorStore]:

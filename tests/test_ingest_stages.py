@@ -235,3 +235,18 @@ def test_nan_vector_on_milvus_with_the_real_model_skips_only_its_document(tmp_pa
         assert "cache/RedisMemoryHigh.md" in {doc for doc, _ in store.chunk_hashes().values()}
     finally:
         store.close()
+
+
+def test_a_chunk_a_store_cannot_hold_skips_its_document_at_chunking(tmp_path, kb):
+    from rag_core.components import chunk_checks
+
+    long_title = "告" * 400  # 1,200 UTF-8 bytes: over Milvus's 1,024-byte VARCHAR title
+    (kb / "ops" / "long.md").write_text(f"---\ntitle: {long_title}\n---\n# Long\n\n## Steps\n\nRestart it.\n")
+    settings = make_settings(tmp_path / "data", kb)
+    scan = scan_knowledge(settings.knowledge_dir, settings.max_document_bytes)
+    unchecked = chunk_scan(scan.documents, FakeEmbedder().count_tokens, 256)
+    checked = chunk_scan(scan.documents, FakeEmbedder().count_tokens, 256, chunk_checks(settings))
+    assert "ops/long.md" in {d.doc_id for d in unchecked.documents}  # chunking alone knows no store limits
+    issue = next(i for i in checked.issues if i.path == "ops/long.md")
+    assert "title" in issue.reason and "1200" in issue.reason and "VARCHAR" in issue.reason
+    assert {d.doc_id for d in checked.documents} == {d.doc_id for d in unchecked.documents} - {"ops/long.md"}

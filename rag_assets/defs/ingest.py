@@ -174,12 +174,14 @@ def chunks(
     Sized with the embedding model's tokenizer and window. A document that cannot be chunked is
     skipped and listed; the rest are written.
     """
+    from rag_core.components import chunk_checks
     from rag_core.ingest.pipeline import chunk_token_limit
     from rag_core.ingest.plan import chunk_scan
 
     settings = rag.get_settings()
     model = embedder.get()  # its tokenizer and window size the chunks
-    chunked = chunk_scan(knowledge_documents.documents, model.count_tokens, chunk_token_limit(settings, model))
+    limit = chunk_token_limit(settings, model)
+    chunked = chunk_scan(knowledge_documents.documents, model.count_tokens, limit, chunk_checks(settings))
     for issue in chunked.issues:
         context.log.warning("not chunked: %s", issue)
     frame = chunk_frame(list(chunked.chunks), model.count_tokens)

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag_core.components import chunk_checks
 from rag_core.embedding import Embedder, make_embedder
 from rag_core.health import write_index_state
 from rag_core.ingest.apply import StalePlanError, apply_plan
@@ -118,7 +119,7 @@ def chunk_documents(
     """Chunk every document with the active model's tokenizer and window (``embedder``, else the
     one the settings name); a document whose chunking fails is added to ``report.skipped``."""
     embedder = embedder or make_embedder(settings)
-    chunked = chunk_scan(docs, embedder.count_tokens, chunk_token_limit(settings, embedder))
+    chunked = chunk_scan(docs, embedder.count_tokens, chunk_token_limit(settings, embedder), chunk_checks(settings))
     report.skipped.extend(chunked.issues)
     return list(chunked.documents), list(chunked.chunks)
 
@@ -156,7 +157,8 @@ def ingest(
     for warning in scan.warnings:
         log.warning("%s", warning)
     with _stage(report, "chunk"):
-        chunked = chunk_scan(scan.documents, embedder.count_tokens, chunk_token_limit(settings, embedder))
+        checks = [store.check_chunk for store in stores]
+        chunked = chunk_scan(scan.documents, embedder.count_tokens, chunk_token_limit(settings, embedder), checks)
     with _stage(report, "plan"):
         # Read once per store: the wipe check and the diff share it.
         states = [read_store_state(store) for store in stores]

@@ -21,8 +21,6 @@ from rag_core.ingest.chunking import chunk_document
 from rag_core.ingest.documents import EMPTY_FILE_REASON, NO_BODY_REASON, SECTION_PAGE_REASON
 from rag_core.models import Chunk, DocumentIssue, KnowledgeDocument
 from rag_core.stores.base import VectorStore
-from rag_core.stores.milvus import check_varchar_limits
-from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +81,14 @@ class ChunkedDocuments:
 
 
 def chunk_scan(
-    documents: Sequence[KnowledgeDocument], count_tokens: Callable[[str], int], max_tokens: int
+    documents: Sequence[KnowledgeDocument],
+    count_tokens: Callable[[str], int],
+    max_tokens: int,
+    checks: Sequence[Callable[[Chunk], None]] = (),
 ) -> ChunkedDocuments:
     """Chunk every document by headings with ``count_tokens`` and at most ``max_tokens`` per
-    chunk; a document whose chunking fails (or whose fields exceed the store limits) is
-    reported and left out, the rest go on."""
+    chunk; a document whose chunking fails, or with a chunk one of the target stores cannot
+    hold (``checks``: each store's ``check_chunk``), is reported and left out; the rest go on."""
     kept: list[KnowledgeDocument] = []
     chunks: list[Chunk] = []
     issues: list[DocumentIssue] = []
@@ -95,7 +96,8 @@ def chunk_scan(
         try:
             doc_chunks = chunk_document(doc, count_tokens, max_tokens)
             for chunk in doc_chunks:
-                check_varchar_limits(chunk, lexical_string(chunk.embed_text))
+                for check in checks:
+                    check(chunk)
         except Exception as exc:  # one bad document never stops the batch
             issues.append(DocumentIssue(doc.doc_id, f"cannot be chunked: {exc}"))
             continue

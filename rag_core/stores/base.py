@@ -67,6 +67,10 @@ class VectorStore(Protocol):
     def ensure_schema(self, dim: int) -> None:
         """Create the collection/table if missing, load it; DimensionMismatchError if dims differ."""
 
+    def check_chunk(self, chunk: Chunk) -> None:
+        """ValueError naming the chunk and field when this store cannot hold ``chunk`` (e.g. a
+        Milvus VARCHAR limit); needs no connection. Ingest skips such a chunk's document."""
+
     def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
         """Insert or replace chunks by chunk id; vectors are (n, dim) float32, L2-normalised."""
 

@@ -47,6 +47,9 @@ class InMemoryStore:
             raise DimensionMismatchError("the in-memory store", self._dim, dim)
         self._dim = dim
 
+    def check_chunk(self, chunk: Chunk) -> None:
+        """Nothing to check: any chunk fits in memory."""
+
     def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
         """Insert or replace chunks by id (vectors (n, dim) float32, L2-normalised)."""
         if not chunks:

@@ -80,6 +80,12 @@ def escape_filter_value(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def check_chunk_fits(chunk: Chunk) -> None:
+    """ValueError naming the chunk and field when a value (the lexical column included) exceeds
+    its Milvus VARCHAR limit in UTF-8 bytes."""
+    check_varchar_limits(chunk, lexical_string(chunk.embed_text))
+
+
 def check_varchar_limits(chunk: Chunk, lexical: str) -> None:
     """ValueError naming the chunk and field when a value exceeds its VARCHAR limit in UTF-8 bytes."""
     values = {
@@ -374,6 +380,10 @@ class MilvusStore:
             self._ensure_loaded()
 
     # --- writes -----------------------------------------------------------------------------
+
+    def check_chunk(self, chunk: Chunk) -> None:
+        """ValueError when a field exceeds its VARCHAR limit (``check_chunk_fits``)."""
+        check_chunk_fits(chunk)
 
     def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
         """Insert or replace ``chunks`` by chunk id. ValueError names a bad chunk before any write."""

@@ -244,6 +244,9 @@ class PgVectorStore:
 
     # --- writes -----------------------------------------------------------------------------
 
+    def check_chunk(self, chunk: Chunk) -> None:
+        """Nothing to check: text columns hold up to 1 GB, and NUL bytes are removed on write."""
+
     def upsert(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> None:
         """Insert or replace ``chunks`` by chunk id in one transaction.
 
