@@ -30,6 +30,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_GOLDEN_CASES, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
 SHARED = PROJECT_ROOT.parent / "shared"
@@ -244,7 +245,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
     sets = ["runbooks-visible", "runbooks-en-hard-visible", "runbooks-zh-visible", "cases"]
     sets += [f"{s}@pgvector" for s in sets if any(f"{s}@pgvector" in r["sets"] for r in results)]
     head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s", "lookup RSS MiB", "torch"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for r in results:
         cells = [f"{LABELS.get(r['backend'], r['backend'])} ({r['model']['model_id']}, {r['model']['dimension']}-d)"]
         for s in sets:
@@ -257,8 +258,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             str(mem.get("peak_mib", "-")),
             "yes" if mem.get("torch_loaded") else "no",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return md_table(head, rows) + "\n"
 
 
 def main() -> None:

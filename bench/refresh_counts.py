@@ -33,6 +33,7 @@ from types import ModuleType
 from typing import Any
 
 from bench.common import PROJECT_ROOT, RESULTS_DIR, RUNBOOKS, make_settings
+from rag_core.markdown import md_table
 
 
 @dataclass
@@ -217,19 +218,15 @@ def _stop_servers(data_dir: Path) -> None:
 
 def table(results: dict[str, dict[str, Counts]]) -> str:
     """Markdown table: one row per (path, refresh)."""
-    lines = [
-        "| path | refresh | scans | chunkings | L0 writes | passages embedded | model calls | "
-        "milvus rows | pgvector rows | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+    headers = ["path", "refresh", "scans", "chunkings", "L0 writes", "passages embedded", "model calls"]
+    headers += ["milvus rows", "pgvector rows", "wall s"]
+    rows = [
+        [path, step, c.scans, c.chunkings, c.l0_writes, c.passages_embedded, c.model_calls]
+        + [c.rows.get("milvus", "-"), c.rows.get("pgvector", "-"), c.seconds]
+        for path, steps in results.items()
+        for step, c in steps.items()
     ]
-    for path, steps in results.items():
-        for step, c in steps.items():
-            lines.append(
-                f"| {path} | {step} | {c.scans} | {c.chunkings} | {c.l0_writes} | {c.passages_embedded} | "
-                f"{c.model_calls} | {c.rows.get('milvus', '-')} | {c.rows.get('pgvector', '-')} | "
-                f"{c.seconds} |"
-            )
-    return "\n".join(lines)
+    return md_table(headers, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

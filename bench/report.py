@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rag_core.markdown import md_table
+
 STAGE_LABELS = {
     "e2e": "end to end (`lookup` call)",
     "l0": "L0 hints (query transform)",
@@ -41,9 +43,7 @@ def _pct(v: float | None) -> str:
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+    return md_table(header, rows)
 
 
 def _ok(r: dict | None) -> bool:

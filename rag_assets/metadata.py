@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import polars as pl
 
+from rag_core.markdown import md_cell, md_table
 from rag_core.models import DocumentIssue
 
+__all__ = ["issues_table", "md_cell", "md_table"]
+
 _POLARS_TYPES = {pl.Utf8: "string", pl.Int64: "int", pl.Int32: "int", pl.Float64: "float", pl.Boolean: "bool"}
-
-
-def md_cell(value: Any) -> str:
-    """Text safe inside a Markdown table cell (``—`` for empty)."""
-    text = "—" if value is None or value == "" else str(value)
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table."""
-    lines = ["| " + " | ".join(md_cell(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(md_cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def issues_table(issues: Sequence[DocumentIssue]) -> dg.TableMetadataValue:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, Field
 
 from rag_core.evaluation.evaluator import CaseResult, EvaluationReport, HitLevel
+from rag_core.markdown import md_table_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -305,17 +306,17 @@ def _render(result: GateResult) -> str:
         f"Newly found: {', '.join(result.newly_found) or 'none'}",
     ]
     if result.changes:
-        lines += [
-            "",
-            "| case | scenario | hit level | first-hit rank | change |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| `{c.case_id}` | {c.scenario} | {c.baseline_level} -> {c.current_level} | "
-            f"{_rank(c.baseline_first_hit_rank)} -> {_rank(c.current_first_hit_rank)} | "
-            f"{', '.join(k.replace('_', ' ') for k in c.kinds)} |"
+        rows = [
+            (
+                f"`{c.case_id}`",
+                c.scenario,
+                f"{c.baseline_level} -> {c.current_level}",
+                f"{_rank(c.baseline_first_hit_rank)} -> {_rank(c.current_first_hit_rank)}",
+                ", ".join(k.replace("_", " ") for k in c.kinds),
+            )
             for c in result.changes
         ]
+        lines += ["", *md_table_lines(["case", "scenario", "hit level", "first-hit rank", "change"], rows)]
     else:
         lines += ["", "No case changed hit level or first-hit rank."]
     return "\n".join(lines) + "\n"

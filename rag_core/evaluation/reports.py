@@ -24,6 +24,7 @@ from rag_core.evaluation.evaluator import (
 from rag_core.evaluation.filter_cost import FILTER_EFFECTS
 from rag_core.evaluation.fixtures import FixtureCandidate, FixtureSet, PathStatus
 from rag_core.evaluation.metrics import normalize_doc_id, rank_overlap_at_k, ranked_sources
+from rag_core.markdown import md_cell, md_table_lines
 
 __all__ = [
     "OVERLAP_KS",
@@ -102,17 +103,8 @@ class ComparisonReport(BaseModel):
 # --------------------------------------------------------------------------- formatting
 
 
-def _cell(value: Any) -> str:
-    """Text safe inside a Markdown table cell."""
-    text = "—" if value is None or value == "" else str(value)
-    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |"]
-    lines.append("|" + "|".join("---" for _ in headers) + "|")
-    lines.extend("| " + " | ".join(_cell(v) for v in row) + " |" for row in rows)
-    return lines
+_cell = md_cell
+_table = md_table_lines
 
 
 def _num(value: float | None, digits: int = 3) -> str:
