@@ -42,10 +42,6 @@ def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f} %"
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    return md_table(header, rows)
-
-
 def _ok(r: dict | None) -> bool:
     return isinstance(r, dict) and "error" not in r
 
@@ -223,7 +219,7 @@ def markdown(r: dict[str, Any], chart_name: str | None) -> str:
     )
     out += ["", "## Targets", ""]
     out.append(
-        _table(
+        md_table(
             ["target", "measured (same run)", "ratio", "limit", "status"],
             [
                 [t["target"], t.get("measured", "–"), t.get("ratio", "–"), t["limit"], _status(t.get("met"))]
@@ -273,7 +269,7 @@ def _latency_md(lat: dict | None) -> list[str]:
             s = lat["paths"][p]["stages_ms"][stage]
             row += [_f(s["p50"], 2), _f(s["p95"], 2), _f(s["p99"], 2)]
         rows.append(row)
-    out.append(_table(header, rows))
+    out.append(md_table(header, rows))
     out.append("")
     for p in paths:
         d = lat["paths"][p]
@@ -376,10 +372,10 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
                 best_rows.append([f"{int(n):,}", store, "no config reached recall@10 >= 0.95"] + ["–"] * 7)
             for c in s["configs"]:
                 all_rows.append(_cfg_row(n, store, c, numpy_p50, best=c is b or c == b))
-    out += ["### Best configuration per store and size", "", _table(head, best_rows), ""]
+    out += ["### Best configuration per store and size", "", md_table(head, best_rows), ""]
     if chart_name:
         out += [f"![search latency vs size]({chart_name})", ""]
-    out += ["### All configurations", "", _table(head, all_rows), ""]
+    out += ["### All configurations", "", md_table(head, all_rows), ""]
     setup_rows, api_rows = [], []
     for n, res in sc["sizes"].items():
         s = res["setup"]
@@ -417,7 +413,7 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
     out += [
         "### Setup times (seconds)",
         "",
-        _table(
+        md_table(
             [
                 "size",
                 "generate + exact ground truth",
@@ -443,7 +439,7 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
             f"{_f(plan.get('exact_scan_max_rows'))} rows can match, else HNSW ef_search={_f(plan.get('ef_search'))} "
             "with iterative scans). Recall is over the timed queries.",
             "",
-            _table(["size", "MilvusStore.search", "PgVectorStore.search"], api_rows),
+            md_table(["size", "MilvusStore.search", "PgVectorStore.search"], api_rows),
             "",
         ]
     prof = ((sc["sizes"].get("100000") or {}).get("stores", {}).get("milvus") or {}).get("profile")
@@ -527,11 +523,11 @@ def _ingestion_md(ing: dict | None) -> list[str]:
         "",
         "## Ingestion",
         "",
-        _table(["measure", "value"], rows),
+        md_table(["measure", "value"], rows),
         "",
         "Per-stage seconds (`report.stage_seconds`):",
         "",
-        _table(["stage", "first ingest s", "unchanged re-ingest s"], st_rows),
+        md_table(["stage", "first ingest s", "unchanged re-ingest s"], st_rows),
     ]
 
 
@@ -551,7 +547,7 @@ def _evaluation_md(ev: dict | None) -> list[str]:
         ],
         ["result mix", str(ev["summary"])],
     ]
-    return ["", "## Offline evaluation", "", _table(["measure", "value"], rows)]
+    return ["", "## Offline evaluation", "", md_table(["measure", "value"], rows)]
 
 
 def _embedding_md(emb: dict | None) -> list[str]:
@@ -582,7 +578,7 @@ def _embedding_md(emb: dict | None) -> list[str]:
         "loaded, 20 lookups on a small index). Ratios against MiniLM in the same run. Retrieval quality "
         "per backend: `python -m bench.embedding_backends`.",
         "",
-        _table(
+        md_table(
             ["backend", "query p50 ms (vs MiniLM)", "query p95 ms", "chunks/s (vs MiniLM)", "lookup RSS MiB", "torch"],
             rows,
         ),
@@ -616,7 +612,7 @@ def _memory_md(mem: dict | None) -> list[str]:
         "",
         "## Memory (peak RSS of a lookup process)",
         "",
-        _table(
+        md_table(
             [
                 "collection",
                 "chunks",
@@ -707,7 +703,7 @@ def _concurrency_md(conc: dict | None) -> list[str]:
         "",
         "## Concurrency (one tool object shared by N threads)",
         "",
-        _table(header, rows),
+        md_table(header, rows),
         "",
         f"{conc['lookups_per_config']} lookups per configuration.",
     ]
@@ -718,7 +714,7 @@ def _concurrency_md(conc: dict | None) -> list[str]:
 
 
 def _profile_table(rows: list[dict], unit: str = "ms") -> str:
-    return _table(
+    return md_table(
         ["function", "calls", f"self {unit}", f"cumulative {unit}"],
         [[f"`{r['function']}`", r["ncalls"], _f(r["tottime_ms"], 3), _f(r["cumtime_ms"], 3)] for r in rows],
     )

@@ -211,12 +211,6 @@ def fixture_filename(case_id: str) -> str:
     return f"{case_id}.json"
 
 
-def _write_atomic(target: Path, text: str) -> Path:
-    """Fixtures are written atomically: a recorder killed mid-write leaves no half file (a
-    torn file after a power loss is reported as corrupt and its case not_run)."""
-    return write_text_atomic(target, text)
-
-
 def _model_json(model: BaseModel) -> str:
     return model.model_dump_json(indent=2) + "\n"
 
@@ -227,13 +221,13 @@ def write_fixture(directory: str | Path, fixture: CaseFixture | dict[str, Any]) 
     Returns the written path. Raises ``pydantic.ValidationError`` for an invalid fixture.
     """
     model = CaseFixture.model_validate(fixture)
-    return _write_atomic(Path(directory) / fixture_filename(model.case_id), _model_json(model))
+    return write_text_atomic(Path(directory) / fixture_filename(model.case_id), _model_json(model))
 
 
 def write_manifest(directory: str | Path, manifest: FixtureManifest | dict[str, Any]) -> Path:
     """Validate ``manifest`` and write it atomically to ``<directory>/manifest.json``."""
     model = FixtureManifest.model_validate(manifest)
-    return _write_atomic(Path(directory) / MANIFEST_NAME, _model_json(model))
+    return write_text_atomic(Path(directory) / MANIFEST_NAME, _model_json(model))
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -103,10 +103,6 @@ class ComparisonReport(BaseModel):
 # --------------------------------------------------------------------------- formatting
 
 
-_cell = md_cell
-_table = md_table_lines
-
-
 def _num(value: float | None, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
@@ -224,7 +220,7 @@ def _summary_table(
             a, b = (value(s) if s else None for _, s in columns)
             row.append(_delta(a, b))
         rows.append([*row, meaning])
-    return _table(headers, rows)
+    return md_table_lines(headers, rows)
 
 
 def _delta(before: float | None, after: float | None) -> str:
@@ -302,12 +298,14 @@ def _filter_cost_lines(report: EvaluationReport) -> list[str]:
         "expected doc with and without the filter.",
         "",
     ]
-    lines += _table(["effect", "cases"], [[effect, n] for effect, n in cost.counts.items() if effect != "no_filter"])
+    lines += md_table_lines(
+        ["effect", "cases"], [[effect, n] for effect, n in cost.counts.items() if effect != "no_filter"]
+    )
     filtered = [c for c in report.cases if c.filter_outcome and c.filter_outcome.effect != "no_filter"]
     filtered.sort(key=lambda c: (FILTER_EFFECTS.index(c.filter_outcome.effect), c.case_id))  # type: ignore[union-attr]
     if filtered:
         lines += [""]
-        lines += _table(
+        lines += md_table_lines(
             ["case", "effect", "filter", "rank with filter", "rank without filter"],
             [
                 [
@@ -385,10 +383,10 @@ def render_baseline_markdown(
         ]
         for scenario, s in report.by_scenario.items()
     ]
-    lines += _table(headers, rows)
+    lines += md_table_lines(headers, rows)
 
     lines += ["", "## Per case", ""]
-    lines += _table(
+    lines += md_table_lines(
         ["case", "scenario", "hit", "first-hit rank", "top 3 (raw score, label)", "failed checks"],
         _case_rows(report.cases),
     )
@@ -552,7 +550,7 @@ def build_comparison(
 def _entry_cells(entry: SideBySideEntry | None, highlight: bool) -> list[str]:
     if entry is None:
         return ["—", "—", "—", "—"]
-    source = _cell(entry.doc_id or "(no doc id)")
+    source = md_cell(entry.doc_id or "(no doc id)")
     source = f"**{source}**" if highlight else source
     raw = f" (raw {entry.raw_score:.3f} {entry.score_label})".rstrip() if entry.raw_score is not None else ""
     score = f"{_num(entry.normalized_score)}{raw}"
@@ -589,7 +587,7 @@ def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str
             side_entry = case.sidecar_top[rank - 1] if rank <= len(case.sidecar_top) else None
             row += ["≠" if differs else "=", *_entry_cells(side_entry, differs)]
         rows.append(row)
-    return [*lines, *_table(headers, rows), ""]
+    return [*lines, *md_table_lines(headers, rows), ""]
 
 
 def render_comparison_markdown(comparison: ComparisonReport, chart_file: str | None = None) -> str:

@@ -17,9 +17,6 @@ from rag_core.models import CamelModel
 Layer = Literal["L1", "L0+L1", "L0", "none"]
 
 
-_Camel = CamelModel
-
-
 class RelevanceLevel(str, Enum):
     """How well the evidence answers the query (thresholds: see ``assess_relevance``)."""
 
@@ -29,7 +26,7 @@ class RelevanceLevel(str, Enum):
     NONE = "NONE"
 
 
-class EvidenceBlock(_Camel):
+class EvidenceBlock(CamelModel):
     """One source document's best evidence. ``score`` is the normalised similarity in [0, 1];
     ``rawScore`` is the store's own number, meaning given by ``scoreLabel``."""
 
@@ -48,7 +45,7 @@ class EvidenceBlock(_Camel):
     hit_reasons: list[str] = Field(default_factory=list)
 
 
-class ContextPack(_Camel):
+class ContextPack(CamelModel):
     """Evidence packed into one text under a character budget."""
 
     packed_text: str
@@ -59,7 +56,7 @@ class ContextPack(_Camel):
     omitted_sources: list[str]
 
 
-class RetrievalAttempt(_Camel):
+class RetrievalAttempt(CamelModel):
     """One L1 attempt. ``filter`` is the category filter (None = unfiltered); ``topScore`` is
     the best normalised similarity; ``durationMs`` in milliseconds."""
 
@@ -74,7 +71,7 @@ class RetrievalAttempt(_Camel):
     low_quality_reason: str | None = None
 
 
-class SidecarStatus(_Camel):
+class SidecarStatus(CamelModel):
     """Outcome of the pgvector sidecar query beside the main path (never affects the result)."""
 
     status: Literal["disabled", "available", "unavailable", "error"]
@@ -83,7 +80,7 @@ class SidecarStatus(_Camel):
     duration_ms: float | None = None
 
 
-class RetrievalTrace(_Camel):
+class RetrievalTrace(CamelModel):
     path: str
     layer: Layer
     attempts: list[RetrievalAttempt]
@@ -95,7 +92,7 @@ class RetrievalTrace(_Camel):
     sidecar: SidecarStatus = Field(default_factory=lambda: SidecarStatus(status="disabled"))
 
 
-class RerankEntry(_Camel):
+class RerankEntry(CamelModel):
     """Why a block got its rank: ``finalScore = baseScore + sum(contributions)``."""
 
     source: str
@@ -106,7 +103,7 @@ class RerankEntry(_Camel):
     rank_after: int
 
 
-class LookupResult(_Camel):
+class LookupResult(CamelModel):
     """What ``lookup_knowledge`` returns to the agent."""
 
     query: str

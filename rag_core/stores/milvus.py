@@ -83,12 +83,13 @@ def escape_filter_value(value: str) -> str:
 def check_chunk_fits(chunk: Chunk) -> None:
     """ValueError naming the chunk and field when a value (the lexical column included) exceeds
     its Milvus VARCHAR limit in UTF-8 bytes."""
-    check_varchar_limits(chunk, lexical_string(chunk.embed_text))
+    varchar_row(chunk)
 
 
-def check_varchar_limits(chunk: Chunk, lexical: str) -> None:
-    """ValueError naming the chunk and field when a value exceeds its VARCHAR limit in UTF-8 bytes."""
-    values = {
+def varchar_row(chunk: Chunk) -> dict[str, str]:
+    """The VARCHAR columns of ``chunk``'s row; ValueError naming the chunk and field when a value
+    exceeds its VARCHAR limit in UTF-8 bytes."""
+    row = {
         "chunk_id": chunk.chunk_id,
         "doc_id": chunk.doc_id,
         "title": chunk.title,
@@ -96,15 +97,16 @@ def check_varchar_limits(chunk: Chunk, lexical: str) -> None:
         "category": chunk.category,
         "text": chunk.text,
         "content_hash": chunk.content_hash,
-        "lexical": lexical,
+        "lexical": lexical_string(chunk.embed_text),
     }
-    for field, value in values.items():
+    for field, value in row.items():
         size = len(value.encode("utf-8"))
         if size > VARCHAR_LIMITS[field]:
             raise ValueError(
                 f"chunk {chunk.chunk_id} ({chunk.doc_id}): field {field} is {size} UTF-8 bytes, "
                 f"over the Milvus VARCHAR limit of {VARCHAR_LIMITS[field]}"
             )
+    return row
 
 
 @dataclass(frozen=True)
@@ -390,23 +392,9 @@ class MilvusStore:
         if not chunks:
             return
         check_vectors([c.chunk_id for c in chunks], vectors, vectors.shape[1])
-        rows = []
-        for chunk, vector in zip(chunks, vectors, strict=True):
-            lexical = lexical_string(chunk.embed_text)
-            check_varchar_limits(chunk, lexical)
-            rows.append(
-                {
-                    "chunk_id": chunk.chunk_id,
-                    "doc_id": chunk.doc_id,
-                    "title": chunk.title,
-                    "breadcrumb": chunk.breadcrumb,
-                    "category": chunk.category,
-                    "text": chunk.text,
-                    "content_hash": chunk.content_hash,
-                    "lexical": lexical,
-                    "vector": vector.tolist(),
-                }
-            )
+        rows = [
+            {**varchar_row(chunk), "vector": vector.tolist()} for chunk, vector in zip(chunks, vectors, strict=True)
+        ]
         self._ready()
         for i in range(0, len(rows), UPSERT_ROWS):
             part = rows[i : i + UPSERT_ROWS]
