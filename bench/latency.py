@@ -15,11 +15,11 @@ time and fusion/attempt logic). Derived stages:
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from bench.common import CapturingRecorder, TimedStore, log, profile_top, progress, ratio, summarize
 from bench.context import BenchContext
+from bench.harness import Target, measure
 
 TARGET_OVERHEAD = 0.20
 STAGES = (
@@ -83,26 +83,42 @@ def _sample(e2e_ms: float, row: dict[str, Any], store_ms: dict[str, float]) -> d
 
 
 class _Path:
-    """One path's tool, timing store proxy, capturing recorder and samples."""
+    """One path's tool, timing store proxy and capturing recorder."""
 
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
         self.store = TimedStore(open_store(ctx, path))
         self.recorder = CapturingRecorder()
         self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder)
-        self.samples: list[dict[str, Any]] = []
+        self._rows = 0
 
-    def lookup(self, query: str, session_id: str) -> None:
-        n_rows = len(self.recorder.rows)
-        t0 = time.perf_counter()
+    def lookup(self, session_id: str, query: str) -> None:
         self.tool.lookup(query, session_id=session_id)
-        e2e = (time.perf_counter() - t0) * 1000
-        assert len(self.recorder.rows) == n_rows + 1, "the tool did not hand over a trace row"
-        self.samples.append(_sample(e2e, self.recorder.rows[-1], self.store.take()))
+
+    def handed_over(self) -> tuple[dict[str, Any], dict[str, float]]:
+        """The trace row and the store times of the lookup just made (untimed)."""
+        assert len(self.recorder.rows) == self._rows + 1, "the tool did not hand over a trace row"
+        self._rows = len(self.recorder.rows)
+        return self.recorder.rows[-1], self.store.take()
 
 
-def _summary(p: _Path, queries: list[str], rounds: int) -> dict[str, Any]:
-    samples = p.samples
+def _target(ctx: BenchContext, path: str, runners: dict[str, _Path]) -> Target[_Path, tuple[str, str], None]:
+    """The path as a harness target; input = (session suffix, query). The tool stays open (closed
+    after the overhead profile)."""
+
+    def open_() -> _Path:
+        runners[path] = _Path(ctx, path)
+        return runners[path]
+
+    return Target(
+        path,
+        lambda p, x: p.lookup(f"bench-{path}-{x[0]}", x[1]),
+        open=open_,
+        after=lambda p, _result: p.handed_over(),
+    )
+
+
+def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds: int) -> dict[str, Any]:
     stages = {s: summarize([x[s] for x in samples]) for s in STAGES}
     e2e_p50 = stages["e2e"]["p50"]
     out: dict[str, Any] = {
@@ -156,17 +172,12 @@ def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
 
     default = torch.get_num_threads()
     out: dict[str, Any] = {}
+    embed = Target("embed", lambda _h, q: ctx.embedder.embed_query(q))
     try:
         for threads in dict.fromkeys((default, 1)):
             torch.set_num_threads(threads)
-            for q in ctx.queries[:3]:
-                ctx.embedder.embed_query(q)
-            times = []
-            for q in ctx.queries:
-                t0 = time.perf_counter()
-                ctx.embedder.embed_query(q)
-                times.append((time.perf_counter() - t0) * 1000)
-            out[f"torch_threads_{threads}"] = summarize(times)
+            t = measure([embed], ctx.queries, warmup=ctx.queries[:3])["embed"]
+            out[f"torch_threads_{threads}"] = t.stats.to_dict()
     finally:
         torch.set_num_threads(default)
     out["default_threads"] = default
@@ -180,27 +191,22 @@ def run(
     rounds = rounds or (1 if ctx.quick else 3)
     queries = ctx.queries
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
-    runners: list[_Path] = []
-    for path in paths:
-        try:
-            runner = _Path(ctx, path)
-            for q in queries:  # warm-up: L0 index, collection/table, caches
-                runner.tool.lookup(q, session_id=f"bench-warm-{path}")
-            runner.store.take()
-            runners.append(runner)
-        except Exception as exc:  # one path failing must not lose the other's numbers
-            log(f"latency: {path} failed: {exc}")
-            out["paths"][path] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
-    log(f"latency: {', '.join(r.path for r in runners)}: {rounds} round(s) x {len(queries)} queries, interleaved")
-    bar = progress(total=rounds * len(queries) * len(runners), enabled=ctx.show_progress, desc="latency", unit="lookup")
-    for r in range(rounds):
-        for q in queries:
-            for runner in runners:
-                runner.lookup(q, f"bench-{runner.path}-{r}")
-                bar.update(1)
+    runners: dict[str, _Path] = {}
+    targets = [_target(ctx, path, runners) for path in paths]
+    bar = progress(total=rounds * len(queries) * len(paths), enabled=ctx.show_progress, desc="latency", unit="lookup")
+    log(f"latency: {', '.join(paths)}: {rounds} round(s) x {len(queries)} queries, interleaved")
+    # warm-up: L0 index, collection/table, caches; one path failing must not lose the other's numbers
+    inputs = [(str(r), q) for r in range(rounds) for q in queries]
+    timings = measure(targets, inputs, warmup=[("warm", q) for q in queries], keep_going=True, tick=bar.update)
     bar.close()
-    for runner in runners:
-        out["paths"][runner.path] = _summary(runner, queries, rounds)
+    for path, t in timings.items():
+        if t.error is not None:
+            log(f"latency: {path} failed: {t.error}")
+            out["paths"][path] = {"error": t.error}
+            continue
+        samples = [_sample(ms, row, store_ms) for ms, (row, store_ms) in zip(t.ms, t.notes, strict=True)]
+        out["paths"][path] = _summary(runners[path], samples, queries, rounds)
+    for runner in runners.values():
         runner.tool.close()
     out["query_embedding_threads"] = embedding_threads(ctx)
     return out

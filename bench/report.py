@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.engine import GOALS as ENGINE_GOALS
+from bench.evaluation import TARGET_CASES_PER_S
+from bench.harness import Column, Goal, Missing, Reading, Results, as_percent, as_times, evaluate, render
+from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
+from bench.latency import TARGET_OVERHEAD
+from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
 from rag_core.markdown import md_table
 
 STAGE_LABELS = {
@@ -39,119 +47,128 @@ def _f(v: Any, digits: int = 1, unit: str = "") -> str:
 
 
 def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{100 * v:.1f} %"
+    return "–" if v is None else as_percent(v)
 
 
 def _ok(r: dict | None) -> bool:
     return isinstance(r, dict) and "error" not in r
 
 
-# --- targets -------------------------------------------------------------------------------------------
+# --- targets: a table of goals -----------------------------------------------------------------------------
 
 
-def evaluate_targets(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per target: what was measured (side-by-side figures), the ratio, met or not."""
-    rows: list[dict[str, Any]] = []
+def _overhead(path: str) -> Goal:
+    def read(p: dict[str, Any]) -> Reading:
+        s = p["stages_ms"]
+        store = s["store_dense"]["p50"] + s["store_lexical"]["p50"]
+        return Reading(
+            f"overhead p50 {_f(s['pipeline_overhead']['p50'], 2)} ms vs end-to-end p50 {_f(s['e2e']['p50'], 2)} ms "
+            f"(embedding p50 {_f(s['embed']['p50'], 2)} ms, store p50 {_f(store, 2)} ms)",
+            p["overhead_share_p50"],
+        )
 
-    lat = (r.get("latency") or {}).get("paths", {})
-    for path in ("milvus", "pgvector"):
-        p = lat.get(path)
-        row = {
-            "id": f"overhead_{path}",
-            "target": f"Pipeline overhead <= 20 % of end-to-end p50 ({path} path)",
-            "limit": "<= 20 %",
-        }
-        if _ok(p):
-            e2e = p["stages_ms"]["e2e"]["p50"]
-            ov = p["stages_ms"]["pipeline_overhead"]["p50"]
-            share = p["overhead_share_p50"]
-            row.update(
-                value=share,
-                limit_value=0.20,
-                measured=f"overhead p50 {_f(ov, 2)} ms vs end-to-end p50 {_f(e2e, 2)} ms "
-                f"(embedding p50 {_f(p['stages_ms']['embed']['p50'], 2)} ms, store p50 "
-                f"{_f(p['stages_ms']['store_dense']['p50'] + p['stages_ms']['store_lexical']['p50'], 2)} ms)",
-                ratio=_pct(share),
-                met=share is not None and share <= 0.20,
-            )
-        else:
-            row.update(measured=(p or {}).get("error", "not run"), ratio="–", met=None)
-        rows.append(row)
+    pct = f"{100 * TARGET_OVERHEAD:.0f} %"
+    target = f"Pipeline overhead <= {pct} of end-to-end p50 ({path} path)"
+    return Goal(
+        f"overhead_{path}", target, f"<= {pct}", "<=", TARGET_OVERHEAD, ("latency", "paths", path), read, as_percent
+    )
 
-    st = (r.get("scale") or {}).get("targets") or {}
-    for store, limit, label in (("pgvector", 2.0, "pgvector HNSW"), ("milvus", 5.0, "Milvus (embedded server)")):
-        row = {
-            "id": f"search_100k_{store}",
-            "limit": f"<= {limit:g}x",
-            "target": f"Store search at 100k, {label} at its best index (recall@10 >= 0.95) "
-            f"within {limit:g}x of exact NumPy top-k",
-        }
+
+def _search_100k(store: str, limit: float, label: str) -> Goal:
+    def read(st: dict[str, Any]) -> Reading | Missing:
         e = st.get(store)
-        if e and e.get("ratio_x") is not None:
-            row.update(
-                value=e["ratio_x"],
-                limit_value=limit,
-                measured=f"{label.removesuffix(' HNSW')} {e['config']}: p50 {_f(e['p50_ms'], 2)} ms "
-                f"(recall@10 {e['recall@10']:.3f}) "
-                f"vs NumPy exact p50 {_f(e['numpy_p50_ms'], 2)} ms",
-                ratio=f"{e['ratio_x']:.2f}x",
-                met=e["met"],
-            )
-        else:
-            row.update(
-                measured=(e or {}).get("note") or st.get("note") or "not run", ratio="–", met=False if e else None
-            )
-        rows.append(row)
-
-    ing = r.get("ingestion")
-    row = {"id": "ingest_vs_raw", "target": "Ingestion >= 85 % of raw embedding throughput", "limit": ">= 85 %"}
-    if _ok(ing):
-        row.update(
-            value=ing["ingest_vs_raw"],
-            limit_value=0.85,
-            measured=f"ingest {_f(ing['ingest_chunks_per_s'])} chunks/s vs raw encode "
-            f"{_f(ing['raw_encode_chunks_per_s'])} chunks/s ({ing['chunks_embedded']} chunks)",
-            ratio=_pct(ing["ingest_vs_raw"]),
-            met=ing["ingest_vs_raw"] >= 0.85,
+        if not e or e.get("ratio_x") is None:  # ran without a configuration reaching the recall
+            return Missing((e or {}).get("note") or st.get("note") or "not run", met=False if e else None)
+        return Reading(
+            f"{label.removesuffix(' HNSW')} {e['config']}: p50 {_f(e['p50_ms'], 2)} ms "
+            f"(recall@10 {e['recall@10']:.3f}) vs NumPy exact p50 {_f(e['numpy_p50_ms'], 2)} ms",
+            e["ratio_x"],
         )
-    else:
-        row.update(measured=(ing or {}).get("error", "not run"), ratio="–", met=None)
-    rows.append(row)
-    row = {"id": "reingest", "target": "Unchanged re-ingest <= 5 % of the first ingest", "limit": "<= 5 %"}
-    if _ok(ing):
-        row.update(
-            value=ing["reingest_fraction"],
-            limit_value=0.05,
-            measured=f"re-ingest {_f(ing['reingest_s'], 2)} s vs first ingest {_f(ing['ingest_s'], 2)} s",
-            ratio=_pct(ing["reingest_fraction"]),
-            met=ing["reingest_fraction"] <= 0.05,
-        )
-    else:
-        row.update(measured=(ing or {}).get("error", "not run"), ratio="–", met=None)
-    rows.append(row)
 
-    ev = r.get("evaluation")
-    row = {"id": "evaluation", "target": "Offline evaluation >= 1,000 cases/s", "limit": ">= 1,000 cases/s"}
-    if _ok(ev):
-        row.update(
-            value=ev["cases_per_s"],
-            limit_value=1000.0,
-            measured=f"{ev['cases']:,} cases in {_f(ev['total_s'], 3)} s (load_fixtures {_f(ev['load_s'], 3)} s "
-            f"+ evaluate {_f(ev['evaluate_s'], 3)} s)",
-            ratio=f"{ev['cases_per_s']:,.0f} cases/s",
-            met=ev["cases_per_s"] >= 1000,
-        )
-    else:
-        row.update(measured=(ev or {}).get("error", "not run"), ratio="–", met=None)
-    rows.append(row)
-    from bench.engine import targets as engine_targets
+    target = (
+        f"Store search at 100k, {label} at its best index (recall@10 >= {MIN_RECALL}) "
+        f"within {limit:g}x of exact NumPy top-k"
+    )
+    return Goal(f"search_100k_{store}", target, f"<= {limit:g}x", "<=", limit, ("scale", "targets"), read, as_times)
 
-    rows.extend(engine_targets(r))
-    return rows
+
+def _ingest_vs_raw(ing: dict[str, Any]) -> Reading:
+    return Reading(
+        f"ingest {_f(ing['ingest_chunks_per_s'])} chunks/s vs raw encode {_f(ing['raw_encode_chunks_per_s'])} "
+        f"chunks/s ({ing['chunks_embedded']} chunks)",
+        ing["ingest_vs_raw"],
+    )
+
+
+def _reingest(ing: dict[str, Any]) -> Reading:
+    measured = f"re-ingest {_f(ing['reingest_s'], 2)} s vs first ingest {_f(ing['ingest_s'], 2)} s"
+    return Reading(measured, ing["reingest_fraction"])
+
+
+def _evaluation(ev: dict[str, Any]) -> Reading:
+    return Reading(
+        f"{ev['cases']:,} cases in {_f(ev['total_s'], 3)} s (load_fixtures {_f(ev['load_s'], 3)} s "
+        f"+ evaluate {_f(ev['evaluate_s'], 3)} s)",
+        ev["cases_per_s"],
+    )
+
+
+_RAW, _RE, _CASES = f"{100 * TARGET_RATIO:.0f} %", f"{100 * TARGET_REINGEST:.0f} %", f"{TARGET_CASES_PER_S:,.0f}"
+GOALS: tuple[Goal, ...] = (
+    _overhead("milvus"),
+    _overhead("pgvector"),
+    _search_100k("pgvector", TARGET_PG_VS_NUMPY, "pgvector HNSW"),
+    _search_100k("milvus", TARGET_MILVUS_VS_NUMPY, "Milvus (embedded server)"),
+    Goal(
+        "ingest_vs_raw",
+        f"Ingestion >= {_RAW} of raw embedding throughput",
+        f">= {_RAW}",
+        ">=",
+        TARGET_RATIO,
+        ("ingestion",),
+        _ingest_vs_raw,
+        as_percent,
+    ),
+    Goal(
+        "reingest",
+        f"Unchanged re-ingest <= {_RE} of the first ingest",
+        f"<= {_RE}",
+        "<=",
+        TARGET_REINGEST,
+        ("ingestion",),
+        _reingest,
+        as_percent,
+    ),
+    Goal(
+        "evaluation",
+        f"Offline evaluation >= {_CASES} cases/s",
+        f">= {_CASES} cases/s",
+        ">=",
+        TARGET_CASES_PER_S,
+        ("evaluation",),
+        _evaluation,
+        lambda v: f"{v:,.0f} cases/s",
+    ),
+    *ENGINE_GOALS,
+)
+
+
+def evaluate_targets(r: Results) -> list[dict[str, Any]]:
+    """One row per target (``GOALS``): what was measured (side-by-side figures), the ratio, met or not."""
+    return evaluate(GOALS, r)
 
 
 def _status(met: bool | None) -> str:
     return "not run" if met is None else ("**met**" if met else "**NOT met**")
+
+
+TARGET_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
+    Column("target", lambda t: t["target"]),
+    Column("measured (same run)", lambda t: t.get("measured", "–")),
+    Column("ratio", lambda t: t.get("ratio", "–")),
+    Column("limit", lambda t: t["limit"]),
+    Column("status", lambda t: _status(t.get("met"))),
+)
 
 
 # --- chart ------------------------------------------------------------------------------------------
@@ -218,15 +235,7 @@ def markdown(r: dict[str, Any], chart_name: str | None) -> str:
         f"Regenerate with `make bench` (`python -m bench.run`; `--help` for sizes and caps)."
     )
     out += ["", "## Targets", ""]
-    out.append(
-        md_table(
-            ["target", "measured (same run)", "ratio", "limit", "status"],
-            [
-                [t["target"], t.get("measured", "–"), t.get("ratio", "–"), t["limit"], _status(t.get("met"))]
-                for t in r.get("targets", [])
-            ],
-        )
-    )
+    out.append(render(TARGET_COLUMNS, r.get("targets", [])))
     out += [
         "",
         "Seconds per benchmark (1-min load average at its end): "
@@ -308,24 +317,100 @@ def _latency_md(lat: dict | None) -> list[str]:
     return out
 
 
-def _cfg_row(n: str, store: str, c: dict, numpy_p50: float | None, best: bool = False) -> list[Any]:
-    x = None if not numpy_p50 or c["single_ms"]["p50"] is None else c["single_ms"]["p50"] / numpy_p50
-    name = c["config"] + (
-        " (planner chose no HNSW scan)" if c.get("plan_uses_hnsw") is False and c["config"].startswith("HNSW") else ""
+@dataclass(frozen=True)
+class _CfgLine:
+    """One row of a scale table: store configuration ``c`` at ``size`` (None: ``note`` says why)."""
+
+    size: int
+    store: str
+    c: dict[str, Any] | None
+    numpy_p50: float | None = None
+    best: bool = False
+    note: str = ""
+
+
+def _of_config(fn: Callable[[dict[str, Any]], Any]) -> Callable[[_CfgLine], Any]:
+    return lambda line: "–" if line.c is None else fn(line.c)
+
+
+def _config_name(line: _CfgLine) -> str:
+    c = line.c
+    if c is None:
+        return line.note
+    planner = c.get("plan_uses_hnsw") is False and c["config"].startswith("HNSW")
+    name = c["config"] + (" (planner chose no HNSW scan)" if planner else "")
+    return f"**{name}**" if line.best else name
+
+
+def _vs_numpy(line: _CfgLine) -> str:
+    p50 = None if line.c is None else line.c["single_ms"]["p50"]
+    return "–" if not line.numpy_p50 or p50 is None else as_times(p50 / line.numpy_p50)
+
+
+SCALE_COLUMNS: tuple[Column[_CfgLine], ...] = (
+    Column("size", lambda x: f"{x.size:,}"),
+    Column("store", lambda x: x.store),
+    Column("config", _config_name),
+    Column("single p50 ms", _of_config(lambda c: _f(c["single_ms"]["p50"], 2))),
+    Column("single p95 ms", _of_config(lambda c: _f(c["single_ms"]["p95"], 2))),
+    Column("batch q/s", _of_config(lambda c: _f(c["batch_qps"]))),
+    Column("recall@10", _of_config(lambda c: _f(c["recall@10"], 3))),
+    Column("filtered p50 ms", _of_config(lambda c: _f(c["filtered_single_ms"]["p50"], 2))),
+    Column("filtered recall@10", _of_config(lambda c: _f(c["filtered_recall@10"], 3))),
+    Column("p50 vs NumPy", _vs_numpy),
+)
+
+
+def _scale_lines(sc: dict[str, Any]) -> tuple[list[_CfgLine], list[_CfgLine]]:
+    """(best configuration per store and size, every configuration) as table rows."""
+    best_rows: list[_CfgLine] = []
+    all_rows: list[_CfgLine] = []
+    for n, res in sc["sizes"].items():
+        numpy_p50 = ((res["stores"].get("numpy") or {}).get("best") or {}).get("single_ms", {}).get("p50")
+        for store, s in res["stores"].items():
+            if not _ok(s):
+                best_rows.append(_CfgLine(int(n), store, None, note=f"failed: {s.get('error')}"))
+                continue
+            b = s.get("best")
+            note = f"no config reached recall@10 >= {MIN_RECALL}"
+            best_rows.append(_CfgLine(int(n), store, b, numpy_p50, best=True, note=note))
+            all_rows += [_CfgLine(int(n), store, c, numpy_p50, best=c == b) for c in s["configs"]]
+    return best_rows, all_rows
+
+
+def _rate(d: dict[str, Any], seconds: str, per_s: str) -> str:
+    return f"{_f(d.get(seconds), 1)} ({_f(d.get(per_s), 0)} rows/s)" if d else "–"
+
+
+def _setup(key: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda res: res["setup"].get(key) or {}
+
+
+_MV, _PG = _setup("milvus"), _setup("pgvector")
+SETUP_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
+    Column("size", lambda res: f"{int(res['rows']):,}"),
+    Column("generate + exact ground truth", lambda res: _f(res["setup"].get("generate_and_exact_gt_s"), 2)),
+    Column("Milvus insert", lambda res: _rate(_MV(res), "insert_s", "insert_rows_per_s")),
+    Column("Milvus flush + settle", lambda res: _f(_MV(res).get("flush_s"), 1)),
+    Column("Milvus HNSW build", lambda res: _f(_MV(res).get("hnsw_build_s"), 1)),
+    Column("pgvector COPY", lambda res: _rate(_PG(res), "copy_s", "copy_rows_per_s")),
+    Column("pgvector HNSW build", lambda res: _f(_PG(res).get("hnsw_build_s"), 1)),
+    Column("HNSW index MB", lambda res: _f(_PG(res).get("hnsw_index_mb"), 1)),
+    Column(
+        "pg build overlapped Milvus insert",
+        lambda res: ("yes" if _PG(res).get("overlapped_with_milvus_insert") else "no") if _PG(res) else "–",
+    ),
+)
+
+
+def _api_cell(api: dict[str, Any] | None, index: bool) -> str:
+    if not api:
+        return "–"
+    text = (
+        f"{_f(api['single_ms']['p50'], 2)} / {_f(api['filtered_single_ms']['p50'], 2)} "
+        f"(recall {_f(api.get('recall@10'), 3)} / {_f(api.get('filtered_recall@10'), 3)}"
     )
-    name = f"**{name}**" if best else name
-    return [
-        f"{int(n):,}",
-        store,
-        name,
-        _f(c["single_ms"]["p50"], 2),
-        _f(c["single_ms"]["p95"], 2),
-        _f(c["batch_qps"]),
-        _f(c["recall@10"], 3),
-        _f(c["filtered_single_ms"]["p50"], 2),
-        _f(c["filtered_recall@10"], 3),
-        "–" if x is None else f"{x:.2f}x",
-    ]
+    return text + (f"; {api.get('index')})" if index else ")")
 
 
 def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
@@ -346,89 +431,18 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
         f"p50 with recall@10 >= {meth['min_recall']}.",
         "",
     ]
-    head = [
-        "size",
-        "store",
-        "config",
-        "single p50 ms",
-        "single p95 ms",
-        "batch q/s",
-        "recall@10",
-        "filtered p50 ms",
-        "filtered recall@10",
-        "p50 vs NumPy",
-    ]
-    best_rows, all_rows = [], []
-    for n, res in sc["sizes"].items():
-        numpy_p50 = ((res["stores"].get("numpy") or {}).get("best") or {}).get("single_ms", {}).get("p50")
-        for store, s in res["stores"].items():
-            if not _ok(s):
-                best_rows.append([f"{int(n):,}", store, f"failed: {s.get('error')}"] + ["–"] * 7)
-                continue
-            b = s.get("best")
-            if b:
-                best_rows.append(_cfg_row(n, store, b, numpy_p50, best=True))
-            else:
-                best_rows.append([f"{int(n):,}", store, "no config reached recall@10 >= 0.95"] + ["–"] * 7)
-            for c in s["configs"]:
-                all_rows.append(_cfg_row(n, store, c, numpy_p50, best=c is b or c == b))
-    out += ["### Best configuration per store and size", "", md_table(head, best_rows), ""]
+    best_rows, all_rows = _scale_lines(sc)
+    out += ["### Best configuration per store and size", "", render(SCALE_COLUMNS, best_rows), ""]
     if chart_name:
         out += [f"![search latency vs size]({chart_name})", ""]
-    out += ["### All configurations", "", md_table(head, all_rows), ""]
-    setup_rows, api_rows = [], []
+    out += ["### All configurations", "", render(SCALE_COLUMNS, all_rows), ""]
+    out += ["### Setup times (seconds)", "", render(SETUP_COLUMNS, sc["sizes"].values()), ""]
+    api_rows = []
     for n, res in sc["sizes"].items():
-        s = res["setup"]
-        mv, pg = s.get("milvus") or {}, s.get("pgvector") or {}
-        setup_rows.append(
-            [
-                f"{int(n):,}",
-                _f(s.get("generate_and_exact_gt_s"), 2),
-                f"{_f(mv.get('insert_s'), 1)} ({_f(mv.get('insert_rows_per_s'), 0)} rows/s)" if mv else "–",
-                _f(mv.get("flush_s"), 1),
-                _f(mv.get("hnsw_build_s"), 1),
-                f"{_f(pg.get('copy_s'), 1)} ({_f(pg.get('copy_rows_per_s'), 0)} rows/s)" if pg else "–",
-                _f(pg.get("hnsw_build_s"), 1),
-                _f(pg.get("hnsw_index_mb"), 1),
-                "yes" if pg.get("overlapped_with_milvus_insert") else ("no" if pg else "–"),
-            ]
-        )
         mapi = (res["stores"].get("milvus") or {}).get("store_api")
         papi = (res["stores"].get("pgvector") or {}).get("store_api")
         if mapi or papi:
-            api_rows.append(
-                [
-                    f"{int(n):,}",
-                    f"{_f(mapi['single_ms']['p50'], 2)} / {_f(mapi['filtered_single_ms']['p50'], 2)} "
-                    f"(recall {_f(mapi.get('recall@10'), 3)} / {_f(mapi.get('filtered_recall@10'), 3)}; "
-                    f"{mapi.get('index')})"
-                    if mapi
-                    else "–",
-                    f"{_f(papi['single_ms']['p50'], 2)} / {_f(papi['filtered_single_ms']['p50'], 2)} "
-                    f"(recall {_f(papi['recall@10'], 3)} / {_f(papi['filtered_recall@10'], 3)})"
-                    if papi
-                    else "–",
-                ]
-            )
-    out += [
-        "### Setup times (seconds)",
-        "",
-        md_table(
-            [
-                "size",
-                "generate + exact ground truth",
-                "Milvus insert",
-                "Milvus flush + settle",
-                "Milvus HNSW build",
-                "pgvector COPY",
-                "pgvector HNSW build",
-                "HNSW index MB",
-                "pg build overlapped Milvus insert",
-            ],
-            setup_rows,
-        ),
-        "",
-    ]
+            api_rows.append([f"{int(n):,}", _api_cell(mapi, index=True), _api_cell(papi, index=False)])
     if api_rows:
         plan = meth.get("pg_store_plan") or {}
         out += [
@@ -652,15 +666,12 @@ def _engine_md(eng: dict | None) -> list[str]:
     lk = eng.get("lookup") or {}
     if "milvus" in lk:
         ne, st = lk["without_embedding"], lk["store_dense_plus_lexical"]
-        out += [
-            "| path | lookup p50 ms | without query embedding p50 ms | store dense + lexical p50 ms |",
-            "|---|---|---|---|",
+        head = ["path", "lookup p50 ms", "without query embedding p50 ms", "store dense + lexical p50 ms"]
+        rows = [
+            [name, _f(lk[name]["p50"]), _f(ne[name]["p50"]), _f((st.get(name) or {}).get("p50"))]
+            for name in ("milvus", "pgvector", "floor")
         ]
-        for name in ("milvus", "pgvector", "floor"):
-            out.append(
-                f"| {name} | {_f(lk[name]['p50'])} | {_f(ne[name]['p50'])} | {_f((st.get(name) or {}).get('p50'))} |"
-            )
-        out.append("")
+        out += [md_table(head, rows), ""]
     fl = eng.get("flush") or {}
     if "flushed_ms" in fl:
         out += [
@@ -720,6 +731,11 @@ def _profile_table(rows: list[dict], unit: str = "ms") -> str:
     )
 
 
+def _profile_block(caption: str, rows: list[dict] | None) -> list[str]:
+    """A caption and a cProfile table (nothing without rows)."""
+    return [caption, "", _profile_table(rows), ""] if rows else []
+
+
 def _where_time_goes_md(r: dict[str, Any]) -> list[str]:
     missed = {t["id"]: t for t in r.get("targets", []) if t.get("met") is False}
     if not missed:
@@ -740,14 +756,11 @@ def _where_time_goes_md(r: dict[str, Any]) -> list[str]:
                 "Overhead stages by p50: " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts) + ".",
                 "",
             ]
-            if d.get("overhead_profile"):
-                out += [
-                    "cProfile of one round of lookups, rag_core functions outside embedding and stores, "
-                    "ms per lookup (by cumulative time):",
-                    "",
-                    _profile_table(d["overhead_profile"]),
-                    "",
-                ]
+            out += _profile_block(
+                "cProfile of one round of lookups, rag_core functions outside embedding and stores, "
+                "ms per lookup (by cumulative time):",
+                d.get("overhead_profile"),
+            )
             out += [FIXES["overhead"], ""]
     sc = r.get("scale") or {}
     res = (sc.get("sizes") or {}).get("100000") or {}
@@ -790,15 +803,11 @@ def _where_time_goes_md(r: dict[str, Any]) -> list[str]:
             + ".",
             "",
         ]
-        if ing.get("reingest_profile"):
-            out += [
-                "cProfile of an unchanged re-ingest (ms, by cumulative time; rag_core, markdown-it, tokenizers, "
-                "pymilvus, "
-                "Milvus Lite):",
-                "",
-                _profile_table(ing["reingest_profile"]),
-                "",
-            ]
+        out += _profile_block(
+            "cProfile of an unchanged re-ingest (ms, by cumulative time; rag_core, markdown-it, tokenizers, "
+            "pymilvus, Milvus Lite):",
+            ing.get("reingest_profile"),
+        )
         out += [FIXES["reingest"], ""]
     ev = r.get("evaluation") or {}
     if "evaluation" in missed and ev.get("profile"):

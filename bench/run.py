@@ -14,6 +14,8 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,78 @@ from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average
 from bench.context import BenchContext
 from rag_core.fileio import write_text_atomic
 
-BENCHMARKS = ("ingestion", "latency", "concurrency", "engine", "evaluation", "scale", "memory", "embedding")
+
+@dataclass
+class RunState:
+    """What one run's benchmarks share beyond the context: the flags, the scale sizes, the
+    benchmarks selected and the 100k Milvus collection the scale benchmark keeps for memory."""
+
+    args: argparse.Namespace
+    sizes: tuple[int, ...]
+    selected: list[str]
+    memory_collection: dict[str, Any] | None = None
+
+
+def _ingestion(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import ingestion
+
+    return ingestion.run(ctx)
+
+
+def _latency(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import latency
+
+    return latency.run(ctx, rounds=st.args.rounds)
+
+
+def _concurrency(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import concurrency
+
+    return concurrency.run(ctx)
+
+
+def _engine(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import engine
+
+    return engine.run(ctx, rounds=st.args.rounds)
+
+
+def _evaluation(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import evaluation
+
+    return evaluation.run(st.args.eval_cases, repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root)
+
+
+def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    out = _run_scale(ctx, st.args, st.sizes, memory_next="memory" in st.selected)
+    st.memory_collection = out.get("memory_collection")
+    return out
+
+
+def _memory(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import memory
+
+    return memory.run(ctx, st.memory_collection)
+
+
+def _embedding(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+    from bench import embedding_backends
+
+    return embedding_backends.speed(ctx)
+
+
+# The benchmarks in run order (scale before memory: memory reuses the collection scale keeps).
+RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
+    "ingestion": _ingestion,
+    "latency": _latency,
+    "concurrency": _concurrency,
+    "engine": _engine,
+    "evaluation": _evaluation,
+    "scale": _scale,
+    "memory": _memory,
+    "embedding": _embedding,
+}
+BENCHMARKS = tuple(RUNNERS)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -106,45 +179,13 @@ def main(argv: list[str] | None = None) -> int:
         }
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    memory_collection = None
+    state = RunState(args, sizes, selected)
     try:
         for name in selected:
             log(f"=== {name} ===")
             t0 = time.perf_counter()
             try:
-                if name == "ingestion":
-                    from bench import ingestion
-
-                    results[name] = ingestion.run(ctx)
-                elif name == "latency":
-                    from bench import latency
-
-                    results[name] = latency.run(ctx, rounds=args.rounds)
-                elif name == "concurrency":
-                    from bench import concurrency
-
-                    results[name] = concurrency.run(ctx)
-                elif name == "engine":
-                    from bench import engine
-
-                    results[name] = engine.run(ctx, rounds=args.rounds)
-                elif name == "evaluation":
-                    from bench import evaluation
-
-                    results[name] = evaluation.run(
-                        args.eval_cases, repeats=1 if args.quick else 3, workdir=ctx.scratch.root
-                    )
-                elif name == "scale":
-                    results[name] = _run_scale(ctx, args, sizes, memory_next="memory" in selected)
-                    memory_collection = results[name].get("memory_collection")
-                elif name == "embedding":
-                    from bench import embedding_backends
-
-                    results[name] = embedding_backends.speed(ctx)
-                elif name == "memory":
-                    from bench import memory
-
-                    results[name] = memory.run(ctx, memory_collection)
+                results[name] = RUNNERS[name](ctx, state)
             except Exception as exc:  # one failing benchmark must not lose the others
                 log(f"{name} failed: {exc}")
                 results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
@@ -158,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if ctx.kb_settings is not None:  # the suite's runbook data dir
             stop_server(ctx.kb_settings.data_dir)
-        if memory_collection and results.get("scale", {}).get("workdir"):
+        if state.memory_collection and results.get("scale", {}).get("workdir"):
             shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)
         ctx.scratch.close()
     _write(args.out, results, started, final=True)

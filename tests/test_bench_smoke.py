@@ -78,3 +78,148 @@ def test_scale_benchmark_tiny(tmp_path):
     results = {"meta": {"environment": {}, "seconds": {}}, "scale": out}
     results["targets"] = report.evaluate_targets(results)
     assert "Store search at scale" in report.markdown(results, None)
+
+
+# --- the measuring harness (bench/harness.py) -------------------------------------------------------------
+
+from bench import harness  # noqa: E402
+
+
+def _recording_target(name, log, fail_on=None):
+    def query(handle, x):
+        if x == fail_on:
+            raise RuntimeError(f"{name} broke on {x}")
+        log.append((name, x))
+        return f"{name}:{x}"
+
+    return harness.Target(
+        name,
+        query,
+        open=lambda: log.append((name, "open")) or name.upper(),
+        close=lambda handle: log.append((name, f"close {handle}")),
+        after=lambda handle, result: (handle, result),
+    )
+
+
+def test_measure_warms_up_then_interleaves_and_closes():
+    log = []
+    timings = harness.measure(
+        [_recording_target("a", log), _recording_target("b", log)], [1, 2], warmup=["w"], tick=lambda: log.append("t")
+    )
+    assert log == [
+        ("a", "open"),
+        ("a", "w"),
+        ("b", "open"),
+        ("b", "w"),
+        ("a", 1),
+        "t",
+        ("b", 1),
+        "t",
+        ("a", 2),
+        "t",
+        ("b", 2),
+        "t",
+        ("b", "close B"),
+        ("a", "close A"),
+    ]
+    a = timings["a"]
+    assert a.results == ["a:1", "a:2"] and a.notes == [("A", "a:1"), ("A", "a:2")]  # warm-up not kept
+    assert len(a.ms) == 2 and all(ms >= 0 for ms in a.ms) and a.stats.n == 2 and a.error is None
+
+
+def test_measure_keep_going_drops_a_failing_target_and_raises_otherwise():
+    log = []
+    timings = harness.measure(
+        [_recording_target("a", log, fail_on=2), _recording_target("b", log)], [1, 2, 3], keep_going=True
+    )
+    assert timings["a"].results == ["a:1"] and timings["a"].error == "RuntimeError: a broke on 2"
+    assert timings["b"].results == ["b:1", "b:2", "b:3"] and timings["b"].error is None
+    log.clear()
+    with pytest.raises(RuntimeError, match="broke on w"):
+        harness.measure([_recording_target("a", log, fail_on="w")], [1], warmup=["w"])
+    assert log[-1] == ("a", "close A")  # closed although it failed
+
+
+def test_stats_are_linear_interpolated_percentiles():
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    s = harness.Stats.of(values)
+    assert (s.n, s.p50, s.min, s.max, s.mean) == (5, 3.0, 1.0, 5.0, 3.0)
+    assert s.p95 == pytest.approx(float(np.percentile(values, 95)), abs=1e-3)
+    assert harness.Stats.of([]).to_dict() == {k: (0 if k == "n" else None) for k in harness.Stats.of([]).to_dict()}
+
+
+def test_measure_config_scores_recall_from_the_calls_that_cover_every_query():
+    base = scale.BaseData.synthetic(n=300, dim=16, seed=3)
+    opts = scale.ScaleOptions(sizes=(500,), k=10)
+    ds = scale.build_dataset(base, base.vectors[:5], 500, opts)
+    exact = {q.tobytes(): (gt, gt_f) for q, gt, gt_f in zip(ds.Q, ds.gt.tolist(), ds.gt_f.tolist(), strict=True)}
+    wrong = np.argsort(ds.X @ ds.Q[0])[:10].tolist()  # the 10 rows least similar to query 0
+
+    def search(q, filtered):
+        return exact[q.tobytes()][1 if filtered else 0]
+
+    row = scale.measure_config(scale.SearchConfig("exact", search, single_queries=None, warmup=1), ds, 10)
+    assert (row.recall, row.filtered_recall) == (1.0, 1.0)
+    assert row.single_ms.n == 5 and row.batch_s is None and row.to_dict()["batch_qps"] is None
+
+    # Two single queries timed, the batch call wrong: recall comes from the batch (all queries).
+    cfg = scale.SearchConfig("sub", search, batch=lambda Q, f: [wrong] * len(Q), single_queries=2)
+    row = scale.measure_config(cfg, ds, 10)
+    assert row.single_ms.n == 2 and row.filtered_single_ms.n == 2
+    assert row.recall is not None and row.recall < 0.5 and row.batch_s is not None
+    d = row.to_dict()
+    assert d["batch_qps"] == round(5 / row.batch_s, 1) and d["recall@10"] == row.recall
+    assert scale.best_config([row]) is None  # below recall@10 0.95
+
+
+# --- the report's targets table (report.GOALS) -------------------------------------------------------------
+
+
+def _latency_path(overhead_ms, e2e_ms):
+    stages = {s: {"p50": 1.0} for s in ("embed", "store_dense", "store_lexical")}
+    stages |= {"e2e": {"p50": e2e_ms}, "pipeline_overhead": {"p50": overhead_ms}}
+    return {"stages_ms": stages, "overhead_share_p50": round(overhead_ms / e2e_ms, 3)}
+
+
+def test_targets_table_reads_met_missing_failed_and_borderline():
+    results = {
+        "latency": {"paths": {"milvus": _latency_path(1.0, 10.0), "pgvector": _latency_path(3.0, 10.0)}},
+        "ingestion": {"error": "RuntimeError: no model"},
+        "evaluation": {"cases": 1000, "total_s": 1.1, "load_s": 0.6, "evaluate_s": 0.5, "cases_per_s": 909.1},
+    }
+    rows = {t["id"]: t for t in report.evaluate_targets(results)}
+    # engine rows appear only when the engine benchmark / the 100k scale size ran
+    assert list(rows) == [
+        "overhead_milvus",
+        "overhead_pgvector",
+        "search_100k_pgvector",
+        "search_100k_milvus",
+        "ingest_vs_raw",
+        "reingest",
+        "evaluation",
+    ]
+    assert rows["overhead_milvus"]["met"] is True and rows["overhead_milvus"]["ratio"] == "10.0 %"
+    assert "overhead p50 1.00 ms vs end-to-end p50 10.00 ms" in rows["overhead_milvus"]["measured"]
+    assert rows["overhead_pgvector"]["met"] is False and rows["overhead_pgvector"]["value"] == 0.3
+    assert rows["search_100k_milvus"]["met"] is None and rows["search_100k_milvus"]["measured"] == "not run"
+    assert rows["ingest_vs_raw"]["met"] is None and rows["ingest_vs_raw"]["measured"] == "RuntimeError: no model"
+    assert rows["evaluation"]["met"] is False and rows["evaluation"]["ratio"] == "909 cases/s"
+    results["targets"] = list(rows.values())
+    assert [t["id"] for t in report.borderline(results)] == ["evaluation"]  # 909 is within 15 % of 1,000
+    text = report.summary_text({"targets": results["targets"], "meta": {}})
+    assert "[NOT MET] Offline evaluation >= 1,000 cases/s: 909 cases/s (limit >= 1,000 cases/s) - borderline" in text
+
+    results["engine"] = {
+        "lookup": {
+            "milvus": {"p50": 12.0},
+            "pgvector": {"p50": 10.0},
+            "floor": {"p50": 6.0},
+            "milvus_vs_pgvector_p50": 1.2,
+            "milvus_vs_floor_p50": 2.0,
+        }
+    }
+    rows = {t["id"]: t for t in report.evaluate_targets(results)}
+    assert rows["engine_lookup_vs_pgvector"]["met"] is True  # 1.2 <= 1.2
+    assert rows["engine_lookup_vs_floor"]["met"] is False and rows["engine_lookup_vs_floor"]["ratio"] == "2.00x"
+    assert "limit_value" not in rows["engine_lookup_vs_floor"]  # not flagged as borderline
+    assert "engine_100k_search" not in rows and "engine_ingest_while_serving" not in rows

@@ -1,0 +1,274 @@
+"""The benchmarks' one measuring harness: targets as data, one timing loop, typed rows, one renderer.
+
+* :class:`Target`: one thing to time (a store configuration, a lookup path, the in-memory floor,
+  an embedding backend): how to open it, how to run one query on it, how to close it, and an
+  optional untimed step after each call (read a timing proxy, a trace row).
+* :func:`measure`: times any targets the same way: open each, run the warm-up inputs through it
+  (untimed), then every input through every target in turn (interleaved input by input, so all
+  targets see the same machine load), one ``perf_counter`` pair around each call. Returns one
+  :class:`Timing` per target: every call's milliseconds, return value and after-step value, and
+  their :class:`Stats` (linear-interpolated percentiles).
+* :class:`Goal`: one performance target of the report as data (what is read from the results, the
+  limit, how the ratio is shown); :func:`evaluate` turns a table of goals into the report's rows.
+* :class:`Column` / :func:`render`: typed rows to a Markdown table (``rag_core.markdown.md_table``).
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+import numpy as np
+
+from rag_core.markdown import md_table
+
+H = TypeVar("H")  # an opened target: a client, a tool, an embedder (None when the query closes over it)
+In = TypeVar("In")  # one input: a query vector, a query string, a batch matrix
+R = TypeVar("R")  # what one call returns
+Row = TypeVar("Row")
+
+Results = dict[str, Any]  # a benchmark run's results.json
+
+
+# --- statistics --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of ``n`` measurements in their own unit (ms unless said otherwise): linear-interpolated
+    p50/p95/p99, mean, min and max, rounded to ``digits``; all None when ``n == 0``."""
+
+    n: int
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    min: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float], digits: int = 3) -> Stats:
+        if len(values) == 0:
+            return cls(0)
+        a = np.asarray(values, dtype=float)
+        p50, p95, p99 = (round(float(p), digits) for p in np.percentile(a, [50, 95, 99]))
+        mean, lo, hi = (round(float(v), digits) for v in (a.mean(), a.min(), a.max()))
+        return cls(int(a.size), p50, p95, p99, mean, lo, hi)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """``{"n", "p50", "p95", "p99", "mean", "min", "max"}``: the results.json shape."""
+        return asdict(self)
+
+
+# --- targets and the timing loop ------------------------------------------------------------------------
+
+
+def _no_handle() -> None:
+    return None
+
+
+def _no_close(_handle: Any) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Target(Generic[H, In, R]):
+    """One measured thing. ``query(handle, input)`` is the timed call; ``open()`` builds the handle
+    (untimed; default None, for queries that close over what they use); ``after(handle, result)``
+    runs untimed right after each call (its value is kept per call); ``close(handle)`` runs once
+    when :func:`measure` ends."""
+
+    name: str
+    query: Callable[[H, In], R]
+    open: Callable[[], H] = _no_handle  # type: ignore[assignment]
+    close: Callable[[H], object] = _no_close
+    after: Callable[[H, R], Any] | None = None
+
+
+@dataclass
+class Timing(Generic[R]):
+    """One target's timed calls, in input order: ``ms`` (wall milliseconds per call), ``results``
+    (what each call returned), ``notes`` (what ``after`` returned, None without one). ``error``:
+    why the target stopped early (only with ``keep_going``)."""
+
+    name: str
+    ms: list[float] = field(default_factory=list)
+    results: list[R] = field(default_factory=list)
+    notes: list[Any] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def stats(self) -> Stats:
+        return Stats.of(self.ms)
+
+    @property
+    def seconds(self) -> float:
+        """Total wall seconds of the timed calls (one call: that call's time)."""
+        return sum(self.ms) / 1000
+
+
+def _call(target: Target[Any, Any, Any], handle: Any, x: Any) -> tuple[float, Any, Any]:
+    t0 = time.perf_counter()
+    result = target.query(handle, x)
+    ms = (time.perf_counter() - t0) * 1000
+    note = target.after(handle, result) if target.after is not None else None
+    return ms, result, note
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def measure(
+    targets: Sequence[Target[Any, In, Any]],
+    inputs: Sequence[In],
+    *,
+    warmup: Sequence[In] = (),
+    keep_going: bool = False,
+    tick: Callable[[], object] | None = None,
+) -> dict[str, Timing[Any]]:
+    """Time every target on every input, interleaved input by input (see the module doc).
+
+    ``warmup`` inputs run through each target right after it opens, untimed. ``keep_going``: a
+    target that raises (opening, warming up or timed) is dropped with its ``error`` recorded and
+    the others go on; otherwise the exception propagates. Handles are closed in every case.
+    ``tick`` is called after each timed call (a progress bar). Returns ``{target.name: Timing}``.
+    """
+    timings: dict[str, Timing[Any]] = {t.name: Timing(t.name) for t in targets}
+    live: list[tuple[Target[Any, In, Any], Any]] = []
+    with ExitStack() as stack:
+        for t in targets:
+            try:
+                handle = t.open()
+                stack.callback(t.close, handle)
+                for x in warmup:
+                    _call(t, handle, x)
+            except Exception as exc:  # one target failing must not lose the others' numbers
+                if not keep_going:
+                    raise
+                timings[t.name].error = _error(exc)
+                continue
+            live.append((t, handle))
+        for x in inputs:
+            for t, handle in list(live):
+                try:
+                    ms, result, note = _call(t, handle, x)
+                except Exception as exc:
+                    if not keep_going:
+                        raise
+                    timings[t.name].error = _error(exc)
+                    live.remove((t, handle))
+                    continue
+                row = timings[t.name]
+                row.ms.append(ms)
+                row.results.append(result)
+                row.notes.append(note)
+                if tick is not None:
+                    tick()
+    return timings
+
+
+# --- goals (the report's targets as data) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a goal read from the results: the compared ``value`` (None: no figure), the side-by-side
+    figures as text, and ``also``: further conditions of the goal (e.g. recall) that must hold."""
+
+    measured: str
+    value: float | None
+    also: bool = True
+
+
+@dataclass(frozen=True)
+class Missing:
+    """The goal could not be read: ``note`` says why; ``met`` None = not run, False = ran and failed."""
+
+    note: str = "not run"
+    met: bool | None = None
+
+
+_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
+
+
+def as_times(v: float) -> str:
+    """A ratio as ``1.23x``."""
+    return f"{v:.2f}x"
+
+
+def as_percent(v: float) -> str:
+    """A fraction as ``12.3 %``."""
+    return f"{100 * v:.1f} %"
+
+
+def _always(_r: Results) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One performance target of the report. ``read`` gets the results section at ``source`` (a
+    key path; a missing or failed section is "not run" with its error) and returns a
+    :class:`Reading` or a :class:`Missing`; the goal is met when ``value op limit_value`` and
+    ``also`` hold. ``show`` formats the value for the ratio column. ``borderline``: whether a
+    value near the limit is flagged as able to go either way on a rerun. ``when``: whether the row
+    appears at all."""
+
+    id: str
+    target: str
+    limit: str
+    op: Literal["<=", ">="]
+    limit_value: float
+    source: tuple[str, ...]
+    read: Callable[[dict[str, Any]], Reading | Missing]
+    show: Callable[[float], str]
+    borderline: bool = True
+    when: Callable[[Results], bool] = _always
+
+    def row(self, results: Results) -> dict[str, Any]:
+        """The report's row: ``id, target, limit, measured, ratio, met`` (+ ``value``, ``limit_value``)."""
+        row: dict[str, Any] = {"id": self.id, "target": self.target, "limit": self.limit}
+        data = section(results, *self.source)
+        got = Missing(data.get("error", "not run")) if not data or "error" in data else self.read(data)
+        if isinstance(got, Missing):
+            return row | {"measured": got.note, "ratio": "–", "met": got.met}
+        met = got.value is not None and _OPS[self.op](got.value, self.limit_value) and got.also
+        row |= {"value": got.value, "measured": got.measured, "met": met}
+        row["ratio"] = "–" if got.value is None else self.show(got.value)
+        if self.borderline:
+            row["limit_value"] = self.limit_value
+        return row
+
+
+def evaluate(goals: Iterable[Goal], results: Results) -> list[dict[str, Any]]:
+    """One row per goal shown for ``results`` (see :meth:`Goal.row`), in table order."""
+    return [g.row(results) for g in goals if g.when(results)]
+
+
+def section(results: Results, *path: str) -> dict[str, Any]:
+    """``results[path[0]][path[1]]...``, ``{}`` where a level is missing or not a dict."""
+    node: Any = results
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else {}
+
+
+# --- Markdown ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Column(Generic[Row]):
+    """One column of a rendered table: its header and how a row gives its cell."""
+
+    header: str
+    cell: Callable[[Row], Any]
+
+
+def render(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> str:
+    """A Markdown table of ``rows``, one cell per column (through ``md_table``)."""
+    return md_table([c.header for c in columns], [[c.cell(r) for c in columns] for r in rows])
