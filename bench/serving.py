@@ -198,7 +198,7 @@ def run(
     title = Path(changes["added"]).stem
     result = tool.lookup(title)  # a held-back document, by its alert name: only in the new index
     out.lookups += 1
-    out.new_doc_found_after = changes["added"] in [b.source for b in result.evidence_blocks]
+    out.new_doc_found_after = changes["added"] in [b.doc_id for b in result.evidence_blocks]
     tool.close()
     out.traces = len(recorder.rows)
     return out

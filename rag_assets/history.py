@@ -1,7 +1,7 @@
 """The morning view: retrieval quality night after night, and what changed since last night.
 
 Each nightly evaluation appends one ``NightRecord`` per night to ``history.jsonl`` in the
-reports dir (a re-run the same night replaces that night's line): per path (``milvus`` = main,
+reports dir (a re-run the same night replaces that night's line): per store (``milvus`` = main,
 ``pgvector`` = sidecar) recall@5, MRR, strong/medium/miss counts, the p95 lookup latency of the
 recorded golden lookups (ms) and every case's hit level and first-hit rank. ``history.md``
 renders it for the on-call engineer: the verdict and the nights table first, then the cases that
@@ -22,6 +22,7 @@ from rag_assets.files import write_text_atomic
 from rag_assets.metadata import md_table
 from rag_core.evaluation.evaluator import EvaluationReport
 from rag_core.evaluation.fixtures import FixtureSet
+from rag_core.evaluation.formats import FormatVersionError, VersionedFile, parse_json_model
 
 HISTORY_FILE = "history.jsonl"
 HISTORY_MD = "history.md"
@@ -29,7 +30,7 @@ TREND_PNG = "history-trend.png"
 TREND_NIGHTS = 30
 #: Below this absolute change a metric counts as unchanged (one case of 58 is 0.017).
 EPSILON = 0.0005
-PATH_LABELS = {"milvus": "main (Milvus)", "pgvector": "sidecar (pgvector)"}
+STORE_LABELS = {"milvus": "main (Milvus)", "pgvector": "sidecar (pgvector)"}
 
 Change = Literal["newly missed", "newly found", "rank worse", "rank better"]
 #: Order of the changed-cases table: regressions first.
@@ -47,8 +48,8 @@ class CaseState(BaseModel):
     first_hit_rank: int | None = None
 
 
-class PathNight(BaseModel):
-    """One path's results of one night. Rates in [0, 1]; ``latency_p95_ms`` in milliseconds
+class StoreNight(BaseModel):
+    """One store's results of one night. Rates in [0, 1]; ``latency_p95_ms`` in milliseconds
     (None when the fixtures carry no timings); ``status`` available/unavailable."""
 
     status: str
@@ -64,20 +65,21 @@ class PathNight(BaseModel):
     cases: dict[str, CaseState] = Field(default_factory=dict)
 
 
-class NightRecord(BaseModel):
+class NightRecord(VersionedFile):
     """One line of ``history.jsonl``: the UTC ``night`` (``YYYY-MM-DD``), when it was recorded,
-    the Dagster run, and each path's results."""
+    the Dagster run, and each store's results (``stores``: store name -> its night)."""
 
+    V1_NAMES = {"paths": "stores"}
     night: str
     recorded_at: str
     run_id: str | None = None
-    paths: dict[str, PathNight]
+    stores: dict[str, StoreNight]
 
 
 class CaseChange(BaseModel):
-    """A case whose outcome changed between two nights on one path."""
+    """A case whose outcome changed between two nights on one store."""
 
-    path: str
+    store: str
     case_id: str
     change: Change
     before: CaseState
@@ -98,13 +100,13 @@ def p95(values: Sequence[float]) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def path_night(report: EvaluationReport, fixtures: FixtureSet | None) -> PathNight:
-    """One path's night from its evaluation report and (for latency) its recorded fixtures."""
+def store_night(report: EvaluationReport, fixtures: FixtureSet | None) -> StoreNight:
+    """One store's night from its evaluation report and (for latency) its recorded fixtures."""
     s = report.summary
     latencies = [f.latency_ms for f in (fixtures.fixtures.values() if fixtures else []) if f.latency_ms is not None]
     p95_ms = p95(latencies)
-    return PathNight(
-        status=report.path_status.status,
+    return StoreNight(
+        status=report.store_status.status,
         case_count=s.case_count,
         run_count=s.run_count,
         recall_at_5=s.recall_at_k.get(5),
@@ -135,7 +137,8 @@ def night_of(report: EvaluationReport, now: datetime | None = None) -> str:
 def load_history(path: Path) -> list[NightRecord]:
     """The nights in ``path``, oldest first ([] when the file does not exist).
 
-    Raises HistoryError naming the file and line for a line that is not a night record.
+    Raises HistoryError naming the file and line for a line that is not a night record or
+    has a format version this code cannot read (older lines load with their old names mapped).
     """
     if not path.is_file():
         return []
@@ -144,7 +147,9 @@ def load_history(path: Path) -> list[NightRecord]:
         if not line.strip():
             continue
         try:
-            nights.append(NightRecord.model_validate_json(line))
+            nights.append(parse_json_model(line, NightRecord, f"{path}:{number}"))
+        except FormatVersionError as exc:
+            raise HistoryError(str(exc)) from None
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "line"
@@ -169,15 +174,15 @@ def _found(state: CaseState) -> bool:
 
 
 def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
-    """Cases whose outcome changed from ``before`` to ``after`` on each path both nights ran.
+    """Cases whose outcome changed from ``before`` to ``after`` on each store both nights ran.
 
     newly missed: found (strong/medium) -> miss; newly found: miss -> found; rank worse /
     better: found both nights with a different first-hit rank. not_run cases are left out.
-    Sorted regressions first, then by path and case id.
+    Sorted regressions first, then by store and case id.
     """
     changes = []
-    for path, now in after.paths.items():
-        then = before.paths.get(path)
+    for store, now in after.stores.items():
+        then = before.stores.get(store)
         if then is None:
             continue
         for case_id, new in now.cases.items():
@@ -193,9 +198,9 @@ def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
                 worse = (new.first_hit_rank or 10**6) > (old.first_hit_rank or 10**6)
                 change = "rank worse" if worse else "rank better"
             if change:
-                changes.append(CaseChange(path=path, case_id=case_id, change=change, before=old, after=new))
-    path_order = list(after.paths)
-    changes.sort(key=lambda c: (CHANGE_ORDER.index(c.change), path_order.index(c.path), c.case_id))
+                changes.append(CaseChange(store=store, case_id=case_id, change=change, before=old, after=new))
+    store_order = list(after.stores)
+    changes.sort(key=lambda c: (CHANGE_ORDER.index(c.change), store_order.index(c.store), c.case_id))
     return changes
 
 
@@ -204,13 +209,13 @@ def _delta(before: float | None, after: float | None) -> float | None:
 
 
 def verdict(before: NightRecord | None, after: NightRecord, changes: Sequence[CaseChange]) -> dict[str, str]:
-    """Per path: ``better``, ``worse``, ``mixed``, ``unchanged`` or ``first night`` (recall@5 and
-    MRR against the previous night; a newly missed case alone makes a path at least mixed)."""
+    """Per store: ``better``, ``worse``, ``mixed``, ``unchanged`` or ``first night`` (recall@5 and
+    MRR against the previous night; a newly missed case alone makes a store at least mixed)."""
     out = {}
-    for path, now in after.paths.items():
-        then = before.paths.get(path) if before else None
+    for store, now in after.stores.items():
+        then = before.stores.get(store) if before else None
         if then is None:
-            out[path] = "first night"
+            out[store] = "first night"
             continue
         deltas = [
             d
@@ -218,15 +223,15 @@ def verdict(before: NightRecord | None, after: NightRecord, changes: Sequence[Ca
             if d is not None and abs(d) > EPSILON
         ]
         ups, downs = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
-        missed = any(c.path == path and c.change == "newly missed" for c in changes)
+        missed = any(c.store == store and c.change == "newly missed" for c in changes)
         if downs and not ups:
-            out[path] = "worse"
+            out[store] = "worse"
         elif ups and not downs:
-            out[path] = "mixed" if missed else "better"
+            out[store] = "mixed" if missed else "better"
         elif ups and downs:
-            out[path] = "mixed"
+            out[store] = "mixed"
         else:
-            out[path] = "mixed" if missed else "unchanged"
+            out[store] = "mixed" if missed else "unchanged"
     return out
 
 
@@ -254,7 +259,7 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     verdicts = verdict(previous, latest, changes)
     against = f" against {previous.night}" if previous else " (no earlier night recorded)"
     lines = [f"# Retrieval history: night {latest.night}{against}", ""]
-    lines += [f"- **{PATH_LABELS.get(p, p)}: {v}**" for p, v in verdicts.items()]
+    lines += [f"- **{STORE_LABELS.get(p, p)}: {v}**" for p, v in verdicts.items()]
     counts = {c: sum(1 for x in changes if x.change == c) for c in CHANGE_ORDER}
     lines += [
         f"- Cases changed since the previous night: {len(changes)} ("
@@ -267,12 +272,12 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     shown = list(reversed(nights[-TREND_NIGHTS:]))
     for index, night in enumerate(shown):
         before = shown[index + 1] if index + 1 < len(shown) else None
-        for path, p in night.paths.items():
-            b = before.paths.get(path) if before else None
+        for store, p in night.stores.items():
+            b = before.stores.get(store) if before else None
             rows.append(
                 [
                     night.night,
-                    PATH_LABELS.get(path, path),
+                    STORE_LABELS.get(store, store),
                     _num(p.recall_at_5) + _signed(_delta(b.recall_at_5, p.recall_at_5) if b else None),
                     _num(p.mrr) + _signed(_delta(b.mrr, p.mrr) if b else None),
                     p.strong,
@@ -285,7 +290,8 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
             )
     lines += [
         md_table(
-            ["night", "path", "recall@5", "MRR", "strong", "medium", "miss", "not run", "p95 lookup ms", "status"], rows
+            ["night", "store", "recall@5", "MRR", "strong", "medium", "miss", "not run", "p95 lookup ms", "status"],
+            rows,
         ),
         "",
     ]
@@ -295,9 +301,9 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     else:
         lines += [
             md_table(
-                ["change", "path", "case", "before", "after"],
+                ["change", "store", "case", "before", "after"],
                 [
-                    [c.change, PATH_LABELS.get(c.path, c.path), f"`{c.case_id}`", _rank(c.before), _rank(c.after)]
+                    [c.change, STORE_LABELS.get(c.store, c.store), f"`{c.case_id}`", _rank(c.before), _rank(c.after)]
                     for c in changes
                 ],
             )
@@ -314,7 +320,7 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
 
 def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     """PNG: recall@5 and MRR (top, 0-1) and p95 lookup latency in ms (bottom) per night and
-    path, over the last ``TREND_NIGHTS`` nights."""
+    store, over the last ``TREND_NIGHTS`` nights."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -323,12 +329,12 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
 
     shown = list(nights[-TREND_NIGHTS:])
     days = [datetime.fromisoformat(n.night) for n in shown]
-    paths = list(dict.fromkeys(p for n in shown for p in n.paths))
+    stores = list(dict.fromkeys(p for n in shown for p in n.stores))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
     try:
-        for index, path in enumerate(paths):
-            label, color = PATH_LABELS.get(path, path), f"C{index}"  # one colour per path
-            series = [n.paths.get(path) for n in shown]
+        for index, store in enumerate(stores):
+            label, color = STORE_LABELS.get(store, store), f"C{index}"  # one colour per store
+            series = [n.stores.get(store) for n in shown]
             top.plot(
                 days, [s.recall_at_5 if s else None for s in series], marker="o", color=color, label=f"{label} recall@5"
             )
@@ -378,5 +384,5 @@ def summary(nights: Sequence[NightRecord]) -> dict[str, Any]:
         "night": latest.night,
         "previous_night": previous.night if previous else None,
         "verdict": verdict(previous, latest, changes),
-        "changes": {c: [f"{x.path}:{x.case_id}" for x in changes if x.change == c] for c in CHANGE_ORDER},
+        "changes": {c: [f"{x.store}:{x.case_id}" for x in changes if x.change == c] for c in CHANGE_ORDER},
     }

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from rag_core.settings import PROJECT_ROOT
 
-PATHS = ("milvus", "pgvector")
+#: The stores evaluated: the main store first, then the sidecar (``VectorStore.name``).
+STORES = ("milvus", "pgvector")
 #: The baseline kept in the repository (``rag eval run ... --out golden/reports``).
 REPO_BASELINE = PROJECT_ROOT / "golden" / "reports" / "baseline.json"
 #: Default DAGSTER_HOME of ``python -m rag_assets.run`` and ``make ui``.
@@ -48,17 +49,17 @@ class AssetFiles:
         """One row per chunk of the last ``chunks`` materialization."""
         return self.data_dir / "tables" / "chunks.parquet"
 
-    def fixtures_dir(self, path: str) -> Path:
-        """Recorded retrieval fixtures of ``path`` (``milvus`` or ``pgvector``)."""
-        return self.data_dir / "fixtures" / path
+    def fixtures_dir(self, store: str) -> Path:
+        """Recorded retrieval fixtures of ``store`` (``milvus`` or ``pgvector``)."""
+        return self.data_dir / "fixtures" / store
 
-    def evaluation_json(self, path: str) -> Path:
-        """The ``EvaluationReport`` JSON of ``path``'s golden evaluation."""
-        return self.data_dir / "evaluation" / f"golden_evaluation_{path}.json"
+    def evaluation_json(self, store: str) -> Path:
+        """The ``EvaluationReport`` JSON of ``store``'s golden evaluation."""
+        return self.data_dir / "evaluation" / f"golden_evaluation_{store}.json"
 
     @property
     def baseline_json(self) -> Path:
-        """The main path's current baseline report (``write_baseline_report`` name ``baseline``)."""
+        """The main store's current baseline report (``write_baseline_report`` name ``baseline``)."""
         return self.reports_dir / "baseline.json"
 
     @property

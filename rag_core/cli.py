@@ -153,11 +153,11 @@ def compare(
     query: str = typer.Argument(..., help="Question or alert text"),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON"),
 ) -> None:
-    """Query the Milvus main path and the pgvector sidecar side by side."""
+    """Query the Milvus main store and the pgvector sidecar side by side."""
     from rag_core.cli_views import print_compare
-    from rag_core.compare import compare_paths
+    from rag_core.compare import compare_stores
 
-    comparison = compare_paths(settings_or_exit(), query)
+    comparison = compare_stores(settings_or_exit(), query)
     if as_json:
         print(json.dumps(comparison, indent=2, ensure_ascii=False))
     else:

@@ -1,4 +1,4 @@
-"""Rich renderings of ingest reports, lookup results and path comparisons for the CLI."""
+"""Rich renderings of ingest reports, lookup results and store comparisons for the CLI."""
 
 from __future__ import annotations
 
@@ -55,26 +55,26 @@ def print_lookup(console: Console, result: LookupResult) -> None:
     for a in rt.attempts:
         console.print(
             f"  attempt {a.attempt}: filter={a.filter!r} candidates={a.candidate_count} "
-            f"top={a.top_score} {a.duration_ms:.1f} ms"
+            f"top={a.top_similarity} {a.duration_ms:.1f} ms"
             + (f" low quality: {a.low_quality_reason}" if a.low_quality_reason else "")
             + (f" error: {a.error}" if a.error else "")
         )
     if rt.fallback_reason:
         console.print(f"  fallback: {rt.fallback_reason}")
     if rt.sidecar.status != "disabled":
-        console.print(f"  sidecar: {rt.sidecar.status} {rt.sidecar.reason or ''} {rt.sidecar.top_sources}")
-    rerank = {r.source: r for r in result.rerank_trace}
-    t = table("#", "source", "breadcrumb", "layer", "score", "final", "hit reasons / rerank")
+        console.print(f"  sidecar: {rt.sidecar.status} {rt.sidecar.reason or ''} {rt.sidecar.top_doc_ids}")
+    rerank = {r.doc_id: r for r in result.rerank_trace}
+    t = table("#", "doc_id", "breadcrumb", "layer", "similarity", "final", "hit reasons / rerank")
     for b in result.evidence_blocks:
-        r = rerank.get(b.source)
+        r = rerank.get(b.doc_id)
         contrib = ", ".join(f"{k}+{v:.3f}" for k, v in r.contributions.items()) if r else ""
         moved = f" (rank {r.rank_before}->{r.rank_after})" if r else ""
         t.add_row(
             str(b.rank),
-            b.source,
+            b.doc_id,
             b.breadcrumb,
             b.retrieval_layer,
-            f"{b.score:.3f}",
+            f"{b.similarity:.3f}",
             f"{b.final_score:.3f}",
             ", ".join(b.hit_reasons) + (f"\n{contrib}{moved}" if contrib or moved else ""),
         )
@@ -94,10 +94,12 @@ def print_compare(console: Console, comparison: dict[str, Any]) -> None:
         f"[bold]{comparison['query']}[/bold]  sidecar: {comparison['sidecar_status']}"
         + (f" ({comparison['sidecar_reason']})" if comparison.get("sidecar_reason") else "")
     )
-    t = table("rank", "milvus source", "breadcrumb", "score", "pgvector source", "breadcrumb", "score", "same")
+    t = table(
+        "rank", "milvus doc_id", "breadcrumb", "similarity", "pgvector doc_id", "breadcrumb", "similarity", "same"
+    )
     for row in comparison["rows"]:
         m, p = row.get("main") or {}, row.get("sidecar") or {}
-        same = row["same_source"]
+        same = row["same_doc"]
         style = None if same else "bold yellow"
         t.add_row(
             str(row["rank"]),
@@ -112,7 +114,7 @@ def print_compare(console: Console, comparison: dict[str, Any]) -> None:
         )
     console.print(t)
     console.print(
-        f"top-5 source overlap (over the ranks filled): {comparison['overlap_at_5']:.2f}  "
+        f"top-5 doc overlap (over the ranks filled): {comparison['overlap_at_5']:.2f}  "
         f"(raw scores are not comparable: {comparison['score_labels']})"
     )
 
@@ -120,4 +122,4 @@ def print_compare(console: Console, comparison: dict[str, Any]) -> None:
 def _score(c: dict[str, Any]) -> str:
     if not c:
         return ""
-    return f"{c['normalized_score']:.3f} ({c['raw_score']:.3f} {c['score_label'].split('[')[0]})"
+    return f"{c['similarity']:.3f} ({c['raw_score']:.3f} {c['score_label'].split('[')[0]})"

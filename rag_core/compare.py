@@ -1,4 +1,4 @@
-"""Side-by-side candidates of the main path (Milvus) and the sidecar (pgvector) for one query."""
+"""Side-by-side candidates of the main store (Milvus) and the sidecar (pgvector) for one query."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from rag_core.settings import RagSettings
 
 
 def candidate_row(rank: int, c: Candidate) -> dict[str, Any]:
-    """A path-neutral candidate: source, chunk, breadcrumb, category, rank, scores with label."""
+    """A store-neutral candidate: doc id, chunk, breadcrumb, category, rank, similarity in
+    [0, 1] and the raw score with its label."""
     return {
         "rank": rank,
         "doc_id": c.hit.doc_id,
@@ -22,7 +23,7 @@ def candidate_row(rank: int, c: Candidate) -> dict[str, Any]:
         "content_preview": c.hit.text[:300],
         "raw_score": round(c.hit.raw_score, 4),
         "score_label": c.hit.score_label,
-        "normalized_score": round(c.similarity, 4),
+        "similarity": round(c.similarity, 4),
         "channels": sorted(c.channels),
         "attempts": sorted(c.attempts),
     }
@@ -40,8 +41,8 @@ def _doc_rows(cands: list[Candidate], k: int) -> list[dict[str, Any]]:
     return rows
 
 
-def compare_paths(settings: RagSettings, query: str, k: int = 5) -> dict[str, Any]:
-    """Both paths on the same query vector. The sidecar's failure is reported, never raised."""
+def compare_stores(settings: RagSettings, query: str, k: int = 5) -> dict[str, Any]:
+    """Both stores on the same query vector. The sidecar's failure is reported, never raised."""
     from rag_core.components import make_embedder, make_main_store, make_sidecar_store
 
     try:
@@ -68,10 +69,8 @@ def compare_paths(settings: RagSettings, query: str, k: int = 5) -> dict[str, An
     for i in range(max(len(main_rows), len(side_rows))):
         m = main_rows[i] if i < len(main_rows) else None
         s = side_rows[i] if i < len(side_rows) else None
-        rows.append(
-            {"rank": i + 1, "main": m, "sidecar": s, "same_source": bool(m and s and m["doc_id"] == s["doc_id"])}
-        )
-    # Over the ranks both paths could fill: a filtered query may find fewer than k documents.
+        rows.append({"rank": i + 1, "main": m, "sidecar": s, "same_doc": bool(m and s and m["doc_id"] == s["doc_id"])})
+    # Over the ranks both stores could fill: a filtered query may find fewer than k documents.
     depth = min(k, max(len(main_rows), len(side_rows)))
     shared = {r["doc_id"] for r in main_rows} & {r["doc_id"] for r in side_rows}
     overlap = len(shared) / depth if side_rows and depth else 0.0

@@ -67,7 +67,7 @@ SCRIPT = textwrap.dedent(
     print(json.dumps({
         "missing": {m: importlib.util.find_spec(m) is None for m in sys.argv[3].split(",")},
         "chunks": report.chunks_total, "found": result.found, "status": result.status,
-        "top": result.evidence_blocks[0].source if result.evidence_blocks else None,
+        "top": result.evidence_blocks[0].doc_id if result.evidence_blocks else None,
         "spooled": sum(1 for _ in spool.open()) if spool.exists() else 0,
     }))
     """

@@ -309,10 +309,10 @@ def test_report_metadata_shows_the_chart_inline_and_survives_the_renderer(tmp_pa
     )
     report = metadata["report"].value
     # The file keeps its relative link; the UI gets the PNG itself (its renderer allows data:).
-    assert "![recall@K per path](baseline-recall.png)" in (tmp_path / "data" / "reports" / "baseline.md").read_text()
-    assert "![recall@K per path](data:image/png;base64,iVBORw0KGgo" in report
+    assert "![recall@K per store](baseline-recall.png)" in (tmp_path / "data" / "reports" / "baseline.md").read_text()
+    assert "![recall@K per store](data:image/png;base64,iVBORw0KGgo" in report
     assert "baseline-recall.png)" not in report
-    assert metadata["recall_chart"].value.startswith("![recall@K per path](data:image/png;base64,")
+    assert metadata["recall_chart"].value.startswith("![recall@K per store](data:image/png;base64,")
     assert "<br>" not in report
     case_rows = [line for line in report.splitlines() if line.startswith(("| `c1`", "| `c2`", "| `c3`"))]
     assert case_rows and all(line.count(" | ") == 5 for line in case_rows)  # one row per case, 6 cells

@@ -71,7 +71,7 @@ def _fixture_dir(tmp_path, n_hit: int, n_miss: int, model: dict | None):
             "rank": 1,
             "doc_id": doc,
             "chunk_id": f"{doc}#0",
-            "normalized_score": top,
+            "similarity": top,
             "raw_score": top,
             "score_label": "milvus_cosine_similarity[-1,1]",
         }
@@ -79,14 +79,14 @@ def _fixture_dir(tmp_path, n_hit: int, n_miss: int, model: dict | None):
             fx,
             {
                 "case_id": f"c{i}",
-                "path": "milvus",
+                "store": "milvus",
                 "query": f"question {i}",
                 "candidates": [row],
                 "evidence_blocks": [row],
                 "relevance_level": "RELEVANT",
             },
         )
-    write_manifest(fx, {"path": "milvus", **({"model": model} if model else {})})
+    write_manifest(fx, {"store": "milvus", **({"model": model} if model else {})})
     case_file = tmp_path / "cases.yaml"
     case_file.write_text(yaml.safe_dump({"cases": cases}))
     return case_file, fx

@@ -131,7 +131,7 @@ def test_corrupt_fixture_is_reported_and_the_rest_evaluated(tmp_path: Path):
     directory = write_fixture_dir(tmp_path / "fx", [make_fixture("good", ["k/A.md"])])
     (directory / "bad.json").write_text('{"case_id": "bad", "candidates": [', encoding="utf-8")
     (directory / "invalid.json").write_text(
-        json.dumps({"case_id": "invalid", "path": "milvus", "candidates": [{"rank": 0}]}),
+        json.dumps({"format_version": 2, "case_id": "invalid", "store": "milvus", "candidates": [{"rank": 0}]}),
         encoding="utf-8",
     )
     fixtures = load_fixtures(directory, [c.id for c in cases])
@@ -154,23 +154,23 @@ def test_fixture_for_unknown_case_is_a_warning(tmp_path: Path):
     assert any("unknown case 'stray'" in w for w in report.warnings)
 
 
-def test_fixture_of_another_case_or_path_is_rejected(tmp_path: Path):
+def test_fixture_of_another_case_or_store_is_rejected(tmp_path: Path):
     directory = write_fixture_dir(tmp_path / "fx", [make_fixture("a", ["k/A.md"])])
-    write_fixture(directory, make_fixture("b", ["k/A.md"], path="pgvector"))
+    write_fixture(directory, make_fixture("b", ["k/A.md"], store="pgvector"))
     (directory / "c.json").write_text((directory / "a.json").read_text(), encoding="utf-8")
     fixtures = load_fixtures(directory, ["a", "b", "c"])
     assert set(fixtures.fixtures) == {"a"}
-    assert "recorded on path 'pgvector'" in fixtures.not_run["b"]
+    assert "recorded on store 'pgvector'" in fixtures.not_run["b"]
     assert "is for case 'a'" in fixtures.not_run["c"]
 
 
-def test_unavailable_path_makes_every_case_not_run(tmp_path: Path):
+def test_unavailable_store_makes_every_case_not_run(tmp_path: Path):
     directory = tmp_path / "fx"
     write_manifest(directory, make_manifest("pgvector", available=False, reason="pg down"))
     report = evaluate([case("a", ["k/A.md"])], load_fixtures(directory, ["a"]))
-    assert report.path == "pgvector"
-    assert report.path_status.status == "unavailable"
-    assert report.cases[0].not_run_reason == "path 'pgvector' unavailable: pg down"
+    assert report.store == "pgvector"
+    assert report.store_status.status == "unavailable"
+    assert report.cases[0].not_run_reason == "store 'pgvector' unavailable: pg down"
     assert report.summary.recall_at_k[5] is None and report.summary.mrr is None
 
 
@@ -180,7 +180,7 @@ def test_missing_directory_and_missing_manifest(tmp_path: Path):
 
     write_fixture(tmp_path / "bare", make_fixture("a", ["k/A.md"]))
     bare = load_fixtures(tmp_path / "bare", ["a"])
-    assert bare.path == "milvus" and "a" in bare.fixtures
+    assert bare.store == "milvus" and "a" in bare.fixtures
     assert any("manifest.json missing" in w for w in bare.warnings)
 
 
@@ -239,7 +239,7 @@ def test_writer_is_atomic_and_validates(tmp_path: Path):
     write_fixture(tmp_path, make_fixture("a", ["k/A.md"]))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
     with pytest.raises(ValidationError):
-        write_fixture(tmp_path, {"case_id": "b", "path": "milvus", "candidates": [{"rank": -1}]})
+        write_fixture(tmp_path, {"case_id": "b", "store": "milvus", "candidates": [{"rank": -1}]})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
 
 
@@ -249,7 +249,7 @@ def test_recorder_shaped_blocks_load(tmp_path: Path):
         tmp_path,
         {
             "case_id": "a",
-            "path": "milvus",
+            "store": "milvus",
             "query": "q",
             "status": "ok",
             "error": None,
@@ -266,19 +266,19 @@ def test_recorder_shaped_blocks_load(tmp_path: Path):
             "evidence_blocks": [
                 {
                     "rank": 1,
-                    "source": "k/A.md",
                     "doc_id": "k/A.md",
                     "title": "A",
                     "breadcrumb": "A",
                     "category": "k",
                     "content": "text",
+                    "similarity": 0.0,
                     "score_label": None,
                     "final_score": 0.4,
                     "retrieval_layer": "L0",
                     "hit_reasons": ["l0_fallback"],
                 }
             ],
-            "context_pack_sources": ["k/A.md"],
+            "context_pack_doc_ids": ["k/A.md"],
         },
     )
     fixtures = load_fixtures(tmp_path, ["a"])

@@ -54,9 +54,9 @@ def sidecar_fixtures(directory: Path) -> Path:
     return write_fixture_dir(
         directory,
         [
-            make_fixture("c1", ["o/1.md", "k/A.md"], path="pgvector", content="alpha"),
-            make_fixture("c2", ["o/1.md", "k/B.md"], path="pgvector"),
-            make_fixture("c3", ["k/C.md"], path="pgvector"),
+            make_fixture("c1", ["o/1.md", "k/A.md"], store="pgvector", content="alpha"),
+            make_fixture("c2", ["o/1.md", "k/B.md"], store="pgvector"),
+            make_fixture("c3", ["k/C.md"], store="pgvector"),
         ],
     )
 
@@ -87,7 +87,7 @@ def test_baseline_report_files_and_sections(tmp_path: Path, main_set):
         "abc1234",
         "all-MiniLM-L6-v2",
         "sha256:abababababab",
-        "![recall@K per path]",
+        "![recall@K per store]",
         "baseline-recall.png",
         "rag eval run",
     ):
@@ -97,12 +97,12 @@ def test_baseline_report_files_and_sections(tmp_path: Path, main_set):
     assert all(ord(ch) < 0x1F300 for ch in md)  # no emoji
 
 
-def test_baseline_with_several_paths_and_not_run(tmp_path: Path, main_set):
+def test_baseline_with_several_stores_and_not_run(tmp_path: Path, main_set):
     report, _ = main_set
     (tmp_path / "side").mkdir()
     write_manifest(tmp_path / "side", make_manifest("pgvector", available=False, reason="pg down"))
     side = evaluate(CASES, load_fixtures(tmp_path / "side", IDS))
-    _, md_path = write_baseline_report(report, tmp_path / "out", "nightly", other_paths=[side])
+    _, md_path = write_baseline_report(report, tmp_path / "out", "nightly", other_stores=[side])
     md = md_path.read_text()
     assert "| metric | `milvus` | `pgvector` |" in md
     assert (tmp_path / "out" / "nightly-recall.png").exists()
@@ -118,7 +118,7 @@ def test_comparison_with_sidecar_unavailable_keeps_main_results(tmp_path: Path, 
     side_fx = load_fixtures(tmp_path / "missing-sidecar", IDS)
     side = evaluate(CASES, side_fx)
     json_path, md_path = write_comparison_report(
-        report, side, fixtures, side_fx, side_fx.path_status.model_dump(), tmp_path / "out"
+        report, side, fixtures, side_fx, side_fx.store_status.model_dump(), tmp_path / "out"
     )
     md = md_path.read_text()
     assert "Sidecar status: unavailable" in md and "not found" in md
@@ -149,7 +149,7 @@ def test_comparison_side_by_side(tmp_path: Path, main_set):
     assert c3.main_hit_level == "miss" and c3.sidecar_hit_level == "strong"
     assert data.mean_rank_overlap[5] == pytest.approx((2 / 5 + 2 / 5 + 0) / 3)
     entry = c1.sidecar_top[0]
-    assert (entry.score_label, entry.normalized_score) == ("pgvector_cosine_distance[0,2]", 0.9)
+    assert (entry.score_label, entry.similarity) == ("pgvector_cosine_distance[0,2]", 0.9)
 
     md = md_path.read_text()
     assert "Sidecar status: available" in md

@@ -32,7 +32,7 @@ def _fixture(
         }
     )
     return CaseFixture.model_validate(
-        {"case_id": "c1", "path": "milvus", "candidates": rows(final), "filter_probe": probe}
+        {"case_id": "c1", "store": "milvus", "candidates": rows(final), "filter_probe": probe}
     )
 
 
@@ -68,7 +68,7 @@ def test_report_lists_the_cases_the_filter_hurt_first(tmp_path):
     hurt = _fixture(["k/A.md"], [EXPECTED[0]], ["k/A.md"]).model_copy(update={"case_id": "z-hurt"})
     fixtures = FixtureSet(
         directory=str(tmp_path),
-        path="milvus",
+        store="milvus",
         fixtures={"a-helped": helped.model_copy(update={"case_id": "a-helped"}), "z-hurt": hurt},
     )
     report = evaluate(cases, fixtures)

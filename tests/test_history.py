@@ -16,7 +16,7 @@ from rag_assets.history import (
     CaseState,
     HistoryError,
     NightRecord,
-    PathNight,
+    StoreNight,
     case_changes,
     load_history,
     p95,
@@ -27,9 +27,9 @@ from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixtu
 CASES = {"c1": "ops/A.md", "c2": "ops/B.md", "c3": "ops/C.md", "c4": "ops/D.md"}
 
 
-def _path(cases: dict[str, tuple[str, int | None]], recall: float, mrr: float, p95_ms: float) -> PathNight:
+def _store_night(cases: dict[str, tuple[str, int | None]], recall: float, mrr: float, p95_ms: float) -> StoreNight:
     levels = [level for level, _ in cases.values()]
-    return PathNight(
+    return StoreNight(
         status="available",
         case_count=len(cases),
         run_count=len(cases),
@@ -44,26 +44,26 @@ def _path(cases: dict[str, tuple[str, int | None]], recall: float, mrr: float, p
     )
 
 
-def _night(day: str, main: PathNight, side: PathNight) -> NightRecord:
+def _night(day: str, main: StoreNight, side: StoreNight) -> NightRecord:
     return NightRecord(
-        night=day, recorded_at=f"{day}T02:10:00+00:00", run_id=f"run-{day}", paths={"milvus": main, "pgvector": side}
+        night=day, recorded_at=f"{day}T02:10:00+00:00", run_id=f"run-{day}", stores={"milvus": main, "pgvector": side}
     )
 
 
 NIGHT_1 = _night(
     "2026-11-30",
-    _path({"a": ("strong", 1), "b": ("strong", 2), "c": ("miss", None), "d": ("medium", 1)}, 0.75, 0.625, 12.0),
-    _path({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 20.0),
+    _store_night({"a": ("strong", 1), "b": ("strong", 2), "c": ("miss", None), "d": ("medium", 1)}, 0.75, 0.625, 12.0),
+    _store_night({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 20.0),
 )
 NIGHT_2 = _night(
     "2026-12-01",
-    _path({"a": ("miss", None), "b": ("strong", 1), "c": ("strong", 3), "d": ("medium", 1)}, 0.75, 0.583, 14.5),
-    _path({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 19.0),
+    _store_night({"a": ("miss", None), "b": ("strong", 1), "c": ("strong", 3), "d": ("medium", 1)}, 0.75, 0.583, 14.5),
+    _store_night({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 19.0),
 )
 
 
 def test_changes_between_two_nights_regressions_first():
-    changes = [(c.path, c.case_id, c.change) for c in case_changes(NIGHT_1, NIGHT_2)]
+    changes = [(c.store, c.case_id, c.change) for c in case_changes(NIGHT_1, NIGHT_2)]
     assert changes == [("milvus", "a", "newly missed"), ("milvus", "c", "newly found"), ("milvus", "b", "rank better")]
 
 
@@ -107,15 +107,15 @@ def test_p95():
     assert p95([float(v) for v in range(1, 101)]) == pytest.approx(95.05)
 
 
-def _write(data: Path, path: str, hits: set[str], recorded_at: str, latency: float) -> None:
-    out = data / "fixtures" / path
+def _write(data: Path, store: str, hits: set[str], recorded_at: str, latency: float) -> None:
+    out = data / "fixtures" / store
     for old in out.glob("*.json") if out.exists() else []:
         old.unlink()
     fixtures = []
     for cid, doc in CASES.items():
-        fixture = make_fixture(cid, [doc] if cid in hits else ["ops/Other.md"], path=path)
+        fixture = make_fixture(cid, [doc] if cid in hits else ["ops/Other.md"], store=store)
         fixtures.append(fixture.model_copy(update={"latency_ms": latency}))
-    manifest = make_manifest(path, case_count=len(CASES)).model_copy(update={"recorded_at": recorded_at})
+    manifest = make_manifest(store, case_count=len(CASES)).model_copy(update={"recorded_at": recorded_at})
     write_fixture_dir(out, fixtures, manifest)
 
 
@@ -135,8 +135,8 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
     )
     instance = dg.DagsterInstance.ephemeral()
     for day, hits, latency in (("2026-11-30", {"c1", "c2", "c3"}, 10.0), ("2026-12-01", {"c2", "c3", "c4"}, 30.0)):
-        for path in ("milvus", "pgvector"):
-            _write(data, path, hits, f"{day}T02:05:00Z", latency)
+        for store in ("milvus", "pgvector"):
+            _write(data, store, hits, f"{day}T02:05:00Z", latency)
         result = dg.materialize(
             [*defs.assets, *defs.asset_checks],
             resources=resources,
@@ -152,7 +152,7 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
         ).asset_materialization.metadata.items()
     }
     assert meta["night"] == "2026-12-01" and meta["nights_recorded"] == 2
-    assert meta["newly_missed"] == 2 and meta["newly_found"] == 2  # c1 lost, c4 found, on both paths
+    assert meta["newly_missed"] == 2 and meta["newly_found"] == 2  # c1 lost, c4 found, on both stores
     assert meta["milvus/recall@5"] == 0.75 and meta["pgvector/latency_p95_ms"] == 30.0
     assert meta["milvus/strong_medium_miss"].endswith("/1")
     assert "data:image/png;base64," in meta["history"] and "data:image/png;base64," in meta["trend_chart"]

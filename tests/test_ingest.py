@@ -192,7 +192,7 @@ def test_runbooks_corpus_crashloop_query_in_top3(tmp_path, embedder):
     assert report.documents_ingested == 108 and all(i.path.endswith("_index.md") for i in report.skipped)
     tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
     result = tool.lookup("pod keeps restarting with back-off")
-    assert "kubernetes/KubePodCrashLooping.md" in [b.source for b in result.evidence_blocks[:3]]
+    assert "kubernetes/KubePodCrashLooping.md" in [b.doc_id for b in result.evidence_blocks[:3]]
     tool.close()
 
 

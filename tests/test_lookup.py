@@ -86,7 +86,7 @@ def make_tool(sample_kb, embedder, store):
 
 
 def sources(result):
-    return [b.source for b in result.evidence_blocks]
+    return [b.doc_id for b in result.evidence_blocks]
 
 
 def hints(result) -> dict:
@@ -106,7 +106,7 @@ def test_l0_hints_are_structured(make_tool):
 def test_single_l0_match_still_runs_l1(make_tool):
     r = make_tool().lookup("RedisMemoryHigh")
     assert len(r.retrieval_trace.attempts) >= 1 and r.retrieval_trace.layer == "L0+L1"
-    assert r.evidence_blocks[0].source == "cache/RedisMemoryHigh.md"
+    assert r.evidence_blocks[0].doc_id == "cache/RedisMemoryHigh.md"
     assert r.evidence_blocks[0].retrieval_layer == "L0+L1" and r.semantic_support
 
 
@@ -141,7 +141,7 @@ def test_low_quality_filtered_attempt_retries_unfiltered(make_tool, store):
     assert first.filter == "cache" and first.candidate_count == 0 and first.low_quality_reason == "no_candidates"
     assert second.filter is None and second.candidate_count > 0 and second.duration_ms >= 0
     assert r.retrieval_trace.fallback_reason == "no_candidates"
-    assert r.evidence_blocks[0].source == "cache/RedisMemoryHigh.md"
+    assert r.evidence_blocks[0].doc_id == "cache/RedisMemoryHigh.md"
     details = tool.recorded[-1]["retrieval_details"]
     assert [a["attempt"] for a in details["attempts"]] == [1, 2] and details["fallback_reason"] == "no_candidates"
 
@@ -157,7 +157,7 @@ def test_store_down_with_l0_match_gives_l0_fallback(make_tool, store):
     r = tool.lookup("KafkaConsumerLagHigh is firing")
     assert r.found and r.retrieval_trace.layer == "L0" and not r.semantic_support
     assert r.status == "degraded" and r.relevance_level == RelevanceLevel.WEAK
-    assert r.evidence_blocks[0].source == "queues/KafkaConsumerLagHigh.md"
+    assert r.evidence_blocks[0].doc_id == "queues/KafkaConsumerLagHigh.md"
     assert r.evidence_blocks[0].retrieval_layer == "L0" and "l0_fallback" in r.evidence_blocks[0].hit_reasons
     assert r.evidence_blocks[0].content  # the document summary
     assert "connection refused" in r.retrieval_trace.error
@@ -172,7 +172,7 @@ def test_l0_match_is_offered_when_l1_has_nothing_above_the_minimum(make_tool):
     tool = make_tool(min_block_similarity=0.999)
     r = tool.lookup("kafka consumer lag keeps growing")
     assert r.status == "ok" and r.found and r.retrieval_trace.layer == "L0"
-    assert r.evidence_blocks[0].source == "queues/KafkaConsumerLagHigh.md"
+    assert r.evidence_blocks[0].doc_id == "queues/KafkaConsumerLagHigh.md"
     assert r.relevance_level == RelevanceLevel.WEAK and not r.semantic_support
     assert "minimum block similarity" in (r.retrieval_trace.fallback_reason or "")
     assert r.retrieval_trace.error is None
@@ -196,7 +196,7 @@ def test_missing_milvus_file_gives_l0_fallback(sample_kb, embedder, tmp_path):
     r = tool.lookup("OrdersDBReplicationLag")
     tool.close()
     assert r.retrieval_trace.layer == "L0" and r.evidence_blocks[0].retrieval_layer == "L0"
-    assert r.evidence_blocks[0].source.endswith("/OrdersDBReplicationLag.md")
+    assert r.evidence_blocks[0].doc_id.endswith("/OrdersDBReplicationLag.md")
     assert "l0_fallback" in r.evidence_blocks[0].hit_reasons and not r.semantic_support
     assert r.retrieval_trace.error and rec.rows[-1]["error"] == r.retrieval_trace.error
     assert rec.rows[-1]["retrieval_layer"] == "L0"
@@ -205,10 +205,10 @@ def test_missing_milvus_file_gives_l0_fallback(sample_kb, embedder, tmp_path):
 def test_evidence_block_fields_and_layer(make_tool):
     r = make_tool().lookup("customers are asking how to get their money back")
     b = r.evidence_blocks[0]
-    assert b.source.endswith("RefundPolicy.md")
+    assert b.doc_id.endswith("RefundPolicy.md")
     assert b.title and b.breadcrumb.startswith(b.title) and b.category == "policy"
-    assert 0 <= b.score <= 1 and b.score_label == "milvus_cosine_similarity[-1,1]"
-    assert b.raw_score == pytest.approx(b.score, abs=1e-3) and b.hit_reasons
+    assert 0 <= b.similarity <= 1 and b.score_label == "milvus_cosine_similarity[-1,1]"
+    assert b.raw_score == pytest.approx(b.similarity, abs=1e-3) and b.hit_reasons
     payload = r.to_json()
     assert {
         "found",
@@ -240,8 +240,8 @@ def test_duplicate_sources_collapse_with_merged_reasons(make_tool):
 def test_primary_and_supplement_views(make_tool):
     tool = make_tool()
     r = tool.lookup("kafka consumers are falling behind")
-    assert r.primary is not None and r.primary.source == "queues/KafkaConsumerLagHigh.md"
-    assert r.supplement and r.primary.source not in {b.source for b in r.supplement}
+    assert r.primary is not None and r.primary.doc_id == "queues/KafkaConsumerLagHigh.md"
+    assert r.supplement and r.primary.doc_id not in {b.doc_id for b in r.supplement}
     payload = r.to_json()  # the views are serialised beside the blocks they are taken from
     assert payload["primary"] == payload["evidenceBlocks"][0]
     assert payload["supplement"] == payload["evidenceBlocks"][1:]
@@ -253,7 +253,7 @@ def test_rerank_trace_explains_each_block(make_tool):
     r = make_tool().lookup("RedisMemoryHigh")
     assert len(r.rerank_trace) == len(r.evidence_blocks)
     for entry, block in zip(r.rerank_trace, r.evidence_blocks, strict=True):
-        assert entry.source == block.source and entry.rank_after == block.rank
+        assert entry.doc_id == block.doc_id and entry.rank_after == block.rank
         assert entry.final_score == pytest.approx(entry.base_score + sum(entry.contributions.values()), abs=1e-3)
     assert "title_match" in r.rerank_trace[0].contributions
 
@@ -267,14 +267,14 @@ def test_relevance_levels(make_tool):
 def test_context_pack_budget_records_omitted_sources(make_tool):
     r = make_tool(context_char_budget=600).lookup("redis memory is almost full")
     pack = r.context_pack
-    assert pack.used_chars <= 600 and pack.included_sources and pack.omitted_sources
+    assert pack.used_chars <= 600 and pack.included_doc_ids and pack.omitted_doc_ids
     assert "omitted" in r.completeness_hint
-    header = f"[1] {r.evidence_blocks[0].title} ({r.evidence_blocks[0].source})"
+    header = f"[1] {r.evidence_blocks[0].title} ({r.evidence_blocks[0].doc_id})"
     assert pack.packed_text.startswith(header)
     assert KnowledgeContextPacker(600).pack(r.evidence_blocks) == pack  # deterministic
 
 
-def test_session_domains_accumulate_and_seen_sources_are_marked(make_tool):
+def test_session_domains_accumulate_and_seen_doc_ids_are_marked(make_tool):
     tool = make_tool()
     a = tool.lookup("RedisMemoryHigh", session_id="s1")
     b = tool.lookup("KafkaConsumerLagHigh", session_id="s1")
@@ -327,7 +327,7 @@ def test_control_characters_emoji_and_filter_injection(make_tool):
 def test_quoted_category_from_frontmatter_filters_exactly(make_tool):
     r = make_tool().lookup("PaymentGatewayLatencyHigh")
     assert r.retrieval_trace.attempts[0].filter == 'vendor "acme"'
-    assert r.evidence_blocks[0].source == "services/PaymentGatewayLatencyHigh.md"
+    assert r.evidence_blocks[0].doc_id == "services/PaymentGatewayLatencyHigh.md"
 
 
 def test_eight_threads_share_one_tool(make_tool):

@@ -47,7 +47,7 @@ def runbook_tool(tmp_path_factory, embedder):
 
 
 def _sources(result) -> list[str]:
-    return [b.source for b in result.evidence_blocks]
+    return [b.doc_id for b in result.evidence_blocks]
 
 
 def test_partial_name_match_does_not_hide_the_named_category(runbook_tool):

@@ -45,17 +45,17 @@ def test_enabled_sidecar_reports_beside_an_unchanged_main_result(both, embedder)
     q = "redis is evicting keys and shoppers get logged out"
     plain = LookupKnowledgeTool(off, embedder=embedder, store=main).lookup(q)
     with_side = LookupKnowledgeTool(settings, embedder=embedder, store=main, sidecar=side).lookup(q)
-    assert [b.source for b in with_side.evidence_blocks] == [b.source for b in plain.evidence_blocks]
+    assert [b.doc_id for b in with_side.evidence_blocks] == [b.doc_id for b in plain.evidence_blocks]
     status = with_side.retrieval_trace.sidecar
-    assert status.status == "available" and status.top_sources
-    assert status.top_sources[0] == plain.evidence_blocks[0].source
+    assert status.status == "available" and status.top_doc_ids
+    assert status.top_doc_ids[0] == plain.evidence_blocks[0].doc_id
 
 
-def test_sidecar_failure_leaves_the_main_path_answering(both, embedder):
+def test_sidecar_failure_leaves_the_main_store_answering(both, embedder):
     settings, main, _ = both
     broken = PgVectorStore("postgresql://rag:topsecret@127.0.0.1:9/nowhere", "t", connect_timeout=2)
     r = LookupKnowledgeTool(settings, embedder=embedder, store=main, sidecar=broken).lookup("RedisMemoryHigh")
-    assert r.found and r.status == "ok" and r.evidence_blocks[0].source == "cache/RedisMemoryHigh.md"
+    assert r.found and r.status == "ok" and r.evidence_blocks[0].doc_id == "cache/RedisMemoryHigh.md"
     assert r.retrieval_trace.sidecar.status in ("error", "unavailable")
     assert "topsecret" not in r.model_dump_json()
 
@@ -71,21 +71,21 @@ def test_paths_agree_on_exact_search(both, embedder):
     assert hm.score_label != hp.score_label and hp.raw_score == pytest.approx(1 - hm.raw_score, abs=1e-4)
 
 
-def test_compare_paths_side_by_side(both, pg_dsn, pg_table):
+def test_compare_stores_side_by_side(both, pg_dsn, pg_table):
     from pydantic import SecretStr
 
-    from rag_core.compare import compare_paths
+    from rag_core.compare import compare_stores
 
     settings, main, _ = both
     main.close()  # compare opens its own stores from the settings
     cfg = settings.model_copy(update={"pg_dsn": SecretStr(pg_dsn), "pg_table": pg_table})
-    out = compare_paths(cfg, "kafka consumer lag keeps growing")
+    out = compare_stores(cfg, "kafka consumer lag keeps growing")
     assert out["sidecar_status"] == "available" and out["rows"]
     first = out["rows"][0]
-    assert first["main"]["doc_id"] == "queues/KafkaConsumerLagHigh.md" and first["same_source"]
+    assert first["main"]["doc_id"] == "queues/KafkaConsumerLagHigh.md" and first["same_doc"]
     assert first["main"]["score_label"].startswith("milvus") and first["sidecar"]["score_label"].startswith("pgvector")
     assert 0 < out["overlap_at_5"] <= 1
-    down = compare_paths(
+    down = compare_stores(
         settings.model_copy(update={"pg_dsn": SecretStr("postgresql://u:pw9@127.0.0.1:9/x")}), "kafka consumer lag"
     )
     assert down["sidecar_status"] in ("unavailable", "error") and down["rows"][0]["main"]

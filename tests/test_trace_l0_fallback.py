@@ -54,7 +54,7 @@ def test_l0_fallback_lookup_is_written_to_postgres_and_read_back(pg_dsn, pg_tabl
     block = result.evidence_blocks[0]
     assert result.found and result.status == "degraded" and result.relevance_level == RelevanceLevel.WEAK
     assert result.retrieval_trace.layer == "L0" and block.retrieval_layer == "L0"
-    assert block.source == "queues/KafkaConsumerLagHigh.md" and "l0_fallback" in block.hit_reasons
+    assert block.doc_id == "queues/KafkaConsumerLagHigh.md" and "l0_fallback" in block.hit_reasons
     assert result.retrieval_trace.error
 
     # The row read back from PostgreSQL.

@@ -18,7 +18,7 @@ HOW_TO_BASELINE = (
 
 @dg.asset_check(asset="baseline_report", blocking=True)
 def baseline_regression(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.AssetCheckResult:
-    """The main path against the stored baseline: fails when recall@5 or MRR drops more than
+    """The main store against the stored baseline: fails when recall@5 or MRR drops more than
     the tolerance, a case goes strong -> miss, or a case that ran in the baseline no longer runs.
 
     Blocking: ``publish_reports`` does not run in a run where this fails. Passes, with a note,
@@ -141,17 +141,17 @@ def documents_have_title_and_category(knowledge_documents: DocumentScan) -> dg.A
     )
 
 
-def fixture_coverage(path: str, settings) -> dg.AssetCheckResult:
-    """Passes when every case of the golden case file has a fixture file on ``path`` (or the
+def fixture_coverage(store: str, settings) -> dg.AssetCheckResult:
+    """Passes when every case of the golden case file has a fixture file on ``store`` (or the
     sidecar is unavailable: that is the parity check's concern)."""
     from rag_core.evaluation.cases import load_cases
 
     cases = load_cases(settings.golden_cases)
-    out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(path)
+    out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(store)
     manifest_file = out_dir / "manifest.json"
     manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else {}
-    status = (manifest.get("path_status") or {}).get("status", "missing manifest")
-    if path == "pgvector" and status == "unavailable":
+    status = (manifest.get("store_status") or {}).get("status", "missing manifest")
+    if store == "pgvector" and status == "unavailable":
         return dg.AssetCheckResult(
             passed=True,
             metadata={"status": status},
@@ -161,7 +161,7 @@ def fixture_coverage(path: str, settings) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=not missing,
         description=(
-            f"{len(missing)} of {len(cases)} golden cases have no {path} fixture (path status: {status})"
+            f"{len(missing)} of {len(cases)} golden cases have no {store} fixture (store status: {status})"
             if missing
             else f"all {len(cases)} cases recorded"
         ),
@@ -169,14 +169,14 @@ def fixture_coverage(path: str, settings) -> dg.AssetCheckResult:
     )
 
 
-def _coverage_check(path: str):
+def _coverage_check(store: str):
     @dg.asset_check(
-        asset=f"retrieval_fixtures_{path}",
+        asset=f"retrieval_fixtures_{store}",
         name="every_case_has_a_fixture",
-        description=f"No golden case without a recorded {path} fixture.",
+        description=f"No golden case without a recorded {store} fixture.",
     )
     def _check(rag: RagSettingsResource) -> dg.AssetCheckResult:
-        return fixture_coverage(path, rag.get_settings())
+        return fixture_coverage(store, rag.get_settings())
 
     return _check
 

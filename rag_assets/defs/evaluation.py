@@ -1,7 +1,7 @@
-"""Evaluation group: golden cases, recorded retrieval fixtures per path, golden evaluation per path.
+"""Evaluation group: golden cases, recorded retrieval fixtures per store, golden evaluation per store.
 
 Fixtures are recorded with the real lookup pipeline (``record_fixtures``; its lookups are traced
-into ``tool_invocation`` like any agent call) and written under ``<data_dir>/fixtures/<path>``.
+into ``tool_invocation`` like any agent call) and written under ``<data_dir>/fixtures/<store>``.
 The evaluation reads fixtures only and writes its ``EvaluationReport`` JSON under
 ``<data_dir>/evaluation``. An unavailable sidecar yields not_run cases, never a failed step.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from rag_assets.defs.index import MAIN_PATH_FIRST
+from rag_assets.defs.index import MAIN_STORE_FIRST
 from rag_assets.defs.resources import (
     EmbedderResource,
     EvaluationConfigResource,
@@ -58,7 +58,7 @@ def golden_cases(rag: RagSettingsResource) -> dg.Output[list[GoldenCase]]:
 
 
 def _fixture_metadata(manifest: dict, out_dir: Path) -> dict:
-    status = manifest.get("path_status") or {}
+    status = manifest.get("store_status") or {}
     return {
         "status": status.get("status", "unknown"),
         "reason": status.get("reason") or "",
@@ -71,13 +71,13 @@ def _fixture_metadata(manifest: dict, out_dir: Path) -> dict:
     }
 
 
-def _record(path: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
+def _record(store: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
     from rag_core.recording.record import record_fixtures
 
-    out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(path)
+    out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(store)
     manifest = record_fixtures(
         settings,
-        path,
+        store,
         settings.golden_cases,
         out_dir,  # type: ignore[arg-type]
         embedder=embedder,
@@ -86,19 +86,19 @@ def _record(path: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
     return manifest, _fixture_metadata(manifest, out_dir)
 
 
-@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"}, op_tags=MAIN_PATH_FIRST)
+@dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"}, op_tags=MAIN_STORE_FIRST)
 def retrieval_fixtures_milvus(
     context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource, milvus: MilvusStoreResource
 ) -> dg.MaterializeResult:
-    """Candidates and evidence blocks of every golden case on the Milvus main path (one JSON each).
+    """Candidates and evidence blocks of every golden case on the Milvus main store (one JSON each).
 
-    Fails when Milvus cannot be opened: a main-path evaluation of nothing must not be reported
+    Fails when Milvus cannot be opened: a main-store evaluation of nothing must not be reported
     or published (the manifest with the reason is still written).
     """
     with milvus.lock(context.log):
         manifest, metadata = _record("milvus", rag.get_settings(), embedder.get())
     if metadata["status"] != "available":
-        raise dg.Failure(description=f"main path (Milvus) unavailable: {metadata['reason']}", metadata=metadata)
+        raise dg.Failure(description=f"main store (Milvus) unavailable: {metadata['reason']}", metadata=metadata)
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -119,9 +119,9 @@ def retrieval_fixtures_pgvector(
         for old in out_dir.glob("*.json"):
             old.unlink()
         manifest = {
-            "path": "pgvector",
+            "store": "pgvector",
             "cases_file": str(settings.golden_cases),
-            "path_status": {"status": "unavailable", "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"},
+            "store_status": {"status": "unavailable", "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"},
         }
         write_manifest(out_dir, manifest)
         return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
@@ -144,7 +144,7 @@ def metric_values(report: EvaluationReport) -> dict[str, float | None]:
 
 
 def evaluation_metadata(report: EvaluationReport, json_path: Path) -> dict:
-    """Metadata of one path's evaluation: status, hit-level counts, metrics, per-scenario table."""
+    """Metadata of one store's evaluation: status, hit-level counts, metrics, per-scenario table."""
     s = report.summary
     scenario_rows = [
         [
@@ -160,8 +160,8 @@ def evaluation_metadata(report: EvaluationReport, json_path: Path) -> dict:
         for name, m in report.by_scenario.items()
     ]
     return {
-        "status": report.path_status.status,
-        "reason": report.path_status.reason or "",
+        "status": report.store_status.status,
+        "reason": report.store_status.reason or "",
         "case_count": s.case_count,
         "run_count": s.run_count,
         "strong": s.strong,
@@ -172,41 +172,48 @@ def evaluation_metadata(report: EvaluationReport, json_path: Path) -> dict:
         "by_scenario": dg.MetadataValue.md(
             md_table(["scenario", "cases", "strong", "medium", "miss", "not run", "recall@5", "MRR"], scenario_rows)
         ),
-        "path": dg.MetadataValue.path(str(json_path)),
+        "json_path": dg.MetadataValue.path(str(json_path)),
     }
 
 
-def evaluate_path(
-    path: str, cases: list[GoldenCase], settings: RagSettings, config: EvaluationConfigResource
+def evaluate_store(
+    store: str, cases: list[GoldenCase], settings: RagSettings, config: EvaluationConfigResource
 ) -> tuple[EvaluationReport, Path]:
-    """Evaluate ``path``'s recorded fixtures; write and return the report and its JSON path."""
+    """Evaluate ``store``'s recorded fixtures; write and return the report and its JSON path."""
     from rag_core.evaluation.evaluator import evaluate
     from rag_core.evaluation.fixtures import load_fixtures
 
     files = AssetFiles.under(settings.data_dir)
-    fixtures = load_fixtures(files.fixtures_dir(path), [c.id for c in cases])
+    fixtures = load_fixtures(files.fixtures_dir(store), [c.id for c in cases])
     report = evaluate(cases, fixtures, ks=config.ks, strong_k=config.strong_k)
-    json_path = write_text_atomic(files.evaluation_json(path), report.model_dump_json(indent=2))
+    json_path = write_text_atomic(files.evaluation_json(store), report.model_dump_json(indent=2))
     return report, json_path
 
 
-def load_evaluation(settings: RagSettings, path: str) -> EvaluationReport | None:
-    """The last written evaluation of ``path``, or None when there is none (or it is unreadable)."""
-    file = AssetFiles.under(settings.data_dir).evaluation_json(path)
+def load_evaluation(settings: RagSettings, store: str) -> EvaluationReport | None:
+    """The last written evaluation of ``store``, or None when there is none (or it is unreadable).
+
+    Raises ``FormatVersionError`` for a report of a format version this code cannot read.
+    """
+    from rag_core.evaluation.formats import FormatVersionError
+    from rag_core.evaluation.reports import load_report
+
     try:
-        return EvaluationReport.model_validate_json(file.read_text(encoding="utf-8"))
+        return load_report(AssetFiles.under(settings.data_dir).evaluation_json(store))
+    except FormatVersionError:
+        raise
     except (OSError, ValueError):
         return None
 
 
-def _evaluation_asset(path: str):
+def _evaluation_asset(store: str):
     @dg.asset(
-        name=f"golden_evaluation_{path}",
+        name=f"golden_evaluation_{store}",
         group_name="evaluation",
-        deps=[f"retrieval_fixtures_{path}"],
+        deps=[f"retrieval_fixtures_{store}"],
         kinds={"json"},
         freshness_policy=NIGHTLY_FRESHNESS,
-        description=f"Golden evaluation of the {path} path: strong/medium/miss/not_run per "
+        description=f"Golden evaluation of the {store} store: strong/medium/miss/not_run per "
         "case, recall@K, MRR, nDCG@10, by scenario (JSON in <data_dir>/evaluation).",
     )
     def _asset(
@@ -215,7 +222,7 @@ def _evaluation_asset(path: str):
         evaluation: EvaluationConfigResource,
         golden_cases: list[GoldenCase],
     ) -> dg.MaterializeResult:
-        report, json_path = evaluate_path(path, golden_cases, rag.get_settings(), evaluation)
+        report, json_path = evaluate_store(store, golden_cases, rag.get_settings(), evaluation)
         for warning in report.warnings:
             context.log.warning(warning)
         return dg.MaterializeResult(metadata=evaluation_metadata(report, json_path))
@@ -230,5 +237,7 @@ golden_evaluation_pgvector = _evaluation_asset("pgvector")
 def summary_json(report: EvaluationReport) -> dict:
     """The compact JSON shown in the UI: status, manifest, summary, by-scenario summaries."""
     return json.loads(
-        report.model_dump_json(include={"path", "path_status", "manifest", "ks", "strong_k", "summary", "by_scenario"})
+        report.model_dump_json(
+            include={"store", "store_status", "manifest", "ks", "strong_k", "summary", "by_scenario"}
+        )
     )

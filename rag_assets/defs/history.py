@@ -11,16 +11,16 @@ import dagster as dg
 from rag_assets.defs.evaluation import load_evaluation
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.history import (
-    PATH_LABELS,
+    STORE_LABELS,
     TREND_PNG,
     HistoryError,
     NightRecord,
     night_of,
-    path_night,
+    store_night,
     summary,
     write_history,
 )
-from rag_assets.layout import PATHS, AssetFiles
+from rag_assets.layout import STORES, AssetFiles
 from rag_assets.metadata import chart_md, floats, inline_images
 from rag_assets.timing import NIGHTLY_FRESHNESS
 
@@ -34,12 +34,12 @@ from rag_assets.timing import NIGHTLY_FRESHNESS
 def retrieval_history(
     context: dg.AssetExecutionContext, rag: RagSettingsResource, evaluation: EvaluationConfigResource
 ) -> dg.MaterializeResult:
-    """The morning view: per night and path (main Milvus, sidecar pgvector) recall@5, MRR,
+    """The morning view: per night and store (main Milvus, sidecar pgvector) recall@5, MRR,
     strong/medium/miss and p95 lookup latency, appended to ``history.jsonl`` in the reports dir;
     ``history.md`` shows the verdict, the nights, the cases changed since the previous night
     (newly missed, newly found, first-hit rank moved) and a 30-night trend chart.
 
-    Fails when the main-path evaluation is missing or ``history.jsonl`` has a bad line (file and
+    Fails when the main-store evaluation is missing or ``history.jsonl`` has a bad line (file and
     line named; the file is left as it is).
     """
     from rag_core.evaluation.fixtures import load_fixtures
@@ -47,20 +47,20 @@ def retrieval_history(
     settings = rag.get_settings()
     main = load_evaluation(settings, "milvus")
     if main is None:
-        raise dg.Failure("no main-path evaluation to add to the history: materialize golden_evaluation_milvus")
+        raise dg.Failure("no main-store evaluation to add to the history: materialize golden_evaluation_milvus")
     data = AssetFiles.under(settings.data_dir)
-    paths = {}
-    for path in PATHS:
-        report = main if path == "milvus" else load_evaluation(settings, path)
+    stores = {}
+    for store in STORES:
+        report = main if store == "milvus" else load_evaluation(settings, store)
         if report is None:
             continue
-        fixtures = load_fixtures(data.fixtures_dir(path), [c.case_id for c in report.cases])
-        paths[path] = path_night(report, fixtures)
+        fixtures = load_fixtures(data.fixtures_dir(store), [c.case_id for c in report.cases])
+        stores[store] = store_night(report, fixtures)
     night = NightRecord(
         night=night_of(main),
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         run_id=context.run.run_id,
-        paths=paths,
+        stores=stores,
     )
     reports_dir = evaluation.files(settings).reports_dir
     try:
@@ -69,15 +69,15 @@ def retrieval_history(
         raise dg.Failure(description=str(exc), allow_retries=False) from None
     facts = summary(nights)
     metrics: dict[str, float | None] = {}
-    for path, p in night.paths.items():
+    for store, p in night.stores.items():
         metrics.update(
-            {f"{path}/recall@5": p.recall_at_5, f"{path}/mrr": p.mrr, f"{path}/latency_p95_ms": p.latency_p95_ms}
+            {f"{store}/recall@5": p.recall_at_5, f"{store}/mrr": p.mrr, f"{store}/latency_p95_ms": p.latency_p95_ms}
         )
     changes: dict[str, list[str]] = facts["changes"]
     metadata: dict[str, Any] = {
         "history": dg.MetadataValue.md(inline_images(md_path.read_text(encoding="utf-8"), md_path.parent)),
         "trend_chart": chart_md(reports_dir / TREND_PNG, "recall@5, MRR and p95 lookup latency per night"),
-        "verdict": "; ".join(f"{PATH_LABELS.get(p, p)}: {v}" for p, v in facts["verdict"].items()),
+        "verdict": "; ".join(f"{STORE_LABELS.get(p, p)}: {v}" for p, v in facts["verdict"].items()),
         "night": night.night,
         "nights_recorded": len(nights),
         "newly_missed": len(changes["newly missed"]),
@@ -88,6 +88,6 @@ def retrieval_history(
         "markdown_path": dg.MetadataValue.path(str(md_path)),
         "history_path": dg.MetadataValue.path(str(reports_dir / "history.jsonl")),
     }
-    for path, p in night.paths.items():
-        metadata[f"{path}/strong_medium_miss"] = f"{p.strong}/{p.medium}/{p.miss}"
+    for store, p in night.stores.items():
+        metadata[f"{store}/strong_medium_miss"] = f"{p.strong}/{p.medium}/{p.miss}"
     return dg.MaterializeResult(metadata=metadata)

@@ -34,9 +34,9 @@ from rag_core.stores.base import StoreError
 
 # What an unreachable or misconfigured PostgreSQL raises on the way to the sidecar.
 SIDECAR_UNAVAILABLE = (StoreError, psycopg.Error, OSError)
-#: Main-path steps run first, back to back: results exist even if the sidecar is slow, and an
+#: Main-store steps run first, back to back: results exist even if the sidecar is slow, and an
 #: in-process Milvus Lite connection left idle for ~30 s is dropped by its gRPC server.
-MAIN_PATH_FIRST = {"dagster/priority": "10"}
+MAIN_STORE_FIRST = {"dagster/priority": "10"}
 #: Concurrency pools of the store writers (limits: ``concurrency.pools`` in dagster.yaml).
 MILVUS_POOL = "rag_milvus"
 PGVECTOR_POOL = "rag_pgvector"
@@ -48,7 +48,7 @@ def _sidecar_reason(exc: BaseException) -> str:
     return scrub_secrets(f"{type(exc).__name__}: {exc}")[:500]
 
 
-@dg.asset(group_name="index", kinds={"python"}, op_tags=MAIN_PATH_FIRST)
+@dg.asset(group_name="index", kinds={"python"}, op_tags=MAIN_STORE_FIRST)
 def ingest_plan(
     context: dg.AssetExecutionContext,
     rag: RagSettingsResource,
@@ -141,7 +141,7 @@ def l0_index(rag: RagSettingsResource, ingest_plan: IngestPlan) -> dg.Materializ
     )
 
 
-@dg.asset(group_name="index", kinds={"sqlite"}, op_tags=MAIN_PATH_FIRST)
+@dg.asset(group_name="index", kinds={"sqlite"}, op_tags=MAIN_STORE_FIRST)
 def chunk_embeddings(
     context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource, ingest_plan: IngestPlan
 ) -> dg.Output[ChunkEmbeddings]:
@@ -198,7 +198,7 @@ def _apply(store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings) -> tuple[S
     return changes, store.count()
 
 
-@dg.asset(group_name="index", deps=["l0_index"], kinds={"milvus"}, op_tags=MAIN_PATH_FIRST, pool=MILVUS_POOL)
+@dg.asset(group_name="index", deps=["l0_index"], kinds={"milvus"}, op_tags=MAIN_STORE_FIRST, pool=MILVUS_POOL)
 def milvus_collection(
     context: dg.AssetExecutionContext,
     rag: RagSettingsResource,
@@ -206,10 +206,10 @@ def milvus_collection(
     ingest_plan: IngestPlan,
     chunk_embeddings: ChunkEmbeddings,
 ) -> dg.MaterializeResult:
-    """The main-path Milvus collection with the plan applied (upserts, deletes, model record).
+    """The main-store Milvus collection with the plan applied (upserts, deletes, model record).
 
-    ``l0_index`` is upstream so the main path is served with the L0 index of the same plan.
-    Fails with StoreError when Milvus cannot be opened (the main path must not be skipped),
+    ``l0_index`` is upstream so the main store is served with the L0 index of the same plan.
+    Fails with StoreError when Milvus cannot be opened (the main store must not be skipped),
     and with a stale-plan failure when another writer changed the collection since planning.
     """
     settings = rag.get_settings()

@@ -1,4 +1,4 @@
-"""Reports group: the main path's baseline report, the main-vs-sidecar comparison, publishing.
+"""Reports group: the main store's baseline report, the main-vs-sidecar comparison, publishing.
 
 Reports are JSON + Markdown (+ a recall@K chart) in the reports dir (``<data_dir>/reports`` by
 default); in the UI the chart is inlined in the report metadata (a PNG data URI).
@@ -32,7 +32,7 @@ def report_metadata(md_path: Path) -> dict:
     chart = md_path.with_name(f"{md_path.stem}-recall.png")
     metadata = {"report": dg.MetadataValue.md(inline_images(md_path.read_text(encoding="utf-8"), md_path.parent))}
     if chart.is_file():
-        metadata["recall_chart"] = chart_md(chart, "recall@K per path")
+        metadata["recall_chart"] = chart_md(chart, "recall@K per store")
     return metadata
 
 
@@ -43,24 +43,24 @@ def report_metadata(md_path: Path) -> dict:
     freshness_policy=NIGHTLY_FRESHNESS,
 )
 def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
-    """The main path's (Milvus) evaluation as ``baseline.json`` / ``baseline.md`` in the reports dir.
+    """The main store's (Milvus) evaluation as ``baseline.json`` / ``baseline.md`` in the reports dir.
 
     Metadata: the Markdown report, the summary JSON, recall@K and MRR as numbers (charted by
-    the UI over runs). Fails when the main-path evaluation has not been written.
+    the UI over runs). Fails when the main-store evaluation has not been written.
     """
     from rag_core.evaluation.reports import write_baseline_report
 
     settings = rag.get_settings()
     report = load_evaluation(settings, "milvus")
     if report is None:
-        raise dg.Failure("no main-path evaluation to report: materialize golden_evaluation_milvus")
+        raise dg.Failure("no main-store evaluation to report: materialize golden_evaluation_milvus")
     files = evaluation.files(settings)
     json_path, md_path = write_baseline_report(report, files.reports_dir, "baseline")
     return dg.MaterializeResult(
         metadata={
             **report_metadata(md_path),
             "summary": dg.MetadataValue.json(rounded(summary_json(report))),
-            "status": report.path_status.status,
+            "status": report.store_status.status,
             **floats(metric_values(report)),
             **_report_files(md_path, json_path),
         }
@@ -81,9 +81,9 @@ def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResour
 def comparison_report(
     context: dg.AssetExecutionContext, rag: RagSettingsResource, evaluation: EvaluationConfigResource
 ) -> dg.MaterializeResult:
-    """Milvus and pgvector side by side per case (source, breadcrumb, category, rank, score label).
+    """Milvus and pgvector side by side per case (doc id, breadcrumb, category, rank, score label).
 
-    Materializes with the main-path results when the sidecar is unavailable and says why.
+    Materializes with the main-store results when the sidecar is unavailable and says why.
     """
     from rag_core.evaluation.fixtures import load_fixtures
     from rag_core.evaluation.reports import write_comparison_report
@@ -91,14 +91,14 @@ def comparison_report(
     settings = rag.get_settings()
     main = load_evaluation(settings, "milvus")
     if main is None:
-        raise dg.Failure("no main-path evaluation to compare: materialize golden_evaluation_milvus")
+        raise dg.Failure("no main-store evaluation to compare: materialize golden_evaluation_milvus")
     sidecar = load_evaluation(settings, "pgvector")
     data = AssetFiles.under(settings.data_dir)
     case_ids = [c.case_id for c in main.cases]
     main_fx = load_fixtures(data.fixtures_dir("milvus"), case_ids)
     side_fx = load_fixtures(data.fixtures_dir("pgvector"), case_ids) if sidecar else None
     status = (
-        sidecar.path_status if sidecar else {"status": "unavailable", "reason": "no sidecar evaluation was written"}
+        sidecar.store_status if sidecar else {"status": "unavailable", "reason": "no sidecar evaluation was written"}
     )
     files = evaluation.files(settings)
     json_path, md_path = write_comparison_report(main, sidecar, main_fx, side_fx, status, files.reports_dir)

@@ -44,7 +44,7 @@ nightly_evaluation_job = dg.define_asset_job(
     selection=dg.AssetSelection.groups(*EVALUATION_GROUPS) - dg.AssetSelection.assets("tool_invocation"),
     partitions_def=DAILY_PARTITIONS,
     tags=STORE_TAGS,
-    description="Record fixtures on both paths, evaluate, report, gate, publish; export one day of traces.",
+    description="Record fixtures on both stores, evaluate, report, gate, publish; export one day of traces.",
 )
 
 golden_suites_job = dg.define_asset_job(
@@ -75,7 +75,7 @@ trace_export_job = dg.define_asset_job(
     execution_timezone=TIMEZONE,
     job=nightly_evaluation_job,
     default_status=dg.DefaultScheduleStatus.RUNNING,
-    description="Nightly at 02:00 UTC: record both paths (Milvus, pgvector) on the golden "
+    description="Nightly at 02:00 UTC: record both stores (Milvus, pgvector) on the golden "
     "cases, evaluate, report, gate against the baseline, publish, append the "
     "retrieval history, and export the traces of the UTC day that has just ended "
     "(partition = that day).",

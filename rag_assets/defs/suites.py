@@ -1,7 +1,7 @@
 """Suites group: one asset per golden suite of ``golden/suites.yaml`` (case file + its corpus).
 
 Each asset ingests its suite's corpus into the suite's own index, records fixtures on both
-paths, evaluates them (with L0 filter cost accounting) and gates the main path against the
+stores, evaluates them (with L0 filter cost accounting) and gates the main store against the
 suite's stored baseline. Reports go to ``<reports_dir>/suites/<suite>/``. A suite whose files
 are missing (``../shared`` not mounted) materializes with ``status=skipped`` and the reason.
 """
@@ -19,13 +19,13 @@ from rag_core.evaluation.suites import GoldenSuite, SuiteFileError, load_suites
 log = logging.getLogger(__name__)
 
 
-def _path_metadata(path: str, report: EvaluationReport) -> dict[str, Any]:
+def _store_metadata(store: str, report: EvaluationReport) -> dict[str, Any]:
     s = report.summary
-    values = {f"{path}/recall@{k}": v for k, v in s.recall_at_k.items()}
-    values.update({f"{path}/mrr": s.mrr, f"{path}/ndcg@10": s.ndcg_at_10})
+    values = {f"{store}/recall@{k}": v for k, v in s.recall_at_k.items()}
+    values.update({f"{store}/mrr": s.mrr, f"{store}/ndcg@10": s.ndcg_at_10})
     return {
-        f"{path}/status": report.path_status.status,
-        f"{path}/strong_medium_miss": f"{s.strong}/{s.medium}/{s.miss}",
+        f"{store}/status": report.store_status.status,
+        f"{store}/strong_medium_miss": f"{s.strong}/{s.medium}/{s.miss}",
         **floats({k: None if v is None else round(v, 4) for k, v in values.items()}),
     }
 
@@ -44,8 +44,8 @@ def _suite_asset(suite: GoldenSuite) -> dg.AssetsDefinition:
         kinds={"json"},
         tags={"rag/suite": suite.name},
         description=f"Golden suite `{suite.name}`: {suite.description or suite.cases.name}. "
-        "Ingests its corpus into its own index, records both paths, evaluates, "
-        "gates the main path against its stored baseline.",
+        "Ingests its corpus into its own index, records both stores, evaluates, "
+        "gates the main store against its stored baseline.",
     )
     def _asset(
         context: dg.AssetExecutionContext,
@@ -64,8 +64,8 @@ def _suite_asset(suite: GoldenSuite) -> dg.AssetsDefinition:
         if outcome.status == "skipped":
             context.log.warning("suite %s skipped: %s", suite.name, outcome.reason)
             return dg.MaterializeResult(metadata=metadata)
-        for path, report in outcome.reports.items():
-            metadata.update(_path_metadata(path, report))
+        for store, report in outcome.reports.items():
+            metadata.update(_store_metadata(store, report))
         metadata["filter_cost"] = dg.MetadataValue.md(_filter_cost_md(outcome.reports["milvus"]))
         if outcome.gate is not None:
             metadata["gate"] = "pass" if outcome.gate.passed else "FAIL: " + "; ".join(outcome.gate.reasons)

@@ -59,7 +59,7 @@ class CaseScore:
     """One case's calibration input: top evidence similarity and whether the answer was in it."""
 
     case_id: str
-    top_score: float
+    top_similarity: float
     answer_in_evidence: bool
     hit_level: str
     recorded_level: str | None
@@ -92,18 +92,18 @@ def case_scores(cases: Sequence[GoldenCase], fixtures: FixtureSet) -> list[CaseS
         if fx is None:
             continue
         expected = set(case.expected_docs)
-        scores = [b.normalized_score for b in fx.evidence_blocks if b.normalized_score is not None]
+        scores = [b.similarity for b in fx.evidence_blocks if b.similarity is not None]
         if not scores:
-            scores = [c.normalized_score for c in fx.candidates[:1] if c.normalized_score is not None]
+            scores = [c.similarity for c in fx.candidates[:1] if c.similarity is not None]
         out.append(
             CaseScore(
                 case_id=case.id,
-                top_score=max(scores, default=0.0),
+                top_similarity=max(scores, default=0.0),
                 answer_in_evidence=any(b.doc_id in expected for b in fx.evidence_blocks),
                 hit_level=hit_levels.get(case.id, "not_run"),
                 recorded_level=fx.relevance_level,
                 expected_similarities=[
-                    c.normalized_score for c in fx.candidates if c.doc_id in expected and c.normalized_score is not None
+                    c.similarity for c in fx.candidates if c.doc_id in expected and c.similarity is not None
                 ],
             )
         )
@@ -141,8 +141,8 @@ def _high_cut(scores: Sequence[CaseScore], relevant: float, pos: Sequence[float]
     # The lowest cut >= relevant whose cases above are HIGH_PRECISION answered. When the model's
     # cosines cannot tell PRECISE from RELEVANT (e5's narrow range), this is relevant itself and
     # PRECISE rests on L0 agreeing with the top block (see assess_relevance).
-    for cut in sorted({s.top_score for s in scores if s.top_score >= relevant}):
-        above = [s for s in scores if s.top_score >= cut]
+    for cut in sorted({s.top_similarity for s in scores if s.top_similarity >= relevant}):
+        above = [s for s in scores if s.top_similarity >= cut]
         answered = sum(s.answer_in_evidence for s in above)
         if answered / len(above) >= HIGH_PRECISION and answered / len(pos) >= HIGH_MIN_SHARE:
             return max(cut, relevant)
@@ -174,8 +174,8 @@ def agreement_cut(pos: Sequence[float], neg: Sequence[float]) -> tuple[float, fl
 def calibrate(scores: Sequence[CaseScore], objective: str = "youden") -> Calibration:
     """Thresholds from the case scores (see the module docstring). ``objective`` is ``youden``
     (balanced: TPR - FPR) or ``agreement`` (accuracy). ValueError without positives."""
-    pos = [s.top_score for s in scores if s.answer_in_evidence]
-    neg = [s.top_score for s in scores if not s.answer_in_evidence]
+    pos = [s.top_similarity for s in scores if s.answer_in_evidence]
+    neg = [s.top_similarity for s in scores if not s.answer_in_evidence]
     if not pos:
         raise ValueError("no case has its expected document in the evidence: nothing to calibrate on")
     reference_q = _quantile(pos, REFERENCE_QUANTILE)
@@ -200,9 +200,9 @@ def calibrate(scores: Sequence[CaseScore], objective: str = "youden") -> Calibra
     }
 
     def simulated(s: CaseScore) -> str:
-        if s.top_score <= 0:
+        if s.top_similarity <= 0:
             return "NONE"
-        return "RELEVANT" if s.top_score >= thresholds["relevant_threshold"] else "WEAK"
+        return "RELEVANT" if s.top_similarity >= thresholds["relevant_threshold"] else "WEAK"
 
     return Calibration(
         thresholds=thresholds,

@@ -1,4 +1,4 @@
-"""``rag eval``: evaluate recorded fixtures, compare paths, gate against the baseline.
+"""``rag eval``: evaluate recorded fixtures, compare stores, gate against the baseline.
 
 Exit codes: 0 ok; 1 the gate failed; 2 unusable input (case file, fixtures dir, report).
 Fixtures are recorded by ``rag eval record`` (mounted by ``rag_core.cli``).
@@ -17,6 +17,7 @@ from rich.table import Table
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
 from rag_core.evaluation.evaluator import EvaluationReport, evaluate
 from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
+from rag_core.evaluation.formats import FormatVersionError
 from rag_core.evaluation.gate import compare as gate_compare
 from rag_core.evaluation.reports import (
     load_report,
@@ -42,7 +43,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON 
 
 
 def _fail(message: str) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)  # one line, also when piped
     return typer.Exit(code=2)
 
 
@@ -66,7 +67,10 @@ def _cases(path: Path) -> list[GoldenCase]:
 def _fixtures(directory: Path, cases: list[GoldenCase], *, required: bool) -> FixtureSet:
     if required and not directory.is_dir():
         raise _fail(f"fixtures directory {directory} not found (record it with `rag eval record`)")
-    return load_fixtures(directory, [c.id for c in cases])
+    try:
+        return load_fixtures(directory, [c.id for c in cases])
+    except FormatVersionError as exc:
+        raise _fail(str(exc)) from None
 
 
 def _print_warnings(report: EvaluationReport) -> None:
@@ -89,14 +93,14 @@ def _print_summary(columns: list[tuple[str, EvaluationReport]]) -> None:
 @eval_app.command("run")
 def run(
     cases: CasesOpt,
-    fixtures: Annotated[Path, typer.Option("--fixtures", help="Fixture directory of one path.")],
+    fixtures: Annotated[Path, typer.Option("--fixtures", help="Fixture directory of one store.")],
     out: OutOpt,
     k: KOpt = "1,3,5,10",
     name: Annotated[str, typer.Option("--name", help="Report file stem.")] = "baseline",
     strong_k: StrongKOpt = 5,
     as_json: JsonOpt = False,
 ) -> None:
-    """Evaluate one path's fixtures; write <name>.json, <name>.md and a recall@K chart."""
+    """Evaluate one store's fixtures; write <name>.json, <name>.md and a recall@K chart."""
     golden = _cases(cases)
     report = evaluate(golden, _fixtures(fixtures, golden, required=True), _parse_ks(k), strong_k)
     json_path, md_path = write_baseline_report(report, out, name)
@@ -104,32 +108,32 @@ def run(
     if as_json:
         _print_json({"report": report.model_dump(mode="json"), "files": [str(json_path), str(md_path)]})
         return
-    _print_summary([(report.path or "value", report)])
+    _print_summary([(report.store or "value", report)])
     console.print(f"Reports: {json_path}, {md_path}", highlight=False)
 
 
 @eval_app.command("compare")
 def compare(
     cases: CasesOpt,
-    main: Annotated[Path, typer.Option("--main", help="Fixture directory of the main path.")],
+    main: Annotated[Path, typer.Option("--main", help="Fixture directory of the main store.")],
     sidecar: Annotated[Path, typer.Option("--sidecar", help="Fixture directory of the sidecar.")],
     out: OutOpt,
     k: KOpt = "1,3,5,10",
     strong_k: StrongKOpt = 5,
     as_json: JsonOpt = False,
 ) -> None:
-    """Main path and sidecar side by side; works when the sidecar is missing or unavailable."""
+    """Main store and sidecar side by side; works when the sidecar is missing or unavailable."""
     golden = _cases(cases)
     ks = _parse_ks(k)
     main_fx = _fixtures(main, golden, required=True)
     side_fx = _fixtures(sidecar, golden, required=False)
     main_report = evaluate(golden, main_fx, ks, strong_k)
     side_report = evaluate(golden, side_fx, ks, strong_k)
-    status = side_fx.path_status.model_dump()
+    status = side_fx.store_status.model_dump()
     json_path, md_path = write_comparison_report(main_report, side_report, main_fx, side_fx, status, out)
     _print_warnings(main_report)
     if as_json:
-        side = side_report.model_dump(mode="json") if side_fx.path_status.available else None
+        side = side_report.model_dump(mode="json") if side_fx.store_status.available else None
         _print_json(
             {
                 "main": main_report.model_dump(mode="json"),
@@ -139,11 +143,11 @@ def compare(
             }
         )
         return
-    columns = [(f"main {main_report.path or ''}".strip(), main_report)]
-    if side_fx.path_status.available:
-        columns.append((f"sidecar {side_report.path or ''}".strip(), side_report))
+    columns = [(f"main {main_report.store or ''}".strip(), main_report)]
+    if side_fx.store_status.available:
+        columns.append((f"sidecar {side_report.store or ''}".strip(), side_report))
     else:
-        err_console.print(f"[yellow]sidecar unavailable:[/yellow] {side_fx.path_status.reason}", highlight=False)
+        err_console.print(f"[yellow]sidecar unavailable:[/yellow] {side_fx.store_status.reason}", highlight=False)
     _print_summary(columns)
     console.print(f"Reports: {json_path}, {md_path}", highlight=False)
 

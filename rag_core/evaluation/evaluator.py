@@ -9,7 +9,7 @@ Each case is classified (DESIGN.md "Evaluation"), with ``strong_k`` = 5 by defau
   those top items or of the top ``strong_k`` chunk-level candidates;
 - **medium**: an expected doc is in the top ``strong_k``, coverage not met;
 - **miss**: no expected doc in the top ``strong_k`` (it may still be further down);
-- **not_run**: no usable fixture (missing, corrupt, path unavailable), with the reason.
+- **not_run**: no usable fixture (missing, corrupt, store unavailable), with the reason.
 
 Rates (recall@K, MRR, nDCG@10, ...) are over run cases; not_run cases are counted apart.
 The doc ranking is defined in ``rag_core.evaluation.metrics``.
@@ -33,13 +33,14 @@ from rag_core.evaluation.fixtures import (
     FixtureEvidenceBlock,
     FixtureManifest,
     FixtureSet,
-    PathStatus,
+    StoreStatus,
 )
+from rag_core.evaluation.formats import VersionedFile
 from rag_core.evaluation.metrics import (
     first_hit_rank,
     ndcg_at_k,
     normalize_doc_id,
-    ranked_sources,
+    ranked_docs,
     recall_at_k,
     reciprocal_rank,
 )
@@ -63,7 +64,7 @@ LABEL_COUNT = 5
 
 
 class CaseResult(BaseModel):
-    """Outcome of one golden case on one path.
+    """Outcome of one golden case on one store.
 
     ``first_hit_rank`` is the 1-based position of the first expected doc in the doc ranking
     (``None``: not retrieved at all); ``reciprocal_rank`` is 1/that (0.0 when not retrieved);
@@ -117,15 +118,16 @@ class MetricSummary(BaseModel):
     context_pack_survival_rate: float | None
 
 
-class EvaluationReport(BaseModel):
-    """Evaluation of one path: manifest info, summary, per-scenario summaries, per-case results.
+class EvaluationReport(VersionedFile):
+    """Evaluation of one store: manifest info, summary, per-scenario summaries, per-case results.
 
-    JSON-serialisable with ``model_dump_json()``; read back with ``model_validate_json()``.
+    JSON-serialisable with ``model_dump_json()``; read back with
+    ``rag_core.evaluation.reports.load_report`` (which also reads format version 1).
     """
 
-    schema_version: Literal[1] = 1
-    path: str | None
-    path_status: PathStatus
+    V1_NAMES = {"path": "store", "path_status": "store_status"}
+    store: str | None
+    store_status: StoreStatus
     manifest: FixtureManifest | None
     fixtures_dir: str | None
     ks: list[int]
@@ -157,8 +159,8 @@ def _fold_crumb(text: str) -> str:
 def candidate_label(position: int, item: FixtureCandidate) -> str:
     """``"1. kubernetes/KubeSchedulerDown.md — Kube Scheduler Down > Meaning (0.61 label)"``.
 
-    The number in parentheses is the raw score with its label (the path's own unit), or the
-    normalized similarity when no raw score was recorded.
+    The number in parentheses is the raw score with its label (the store's own unit), or the
+    similarity when no raw score was recorded.
     """
     text = f"{position}. {normalize_doc_id(item.doc_id) or '(no doc id)'}"
     heading = item.breadcrumb or item.title
@@ -166,8 +168,8 @@ def candidate_label(position: int, item: FixtureCandidate) -> str:
         text += f" — {heading}"
     if item.raw_score is not None:
         text += f" ({f'{item.raw_score:.2f} {item.score_label}'.strip()})"
-    elif item.normalized_score is not None:
-        text += f" ({item.normalized_score:.2f} normalized)"
+    elif item.similarity is not None:
+        text += f" ({item.similarity:.2f} similarity)"
     return text
 
 
@@ -198,7 +200,7 @@ def _context_pack_survived(fixture: CaseFixture, expected: set[str]) -> bool | N
     in_evidence = {normalize_doc_id(b.doc_id) for b in fixture.evidence_blocks} & expected
     if not in_evidence:
         return None
-    packed = {normalize_doc_id(s) for s in fixture.context_pack_sources}
+    packed = {normalize_doc_id(d) for d in fixture.context_pack_doc_ids}
     return bool(packed & expected)
 
 
@@ -214,7 +216,7 @@ def _not_run(case: GoldenCase, reason: str) -> CaseResult:
 
 
 def _evaluate_case(case: GoldenCase, fixture: CaseFixture, ks: Sequence[int], strong_k: int) -> CaseResult:
-    items = ranked_sources(fixture.evidence_blocks, fixture.candidates)
+    items = ranked_docs(fixture.evidence_blocks, fixture.candidates)
     ranking = [normalize_doc_id(i.doc_id) for i in items]
     expected = {d for d in (normalize_doc_id(e) for e in case.expected_docs) if d}
     rank = first_hit_rank(ranking, expected)
@@ -293,7 +295,7 @@ def evaluate(
     ks: Iterable[int] = DEFAULT_KS,
     strong_k: int = 5,
 ) -> EvaluationReport:
-    """Evaluate ``cases`` against one path's ``fixtures``.
+    """Evaluate ``cases`` against one store's ``fixtures``.
 
     ``ks`` are the cut-offs for recall@K (sorted, deduplicated); ``strong_k`` is the depth
     within which an expected doc and the coverage must be found for a strong / medium hit.
@@ -311,8 +313,8 @@ def evaluate(
 
     scenarios = sorted({r.scenario for r in results})
     return EvaluationReport(
-        path=fixtures.path,
-        path_status=fixtures.path_status,
+        store=fixtures.store,
+        store_status=fixtures.store_status,
         manifest=fixtures.manifest,
         fixtures_dir=fixtures.directory,
         ks=ks,

@@ -1,15 +1,17 @@
-"""Recorded retrieval fixtures: one directory per path (Milvus main, pgvector sidecar).
+"""Recorded retrieval fixtures: one directory per store (Milvus main, pgvector sidecar).
 
 Layout::
 
-    <dir>/manifest.json      FixtureManifest: path, corpus hash, model, index params, commit,
-                             recording time, cases file, case count, path status
+    <dir>/manifest.json      FixtureManifest: store, corpus hash, model, index params, commit,
+                             recording time, cases file, case count, store status
     <dir>/<case_id>.json     CaseFixture: the ranked candidates (chunk level, before
                              post-processing) and evidence blocks (final, one per source doc)
-                             of one case on that path
+                             of one case on that store
 
-The recorder writes these with ``write_manifest`` / ``write_fixture``; the evaluator reads
-them with ``load_fixtures``. Nothing here talks to a vector store.
+Both carry ``format_version`` (``rag_core.evaluation.formats``: version-1 files, written
+before it, load with their old key names mapped). The recorder writes these with
+``write_manifest`` / ``write_fixture``; the evaluator reads them with ``load_fixtures``.
+Nothing here talks to a vector store.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from rag_core.evaluation.formats import LegacyNames, VersionedFile, read_json_model
 from rag_core.fileio import write_text_atomic
 
 __all__ = [
@@ -36,7 +39,7 @@ __all__ = [
     "FilterProbe",
     "FixtureManifest",
     "FixtureSet",
-    "PathStatus",
+    "StoreStatus",
     "fixture_filename",
     "load_fixtures",
     "write_fixture",
@@ -46,27 +49,28 @@ __all__ = [
 MANIFEST_NAME = "manifest.json"
 
 
-class PathStatus(BaseModel):
-    """Whether a retrieval path could be recorded; ``reason`` says why not when unavailable."""
+class StoreStatus(BaseModel):
+    """Whether a store could be recorded; ``reason`` says why not when unavailable."""
 
     status: Literal["available", "unavailable"] = "available"
     reason: str | None = None
 
     @property
     def available(self) -> bool:
-        """True when the path was recorded."""
+        """True when the store was recorded."""
         return self.status == "available"
 
 
-class FixtureCandidate(BaseModel):
+class FixtureCandidate(LegacyNames):
     """One ranked chunk-level candidate as returned by the vector store (rank 1 = best).
 
     ``raw_score`` is the store's own number, meaningful only with ``score_label`` (e.g.
     ``milvus_cosine_similarity[-1,1]``, ``pgvector_cosine_distance[0,2]``);
-    ``normalized_score`` is the similarity in [0, 1] that can be compared across paths.
-    A missing or empty ``doc_id`` never counts as a hit.
+    ``similarity`` is the normalised cosine similarity in [0, 1] that can be compared across
+    stores. A missing or empty ``doc_id`` never counts as a hit.
     """
 
+    V1_NAMES = {"normalized_score": "similarity"}
     model_config = ConfigDict(extra="ignore")
 
     rank: int = Field(ge=1)
@@ -78,7 +82,7 @@ class FixtureCandidate(BaseModel):
     content_preview: str = ""
     raw_score: float | None = None
     score_label: str = ""
-    normalized_score: float | None = None
+    similarity: float | None = None
     attempts: list[int] = Field(default_factory=list)
 
     @field_validator("title", "breadcrumb", "category", "content_preview", "score_label", mode="before")
@@ -129,25 +133,27 @@ class FilterProbe(BaseModel):
         return self
 
 
-class CaseFixture(BaseModel):
-    """The recorded retrieval output of one golden case on one path.
+class CaseFixture(VersionedFile):
+    """The recorded retrieval output of one golden case on one store.
 
-    ``candidates`` and ``evidence_blocks`` are sorted on load by (rank, doc id).
-    ``status="error"`` means the lookup failed for this case (``error`` says why); the case
-    is still evaluated on whatever was recorded (usually nothing, so a miss).
+    ``candidates`` and ``evidence_blocks`` are sorted on load by (rank, doc id);
+    ``context_pack_doc_ids`` are the doc ids the context pack kept. ``status="error"`` means
+    the lookup failed for this case (``error`` says why); the case is still evaluated on
+    whatever was recorded (usually nothing, so a miss).
     """
 
+    V1_NAMES = {"path": "store", "context_pack_sources": "context_pack_doc_ids"}
     model_config = ConfigDict(extra="ignore")
 
     case_id: str = Field(min_length=1)
-    path: str
+    store: str
     query: str = ""
     status: Literal["ok", "degraded", "error"] = "ok"
     error: str | None = None
     retrieval_layer: str = "none"
     candidates: list[FixtureCandidate] = Field(default_factory=list)
     evidence_blocks: list[FixtureEvidenceBlock] = Field(default_factory=list)
-    context_pack_sources: list[str] = Field(default_factory=list)
+    context_pack_doc_ids: list[str] = Field(default_factory=list)
     filter_probe: FilterProbe | None = None
     relevance_level: str | None = None
     #: Wall time of the recorded lookup in milliseconds (None in fixtures recorded before it).
@@ -165,17 +171,18 @@ class CaseFixture(BaseModel):
         return self
 
 
-class FixtureManifest(BaseModel):
-    """What a fixture directory was recorded from (one per path and recording run).
+class FixtureManifest(VersionedFile):
+    """What a fixture directory was recorded from (one per store and recording run).
 
     ``recorded_at`` is an ISO-8601 UTC timestamp; ``corpus_hash`` is a sha256 of the corpus;
     ``index_params`` are the store's index settings, kept verbatim. Other keys the recorder
     adds are kept too.
     """
 
+    V1_NAMES = {"path": "store", "path_status": "store_status"}
     model_config = ConfigDict(extra="allow")
 
-    path: str
+    store: str
     corpus_hash: str | None = None
     model_id: str | None = None
     index_params: dict[str, Any] = Field(default_factory=dict)
@@ -183,22 +190,22 @@ class FixtureManifest(BaseModel):
     recorded_at: str | None = None
     cases_file: str | None = None
     case_count: int | None = None
-    path_status: PathStatus = Field(default_factory=PathStatus)
+    store_status: StoreStatus = Field(default_factory=StoreStatus)
 
 
 class FixtureSet(BaseModel):
-    """Fixtures of one path loaded for a list of case ids.
+    """Fixtures of one store loaded for a list of case ids.
 
     ``fixtures`` maps case id -> fixture for every usable file; ``not_run`` maps case id ->
     reason for every requested case without a usable fixture (missing file, corrupt JSON,
-    invalid content, path unavailable); ``warnings`` are problems that do not stop a case
+    invalid content, store unavailable); ``warnings`` are problems that do not stop a case
     (fixtures for unknown cases, a missing manifest, ...).
     """
 
     directory: str
-    path: str | None = None
+    store: str | None = None
     manifest: FixtureManifest | None = None
-    path_status: PathStatus = Field(default_factory=PathStatus)
+    store_status: StoreStatus = Field(default_factory=StoreStatus)
     fixtures: dict[str, CaseFixture] = Field(default_factory=dict)
     not_run: dict[str, str] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list)
@@ -234,14 +241,15 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def _read_model(file: Path, model: type[M]) -> M | str:
-    """Parse and validate one JSON file: the model, or the reason it is unusable."""
-    try:
-        data = file.read_bytes()
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror or exc})"
+    """Parse and validate one JSON file: the model, or the reason it is unusable.
+
+    Raises ``FormatVersionError`` for a format version this code cannot read.
+    """
     try:
         # Validating straight from JSON is about twice as fast as json.loads + validate.
-        return model.model_validate_json(data)
+        return read_json_model(file, model)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
     except ValidationError as exc:
         first = exc.errors()[0]
         if first["type"] == "json_invalid":
@@ -254,7 +262,7 @@ def _read_model(file: Path, model: type[M]) -> M | str:
 def _load_manifest(directory: Path, warnings: list[str]) -> FixtureManifest | None:
     file = directory / MANIFEST_NAME
     if not file.is_file():
-        warnings.append(f"{file.name} missing in {directory}: path and corpus unknown")
+        warnings.append(f"{file.name} missing in {directory}: store and corpus unknown")
         return None
     manifest = _read_model(file, FixtureManifest)
     if isinstance(manifest, str):
@@ -263,41 +271,45 @@ def _load_manifest(directory: Path, warnings: list[str]) -> FixtureManifest | No
     return manifest
 
 
-def _load_case(file: Path, case_id: str, manifest_path: str | None) -> CaseFixture | str:
+def _load_case(file: Path, case_id: str, manifest_store: str | None) -> CaseFixture | str:
     """The case's fixture, or why it is unusable."""
     fixture = _read_model(file, CaseFixture)
     if isinstance(fixture, str):
         return f"fixture {file.name} is {fixture}"
     if fixture.case_id != case_id:
         return f"fixture {file.name} is for case {fixture.case_id!r}, not {case_id!r}"
-    if manifest_path is not None and fixture.path != manifest_path:
-        return f"fixture {file.name} was recorded on path {fixture.path!r}, but the manifest is for {manifest_path!r}"
+    if manifest_store is not None and fixture.store != manifest_store:
+        return (
+            f"fixture {file.name} was recorded on store {fixture.store!r}, but the manifest is for {manifest_store!r}"
+        )
     return fixture
 
 
 def load_fixtures(directory: str | Path, case_ids: list[str] | tuple[str, ...]) -> FixtureSet:
     """Load the manifest and the fixture of every case in ``case_ids`` from ``directory``.
 
-    Never raises for bad content: a missing directory or an unavailable path makes every
+    Never raises for bad content: a missing directory or an unavailable store makes every
     case not_run with the reason; a missing, corrupt or invalid case file makes that case
     not_run (reason names the file and what is wrong) and the rest load; a ``*.json`` file
-    for a case not in ``case_ids`` is reported in ``warnings`` and ignored.
+    for a case not in ``case_ids`` is reported in ``warnings`` and ignored. Version-1 files
+    load with their old names mapped; a file of a format version this code does not know
+    raises ``FormatVersionError`` (its results would be wrong, not missing).
     """
     directory = Path(directory)
     result = FixtureSet(directory=str(directory))
     if not directory.is_dir():
         reason = f"fixtures directory {directory} not found"
-        result.path_status = PathStatus(status="unavailable", reason=reason)
+        result.store_status = StoreStatus(status="unavailable", reason=reason)
         result.not_run = {cid: reason for cid in case_ids}
         return result
 
     manifest = _load_manifest(directory, result.warnings)
     result.manifest = manifest
     if manifest is not None:
-        result.path = manifest.path
-        result.path_status = manifest.path_status
-    if not result.path_status.available:
-        reason = f"path {result.path!r} unavailable: {result.path_status.reason or 'no reason given'}"
+        result.store = manifest.store
+        result.store_status = manifest.store_status
+    if not result.store_status.available:
+        reason = f"store {result.store!r} unavailable: {result.store_status.reason or 'no reason given'}"
         result.not_run = {cid: reason for cid in case_ids}
         return result
 
@@ -307,7 +319,7 @@ def load_fixtures(directory: str | Path, case_ids: list[str] | tuple[str, ...]) 
         if not file.is_file():
             result.not_run[cid] = f"no fixture {file.name} in {directory}"
             continue
-        loaded = _load_case(file, cid, result.path)
+        loaded = _load_case(file, cid, result.store)
         if isinstance(loaded, str):
             result.not_run[cid] = loaded
             result.warnings.append(loaded)
@@ -316,6 +328,6 @@ def load_fixtures(directory: str | Path, case_ids: list[str] | tuple[str, ...]) 
     for file in sorted(directory.glob("*.json")):
         if file.name != MANIFEST_NAME and file.stem not in wanted:
             result.warnings.append(f"fixture {file.name} is for unknown case {file.stem!r}; ignored")
-    if result.path is None and result.fixtures:
-        result.path = next(iter(result.fixtures.values())).path
+    if result.store is None and result.fixtures:
+        result.store = next(iter(result.fixtures.values())).store
     return result

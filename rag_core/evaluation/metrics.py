@@ -26,7 +26,7 @@ __all__ = [
     "ndcg_at_k",
     "normalize_doc_id",
     "rank_overlap_at_k",
-    "ranked_sources",
+    "ranked_docs",
     "recall_at_k",
     "reciprocal_rank",
 ]
@@ -54,7 +54,7 @@ def _in_rank_order(items: Iterable[R]) -> list[R]:
     return sorted(items, key=lambda item: (item.rank, item.doc_id or ""))
 
 
-def ranked_sources(evidence_blocks: Iterable[R], candidates: Iterable[R]) -> list[R]:
+def ranked_docs(evidence_blocks: Iterable[R], candidates: Iterable[R]) -> list[R]:
     """The items behind each position of the doc ranking (see module docstring).
 
     Returns evidence blocks (deduplicated by doc id) in rank order, then candidates whose doc
@@ -75,7 +75,7 @@ def ranked_sources(evidence_blocks: Iterable[R], candidates: Iterable[R]) -> lis
 
 def doc_ranking(evidence_blocks: Iterable[Ranked], candidates: Iterable[Ranked]) -> list[str | None]:
     """Doc ids in ranking order (position 0 = rank 1); ``None`` where a doc id is missing."""
-    return [normalize_doc_id(item.doc_id) for item in ranked_sources(evidence_blocks, candidates)]
+    return [normalize_doc_id(item.doc_id) for item in ranked_docs(evidence_blocks, candidates)]
 
 
 def _relevant_set(relevant: Collection[str]) -> set[str]:

@@ -1,8 +1,9 @@
 """Baseline and comparison reports: JSON (the models), Markdown for people, recall@K chart.
 
-``write_baseline_report`` writes one path's ``EvaluationReport``; ``write_comparison_report``
-puts the main path (Milvus) and the sidecar (pgvector) side by side per case and keeps the
-main-path results when the sidecar is unavailable.
+``write_baseline_report`` writes one store's ``EvaluationReport``; ``write_comparison_report``
+puts the main store (Milvus) and the sidecar (pgvector) side by side per case and keeps the
+main-store results when the sidecar is unavailable. ``load_report`` reads a report back, also
+one of format version 1 (``rag_core.evaluation.formats``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -22,8 +23,9 @@ from rag_core.evaluation.evaluator import (
     MetricSummary,
 )
 from rag_core.evaluation.filter_cost import FILTER_EFFECTS
-from rag_core.evaluation.fixtures import FixtureCandidate, FixtureSet, PathStatus
-from rag_core.evaluation.metrics import normalize_doc_id, rank_overlap_at_k, ranked_sources
+from rag_core.evaluation.fixtures import FixtureCandidate, FixtureSet, StoreStatus
+from rag_core.evaluation.formats import LegacyNames, VersionedFile, read_json_model
+from rag_core.evaluation.metrics import normalize_doc_id, rank_overlap_at_k, ranked_docs
 from rag_core.markdown import md_cell, md_table_lines
 
 __all__ = [
@@ -49,22 +51,24 @@ _LEVEL_MARK = {"strong": "strong", "medium": "medium", "miss": "**MISS**", "not_
 # --------------------------------------------------------------------------- models
 
 
-class SideBySideEntry(BaseModel):
-    """One position of a path's doc ranking, as shown side by side (rank 1 = top)."""
+class SideBySideEntry(LegacyNames):
+    """One position of a store's doc ranking, as shown side by side (rank 1 = top);
+    ``similarity`` in [0, 1], ``raw_score`` in the store's unit (``score_label``)."""
 
+    V1_NAMES = {"normalized_score": "similarity"}
     rank: int
     doc_id: str | None
     breadcrumb: str
     category: str
     score_label: str
     raw_score: float | None
-    normalized_score: float | None
+    similarity: float | None
 
 
 class CaseComparison(BaseModel):
-    """One case on both paths: hit levels, first-hit ranks, top-5 docs, rank overlap.
+    """One case on both stores: hit levels, first-hit ranks, top-5 docs, rank overlap.
 
-    ``differing_ranks`` are the ranks (1..5) whose doc differs between the paths;
+    ``differing_ranks`` are the ranks (1..5) whose doc differs between the stores;
     ``rank_overlap`` maps K -> |top-K main ∩ top-K sidecar| / K (``None`` unless both ran).
     """
 
@@ -82,17 +86,17 @@ class CaseComparison(BaseModel):
     rank_overlap: dict[int, float | None]
 
 
-class ComparisonReport(BaseModel):
-    """Main path vs sidecar: both evaluations in full, per-case comparison, mean overlap.
+class ComparisonReport(VersionedFile):
+    """Main store vs sidecar: both evaluations in full, per-case comparison, mean overlap.
 
     ``sidecar`` is ``None`` when no sidecar evaluation exists; ``sidecar_status`` then says
-    why. ``mean_rank_overlap`` maps K -> mean over cases run on both paths (``None`` if none).
+    why. ``mean_rank_overlap`` maps K -> mean over cases run on both stores (``None`` if none).
     """
 
-    schema_version: Literal[1] = 1
-    main_path: str | None
-    sidecar_path: str | None
-    sidecar_status: PathStatus
+    V1_NAMES = {"main_path": "main_store", "sidecar_path": "sidecar_store"}
+    main_store: str | None
+    sidecar_store: str | None
+    sidecar_status: StoreStatus
     overlap_ks: list[int]
     mean_rank_overlap: dict[int, float | None]
     cases: list[CaseComparison]
@@ -118,8 +122,8 @@ def _short_hash(value: str | None) -> str:
     return f"{algo + ':' if algo else ''}{digest[:12]}"
 
 
-def _path_name(report: EvaluationReport | None, fallback: str) -> str:
-    return (report.path if report else None) or fallback
+def _store_name(report: EvaluationReport | None, fallback: str) -> str:
+    return (report.store if report else None) or fallback
 
 
 # One summary row: (metric, value formatter, numeric value for deltas, meaning).
@@ -234,13 +238,13 @@ def _delta(before: float | None, after: float | None) -> str:
 def _manifest_lines(report: EvaluationReport, label: str = "") -> list[str]:
     """Bullets saying what was evaluated; ``label`` (e.g. "main") prefixes each bullet."""
     m = report.manifest
-    status = report.path_status
+    status = report.store_status
     state = "available" if status.available else f"**unavailable**: {status.reason}"
 
     def bullet(word: str, text: str) -> str:
         return f"- {label} {word}: {text}" if label else f"- {word.capitalize()}: {text}"
 
-    lines = [bullet("path", f"`{report.path or 'unknown'}` ({state})")]
+    lines = [bullet("store", f"`{report.store or 'unknown'}` ({state})")]
     if m is None:
         return [*lines, bullet("manifest", f"missing (fixtures in `{report.fixtures_dir}`)")]
     index = f" · index `{json.dumps(m.index_params, sort_keys=True)}`" if m.index_params else ""
@@ -339,13 +343,13 @@ def render_baseline_markdown(
     report: EvaluationReport,
     *,
     name: str = "baseline",
-    other_paths: Sequence[EvaluationReport] = (),
+    other_stores: Sequence[EvaluationReport] = (),
     chart_file: str | None = None,
     out_dir: Path | None = None,
 ) -> str:
     """Markdown for people: what was evaluated, summary table, per scenario, per case."""
     k = report.strong_k
-    lines = [f"# Retrieval evaluation {name}: path `{report.path or 'unknown'}`", ""]
+    lines = [f"# Retrieval evaluation {name}: store `{report.store or 'unknown'}`", ""]
     lines += _manifest_lines(report)
     lines += [
         (
@@ -359,11 +363,11 @@ def render_baseline_markdown(
         "## Summary",
         "",
     ]
-    columns = [(f"`{report.path or 'value'}`", report.summary)]
-    columns += [(f"`{o.path or '?'}`", o.summary) for o in other_paths]
+    columns = [(f"`{report.store or 'value'}`", report.summary)]
+    columns += [(f"`{o.store or '?'}`", o.summary) for o in other_stores]
     lines += _summary_table(columns, report.ks, k)
     if chart_file:
-        lines += ["", f"![recall@K per path]({chart_file})"]
+        lines += ["", f"![recall@K per store]({chart_file})"]
 
     lines += ["", "## By scenario", ""]
     headers = ["scenario", "cases", "strong", "medium", "miss", "not run"]
@@ -397,7 +401,7 @@ def render_baseline_markdown(
 
 
 def write_recall_chart(reports: Sequence[EvaluationReport], png_path: str | Path) -> Path:
-    """PNG line chart of recall@K (y, 0–1) against K (x), one line per path."""
+    """PNG line chart of recall@K (y, 0–1) against K (x), one line per store."""
     import matplotlib
 
     matplotlib.use("Agg")  # headless; also keeps pyplot from picking a GUI backend
@@ -411,14 +415,14 @@ def write_recall_chart(reports: Sequence[EvaluationReport], png_path: str | Path
             points = [(k, v) for k in report.ks if (v := report.summary.recall_at_k.get(k)) is not None]
             ks = [k for k, _ in points]
             values = [v for _, v in points]
-            label = f"{report.path or 'unknown'} ({report.summary.run_count} cases run)"
+            label = f"{report.store or 'unknown'} ({report.summary.run_count} cases run)"
             ax.plot(ks, values, marker="o", label=label)
         ax.set_xlabel("K (top-K documents)")
         ax.set_ylabel("recall@K (hit rate)")
         ax.set_ylim(0, 1.05)
         ax.set_xticks(sorted({k for r in reports for k in r.ks}))
         ax.grid(True, alpha=0.3)
-        ax.set_title("Golden retrieval recall@K per path")
+        ax.set_title("Golden retrieval recall@K per store")
         ax.legend(loc="lower right")
         fig.tight_layout()
         # No software/date metadata, so an unchanged chart is byte-identical.
@@ -439,23 +443,29 @@ def write_baseline_report(
     out_dir: str | Path,
     name: str = "baseline",
     *,
-    other_paths: Sequence[EvaluationReport] = (),
+    other_stores: Sequence[EvaluationReport] = (),
 ) -> tuple[Path, Path]:
     """Write ``<name>.json`` (the report model), ``<name>.md`` and ``<name>-recall.png``.
 
-    ``other_paths`` (reports of other paths) add columns to the Markdown summary and lines
+    ``other_stores`` (reports of other stores) add columns to the Markdown summary and lines
     to the recall@K chart; the JSON holds ``report`` only. Returns ``(json_path, md_path)``.
     """
     out_dir = Path(out_dir)
-    chart = write_recall_chart([report, *other_paths], out_dir / f"{name}-recall.png")
+    chart = write_recall_chart([report, *other_stores], out_dir / f"{name}-recall.png")
     json_path = _write_text(out_dir / f"{name}.json", report.model_dump_json(indent=2) + "\n")
-    md = render_baseline_markdown(report, name=name, other_paths=other_paths, chart_file=chart.name, out_dir=out_dir)
+    md = render_baseline_markdown(report, name=name, other_stores=other_stores, chart_file=chart.name, out_dir=out_dir)
     return json_path, _write_text(out_dir / f"{name}.md", md)
 
 
 def load_report(path: str | Path) -> EvaluationReport:
-    """Read an ``EvaluationReport`` JSON written by ``write_baseline_report``."""
-    return EvaluationReport.model_validate_json(Path(path).read_text(encoding="utf-8"))
+    """Read an ``EvaluationReport`` JSON written by ``write_baseline_report`` (any readable
+    format version; version 1 has its old names mapped).
+
+    Raises ``OSError`` when unreadable, ``FormatVersionError`` (a ``ValueError``: one line
+    naming the file and the version) for an unknown format version, and
+    ``pydantic.ValidationError`` (a ``ValueError``) for invalid content.
+    """
+    return read_json_model(path, EvaluationReport)
 
 
 # --------------------------------------------------------------------------- comparison
@@ -465,7 +475,7 @@ def _side_entries(fixtures: FixtureSet | None, case_id: str) -> list[SideBySideE
     fixture = fixtures.fixtures.get(case_id) if fixtures else None
     if fixture is None:
         return []
-    items: list[FixtureCandidate] = ranked_sources(fixture.evidence_blocks, fixture.candidates)
+    items: list[FixtureCandidate] = ranked_docs(fixture.evidence_blocks, fixture.candidates)
     return [
         SideBySideEntry(
             rank=position,
@@ -474,7 +484,7 @@ def _side_entries(fixtures: FixtureSet | None, case_id: str) -> list[SideBySideE
             category=item.category,
             score_label=item.score_label,
             raw_score=item.raw_score,
-            normalized_score=item.normalized_score,
+            similarity=item.similarity,
         )
         for position, item in enumerate(items[:SIDE_BY_SIDE_DEPTH], start=1)
     ]
@@ -521,7 +531,7 @@ def build_comparison(
     sidecar: EvaluationReport | None,
     main_fixtures: FixtureSet,
     sidecar_fixtures: FixtureSet | None,
-    sidecar_status: dict[str, Any] | PathStatus | None = None,
+    sidecar_status: dict[str, Any] | StoreStatus | None = None,
 ) -> ComparisonReport:
     """Assemble the ``ComparisonReport`` (cases in the main report's order).
 
@@ -529,15 +539,15 @@ def build_comparison(
     to the sidecar report's own status; a missing sidecar report is always unavailable.
     """
     if sidecar_status is None:
-        sidecar_status = sidecar.path_status if sidecar else {"status": "unavailable"}
-    status = PathStatus.model_validate(sidecar_status)
+        sidecar_status = sidecar.store_status if sidecar else {"status": "unavailable"}
+    status = StoreStatus.model_validate(sidecar_status)
     if sidecar is None and status.available:
-        status = PathStatus(status="unavailable", reason="no sidecar evaluation was provided")
+        status = StoreStatus(status="unavailable", reason="no sidecar evaluation was provided")
     side_by_id = {c.case_id: c for c in sidecar.cases} if sidecar else {}
     cases = [_compare_case(c, side_by_id.get(c.case_id), main_fixtures, sidecar_fixtures) for c in main.cases]
     return ComparisonReport(
-        main_path=main.path,
-        sidecar_path=sidecar.path if sidecar else None,
+        main_store=main.store,
+        sidecar_store=sidecar.store if sidecar else None,
         sidecar_status=status,
         overlap_ks=list(OVERLAP_KS),
         mean_rank_overlap={k: _mean([v for c in cases if (v := c.rank_overlap[k]) is not None]) for k in OVERLAP_KS},
@@ -550,11 +560,10 @@ def build_comparison(
 def _entry_cells(entry: SideBySideEntry | None, highlight: bool) -> list[str]:
     if entry is None:
         return ["—", "—", "—", "—"]
-    source = md_cell(entry.doc_id or "(no doc id)")
-    source = f"**{source}**" if highlight else source
+    doc_id = md_cell(entry.doc_id or "(no doc id)")
+    doc_id = f"**{doc_id}**" if highlight else doc_id
     raw = f" (raw {entry.raw_score:.3f} {entry.score_label})".rstrip() if entry.raw_score is not None else ""
-    score = f"{_num(entry.normalized_score)}{raw}"
-    return [source, entry.breadcrumb, entry.category, score]
+    return [doc_id, entry.breadcrumb, entry.category, f"{_num(entry.similarity)}{raw}"]
 
 
 def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str]:
@@ -575,9 +584,9 @@ def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str
     depth = max(len(case.main_top), len(case.sidecar_top) if with_sidecar else 0)
     if depth == 0:
         return [*lines, "_No ranked documents._", ""]
-    headers = ["rank", "main source", "breadcrumb", "category", "normalized (raw, label)"]
+    headers = ["rank", "main doc_id", "breadcrumb", "category", "similarity (raw, label)"]
     if with_sidecar:
-        headers += ["≠", "sidecar source", "breadcrumb", "category", "normalized (raw, label)"]
+        headers += ["≠", "sidecar doc_id", "breadcrumb", "category", "similarity (raw, label)"]
     rows = []
     for rank in range(1, depth + 1):
         differs = rank in case.differing_ranks
@@ -594,25 +603,25 @@ def render_comparison_markdown(comparison: ComparisonReport, chart_file: str | N
     """Markdown: sidecar status, manifests, summary side by side, per-case top-5 tables."""
     main, side, status = comparison.main, comparison.sidecar, comparison.sidecar_status
     with_sidecar = side is not None and status.available
-    main_name = _path_name(main, "main")
-    side_name = _path_name(side, "sidecar")
+    main_name = _store_name(main, "main")
+    side_name = _store_name(side, "sidecar")
     lines = [f"# Retrieval comparison: main `{main_name}` vs sidecar `{side_name}`", ""]
     if with_sidecar:
         lines.append(f"**Sidecar status: available** (`{side_name}`).")
     else:
         lines.append(
             f"**Sidecar status: unavailable**: {status.reason or 'no reason given'}. "
-            "The main-path results are reported below on their own."
+            "The main-store results are reported below on their own."
         )
     lines += ["", *_manifest_lines(main, "Main"), ""]
     if side is not None:
         lines += [*_manifest_lines(side, "Sidecar"), ""]
     lines += [
         (
-            "Ranks are positions in each path's doc ranking (evidence blocks, then the "
-            "remaining candidates). Normalized scores are similarities in [0, 1] and comparable "
-            "across paths; raw scores are in each path's own unit (see the label) and are not. "
-            "`≠` (and **bold** sources) mark ranks whose documents differ."
+            "Ranks are positions in each store's doc ranking (evidence blocks, then the "
+            "remaining candidates). Similarities are normalised cosine similarities in [0, 1] and "
+            "comparable across stores; raw scores are in each store's own unit (see the label) and "
+            "are not. `≠` (and **bold** doc ids) mark ranks whose documents differ."
         ),
         "",
         "## Summary",
@@ -625,16 +634,16 @@ def render_comparison_markdown(comparison: ComparisonReport, chart_file: str | N
     if with_sidecar:
         lines += [""]
         lines += [
-            f"- Mean rank overlap@{k} (|top-{k} main ∩ top-{k} sidecar| / {k}, cases run on both paths): {_num(v)}"
+            f"- Mean rank overlap@{k} (|top-{k} main ∩ top-{k} sidecar| / {k}, cases run on both stores): {_num(v)}"
             for k, v in comparison.mean_rank_overlap.items()
         ]
     if chart_file:
-        lines += ["", f"![recall@K per path]({chart_file})"]
+        lines += ["", f"![recall@K per store]({chart_file})"]
     lines += ["", "## Per case", ""]
     for case in comparison.cases:
         lines += _case_comparison_lines(case, with_sidecar)
     lines += _not_run_lines(main)
-    lines += _warning_lines(main.warnings, "Main-path warnings")
+    lines += _warning_lines(main.warnings, "Main-store warnings")
     if side is not None:
         lines += _warning_lines(side.warnings, "Sidecar warnings")
     return "\n".join(lines) + "\n"
@@ -645,14 +654,14 @@ def write_comparison_report(
     sidecar: EvaluationReport | None,
     main_fixtures: FixtureSet,
     sidecar_fixtures: FixtureSet | None,
-    sidecar_status: dict[str, Any] | PathStatus | None,
+    sidecar_status: dict[str, Any] | StoreStatus | None,
     out_dir: str | Path,
     name: str = "comparison",
 ) -> tuple[Path, Path]:
     """Write ``<name>.json`` (``ComparisonReport``), ``<name>.md`` and ``<name>-recall.png``.
 
     Works with the sidecar missing (``sidecar=None`` or status unavailable): the report says
-    so, with the reason, and still holds the main-path results. Returns ``(json, md)``.
+    so, with the reason, and still holds the main-store results. Returns ``(json, md)``.
     """
     out_dir = Path(out_dir)
     comparison = build_comparison(main, sidecar, main_fixtures, sidecar_fixtures, sidecar_status)

@@ -13,26 +13,26 @@ from typing import Any
 from rag_core.evaluation.fixtures import (
     CaseFixture,
     FixtureManifest,
-    PathStatus,
+    StoreStatus,
     write_fixture,
     write_manifest,
 )
 
 __all__ = ["SCORE_LABELS", "make_fixture", "make_manifest", "write_fixture_dir"]
 
-#: What each path's raw score means (DESIGN.md "Scores").
+#: What each store's raw score means (DESIGN.md "Scores").
 SCORE_LABELS = {
     "milvus": "milvus_cosine_similarity[-1,1]",
     "pgvector": "pgvector_cosine_distance[0,2]",
 }
 
 
-def _raw(path: str, similarity: float) -> float:
+def _raw(store: str, similarity: float) -> float:
     # pgvector reports a cosine distance; Milvus the similarity itself.
-    return round(1.0 - similarity, 4) if path == "pgvector" else similarity
+    return round(1.0 - similarity, 4) if store == "pgvector" else similarity
 
 
-def _entry(path: str, rank: int, doc_id: str | None, breadcrumb: str) -> dict[str, Any]:
+def _entry(store: str, rank: int, doc_id: str | None, breadcrumb: str) -> dict[str, Any]:
     similarity = round(max(0.9 - 0.05 * (rank - 1), 0.05), 4)
     category = doc_id.split("/", 1)[0] if doc_id and "/" in doc_id else ""
     return {
@@ -42,9 +42,9 @@ def _entry(path: str, rank: int, doc_id: str | None, breadcrumb: str) -> dict[st
         "title": Path(doc_id).stem if doc_id else "",
         "breadcrumb": breadcrumb,
         "category": category,
-        "raw_score": _raw(path, similarity),
-        "score_label": SCORE_LABELS.get(path, f"{path}_score"),
-        "normalized_score": similarity,
+        "raw_score": _raw(store, similarity),
+        "score_label": SCORE_LABELS.get(store, f"{store}_score"),
+        "similarity": similarity,
     }
 
 
@@ -52,7 +52,7 @@ def make_fixture(
     case_id: str,
     docs: Sequence[str | None],
     *,
-    path: str = "milvus",
+    store: str = "milvus",
     content: str | Mapping[str, str] = "",
     breadcrumbs: Mapping[str, str] | None = None,
     extra_candidates: Sequence[str | None] = (),
@@ -64,8 +64,8 @@ def make_fixture(
 
     Candidates are the same docs followed by ``extra_candidates`` (docs that did not become
     evidence blocks). ``content`` is one text for every block or a doc -> text mapping;
-    breadcrumbs default to ``"<doc stem> > Meaning"``; ``packed`` (the context pack's
-    sources) defaults to every evidence doc. Scores fall by 0.05 per rank from 0.9.
+    breadcrumbs default to ``"<doc stem> > Meaning"``; ``packed`` (the doc ids the context
+    pack kept) defaults to every evidence doc. Scores fall by 0.05 per rank from 0.9.
     """
     breadcrumbs = breadcrumbs or {}
 
@@ -77,7 +77,7 @@ def make_fixture(
 
     blocks = [
         {
-            **_entry(path, rank, doc, crumb(doc)),
+            **_entry(store, rank, doc, crumb(doc)),
             "content": text(doc),
             "content_preview": text(doc)[:300],
             "hit_reasons": ["vector_similarity"],
@@ -86,30 +86,30 @@ def make_fixture(
         for rank, doc in enumerate(docs, start=1)
     ]
     candidates = [
-        {**_entry(path, rank, doc, crumb(doc)), "content_preview": text(doc)[:300]}
+        {**_entry(store, rank, doc, crumb(doc)), "content_preview": text(doc)[:300]}
         for rank, doc in enumerate([*docs, *extra_candidates], start=1)
     ]
     return CaseFixture.model_validate(
         {
             "case_id": case_id,
-            "path": path,
+            "store": store,
             "query": f"query of {case_id}",
             "status": status,
             "error": error,
             "retrieval_layer": "L1" if docs else "none",
             "candidates": candidates,
             "evidence_blocks": blocks,
-            "context_pack_sources": [d for d in docs if d] if packed is None else list(packed),
+            "context_pack_doc_ids": [d for d in docs if d] if packed is None else list(packed),
         }
     )
 
 
 def make_manifest(
-    path: str = "milvus", *, available: bool = True, reason: str | None = None, case_count: int = 0
+    store: str = "milvus", *, available: bool = True, reason: str | None = None, case_count: int = 0
 ) -> FixtureManifest:
-    """A manifest for ``path``; ``available=False`` marks the path unavailable with ``reason``."""
+    """A manifest for ``store``; ``available=False`` marks the store unavailable with ``reason``."""
     return FixtureManifest(
-        path=path,
+        store=store,
         corpus_hash="sha256:" + "ab" * 32,
         model_id="all-MiniLM-L6-v2",
         index_params={"metric": "COSINE"},
@@ -117,7 +117,7 @@ def make_manifest(
         recorded_at="2026-11-29T02:00:00Z",
         cases_file="golden/cases.yaml",
         case_count=case_count,
-        path_status=PathStatus(
+        store_status=StoreStatus(
             status="available" if available else "unavailable",
             reason=None if available else (reason or "not reachable"),
         ),
@@ -129,12 +129,12 @@ def write_fixture_dir(
     fixtures: Iterable[CaseFixture],
     manifest: FixtureManifest | None = None,
 ) -> Path:
-    """Write a manifest (default: available, path taken from the fixtures) and the fixtures."""
+    """Write a manifest (default: available, store taken from the fixtures) and the fixtures."""
     directory = Path(directory)
     fixtures = list(fixtures)
     if manifest is None:
-        path = fixtures[0].path if fixtures else "milvus"
-        manifest = make_manifest(path, case_count=len(fixtures))
+        store = fixtures[0].store if fixtures else "milvus"
+        manifest = make_manifest(store, case_count=len(fixtures))
     write_manifest(directory, manifest)
     for fixture in fixtures:
         write_fixture(directory, fixture)

@@ -142,7 +142,7 @@ def ingest(
 ) -> IngestReport:
     """Bring ``stores`` and the L0 index in step with the Markdown files under ``knowledge_dir``.
 
-    ``stores[0]`` is the main path. ``rebuild`` drops and recreates every store first.
+    ``stores[0]`` is the main store. ``rebuild`` drops and recreates every store first.
     Raises FileNotFoundError / NotADirectoryError for a missing root, StoreError when a
     store is unreachable, IngestRefusedError (before any write) when no document is found
     or more than ``settings.ingest_max_remove_share`` of a store's documents would go, unless

@@ -16,7 +16,7 @@ from rag_core.settings import RagSettings
 
 def assess_relevance(blocks: list[EvidenceBlock], hints: L0Hints, layer: str, settings: RagSettings) -> RelevanceLevel:
     """PRECISE: the top L1 block's similarity >= ``high_relevance_threshold`` and L0 matched
-    that same source. RELEVANT: top similarity >= ``relevant_threshold`` (or >= high without
+    that same document. RELEVANT: top similarity >= ``relevant_threshold`` (or >= high without
     L0 agreement). WEAK: evidence below that, and every L0-only answer (title/keyword matches
     without semantic retrieval claim no relevance beyond "verify first"). NONE: no evidence.
     """
@@ -25,10 +25,10 @@ def assess_relevance(blocks: list[EvidenceBlock], hints: L0Hints, layer: str, se
     top = blocks[0]
     if layer == "L0":
         return RelevanceLevel.WEAK
-    agrees = top.source in hints.matched_doc_ids
-    if top.score >= settings.high_relevance_threshold and agrees:
+    agrees = top.doc_id in hints.matched_doc_ids
+    if top.similarity >= settings.high_relevance_threshold and agrees:
         return RelevanceLevel.PRECISE
-    if top.score >= settings.relevant_threshold:
+    if top.similarity >= settings.relevant_threshold:
         return RelevanceLevel.RELEVANT
     return RelevanceLevel.WEAK
 
@@ -41,10 +41,10 @@ def completeness_hint(blocks: list[EvidenceBlock], pack: ContextPack, layer: str
             "only L0 (title/keyword) evidence, no semantic support: content is a document "
             "summary; verify before relying on it"
         )
-    if pack.omitted_sources:
+    if pack.omitted_doc_ids:
         return (
-            f"{len(pack.omitted_sources)} source(s) omitted by the {pack.char_budget}-character "
-            f"budget: {', '.join(pack.omitted_sources)}"
+            f"{len(pack.omitted_doc_ids)} source document(s) omitted by the {pack.char_budget}-character "
+            f"budget: {', '.join(pack.omitted_doc_ids)}"
         )
     return "all evidence blocks included in the context pack"
 
@@ -71,7 +71,7 @@ class LookupResultAssembler:
             message = (
                 (
                     f"{len(blocks)} evidence block(s), relevance {level.value}; use contextPack "
-                    "for the answer and cite evidenceBlocks[].source"
+                    "for the answer and cite evidenceBlocks[].docId"
                 )
                 if blocks
                 else "no evidence found in the knowledge base for this query"

@@ -27,18 +27,20 @@ class RelevanceLevel(str, Enum):
 
 
 class EvidenceBlock(CamelModel):
-    """One source document's best evidence. ``score`` is the normalised similarity in [0, 1];
-    ``rawScore`` is the store's own number, meaning given by ``scoreLabel``."""
+    """One source document's best evidence. ``docId`` is the document id (path relative to the
+    knowledge root); ``similarity`` is the normalised cosine similarity in [0, 1]; ``rawScore``
+    is the store's own number, meaning given by ``scoreLabel``; ``finalScore`` is the rerank
+    score the blocks are ordered by."""
 
     rank: int
-    source: str
+    doc_id: str
     chunk_id: str | None = None
     title: str
     breadcrumb: str
     category: str
     retrieval_layer: Layer
     content: str
-    score: float
+    similarity: float
     raw_score: float | None = None
     score_label: str | None = None
     final_score: float
@@ -46,42 +48,47 @@ class EvidenceBlock(CamelModel):
 
 
 class ContextPack(CamelModel):
-    """Evidence packed into one text under a character budget."""
+    """Evidence packed into one text under a character budget (``charBudget`` / ``usedChars``
+    in characters); ``includedDocIds`` / ``omittedDocIds`` are the blocks' doc ids it kept /
+    left out."""
 
     packed_text: str
     strategy: str
     char_budget: int
     used_chars: int
-    included_sources: list[str]
-    omitted_sources: list[str]
+    included_doc_ids: list[str]
+    omitted_doc_ids: list[str]
 
 
 class RetrievalAttempt(CamelModel):
-    """One L1 attempt. ``filter`` is the category filter (None = unfiltered); ``topScore`` is
-    the best normalised similarity; ``durationMs`` in milliseconds."""
+    """One L1 attempt. ``filter`` is the category filter (None = unfiltered); ``topSimilarity``
+    is the best normalised similarity in [0, 1]; ``durationMs`` in milliseconds."""
 
     attempt: int
     query: str
     filter: str | None
     top_k: int
     candidate_count: int
-    top_score: float | None
+    top_similarity: float | None
     duration_ms: float
     error: str | None = None
     low_quality_reason: str | None = None
 
 
 class SidecarStatus(CamelModel):
-    """Outcome of the pgvector sidecar query beside the main path (never affects the result)."""
+    """Outcome of the pgvector sidecar query beside the main store (never affects the result);
+    ``topDocIds`` are the sidecar's first doc ids."""
 
     status: Literal["disabled", "available", "unavailable", "error"]
     reason: str | None = None
-    top_sources: list[str] = Field(default_factory=list)
+    top_doc_ids: list[str] = Field(default_factory=list)
     duration_ms: float | None = None
 
 
 class RetrievalTrace(CamelModel):
-    path: str
+    """How L1 ran: ``store`` is the store that answered (``milvus``, ``pgvector``, ``none``)."""
+
+    store: str
     layer: Layer
     attempts: list[RetrievalAttempt]
     candidate_count: int = 0  # distinct chunks after fusing every attempt and channel
@@ -95,7 +102,7 @@ class RetrievalTrace(CamelModel):
 class RerankEntry(CamelModel):
     """Why a block got its rank: ``finalScore = baseScore + sum(contributions)``."""
 
-    source: str
+    doc_id: str
     base_score: float
     contributions: dict[str, float]
     final_score: float

@@ -1,11 +1,11 @@
 """KnowledgeContextPacker: evidence blocks -> one ContextPack under a character budget.
 
-Each block is written as a header (rank, source, title, breadcrumb, hit reasons) and its
+Each block is written as a header (rank, title, doc id, breadcrumb, hit reasons) and its
 content. Headers are never cut. Content is shared out by water-filling: every block gets the
 same allowance, and what short blocks leave over goes to the longer ones, so the top block
 cannot starve the rest. Content beyond its allowance is truncated (with "…") after its
 header. When the allowance falls below ``MIN_CONTENT_CHARS``, the lowest-ranked block is
-omitted (listed in ``omittedSources``) and the share recomputed. Output depends only on the
+omitted (listed in ``omittedDocIds``) and the share recomputed. Output depends only on the
 input (deterministic).
 """
 
@@ -20,7 +20,7 @@ _SEP = "\n\n"
 
 def block_header(block: EvidenceBlock) -> str:
     reasons = ", ".join(block.hit_reasons)
-    return f"[{block.rank}] {block.title} ({block.source})\nsection: {block.breadcrumb}\nwhy: {reasons}\n"
+    return f"[{block.rank}] {block.title} ({block.doc_id})\nsection: {block.breadcrumb}\nwhy: {reasons}\n"
 
 
 def water_fill(lengths: list[int], available: int) -> int:
@@ -55,14 +55,13 @@ class KnowledgeContextPacker:
             break
         parts = [h + _truncate(c, level) for h, c in zip(headers, contents, strict=True)]
         packed = _SEP.join(parts)
-        included = [b.source for b in kept]
         return ContextPack(
             packed_text=packed,
             strategy=STRATEGY,
             char_budget=self.char_budget,
             used_chars=len(packed),
-            included_sources=included,
-            omitted_sources=[b.source for b in blocks[len(kept) :]],
+            included_doc_ids=[b.doc_id for b in kept],
+            omitted_doc_ids=[b.doc_id for b in blocks[len(kept) :]],
         )
 
 

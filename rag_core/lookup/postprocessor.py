@@ -114,14 +114,14 @@ class KnowledgeEvidencePostProcessor:
             blocks.append(
                 EvidenceBlock(
                     rank=after,
-                    source=c.hit.doc_id,
+                    doc_id=c.hit.doc_id,
                     chunk_id=c.hit.chunk_id,
                     title=c.hit.title,
                     breadcrumb=c.hit.breadcrumb,
                     category=c.hit.category,
                     retrieval_layer="L0+L1" if match else "L1",
                     content=block_content(c, per_doc[c.hit.doc_id], self.chunks_per_block),
-                    score=round(c.similarity, 4),
+                    similarity=round(c.similarity, 4),
                     raw_score=round(c.hit.raw_score, 4),
                     score_label=c.hit.score_label,
                     final_score=round(final, 4),
@@ -130,7 +130,7 @@ class KnowledgeEvidencePostProcessor:
             )
             entries.append(
                 RerankEntry(
-                    source=c.hit.doc_id,
+                    doc_id=c.hit.doc_id,
                     base_score=round(base[id(c)], 4),
                     contributions={k: round(v, 4) for k, v in contrib.items() if v},
                     final_score=round(final, 4),
@@ -217,13 +217,13 @@ def l0_fallback_blocks(hints: L0Hints, l0: L0Index | None, max_blocks: int) -> l
         blocks.append(
             EvidenceBlock(
                 rank=rank,
-                source=m.doc_id,
+                doc_id=m.doc_id,
                 title=m.title,
                 breadcrumb=m.title,
                 category=m.category,
                 retrieval_layer="L0",
                 content=entry.summary if entry else "",
-                score=0.0,
+                similarity=0.0,
                 raw_score=m.score,
                 score_label="l0_match_score",
                 final_score=m.score,

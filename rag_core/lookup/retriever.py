@@ -175,7 +175,7 @@ class KnowledgeDocumentRetriever:
             filter=category,
             top_k=self.settings.top_k,
             candidate_count=len(ranked),
-            top_score=round(max(c.similarity for c in ranked), 4) if ranked else None,
+            top_similarity=round(max(c.similarity for c in ranked), 4) if ranked else None,
             duration_ms=round((max(ended) - t0) * 1000, 2),
             error="; ".join(errors)[:500] or None,
             low_quality_reason=None if failed else low_quality_reason(ranked, self.settings),

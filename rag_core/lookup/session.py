@@ -11,7 +11,7 @@ from cachetools import TTLCache
 @dataclass
 class SessionMemory:
     domains: list[str] = field(default_factory=list)
-    sources: set[str] = field(default_factory=set)
+    doc_ids: set[str] = field(default_factory=set)
 
 
 class SessionState:
@@ -22,15 +22,16 @@ class SessionState:
         self._cache: TTLCache[str, SessionMemory] = TTLCache(max_sessions, ttl_seconds)
         self._lock = threading.Lock()
 
-    def seen_sources(self, session_id: str | None) -> set[str]:
+    def seen_doc_ids(self, session_id: str | None) -> set[str]:
+        """The doc ids of every evidence block the session's lookups returned so far."""
         if not session_id:
             return set()
         with self._lock:
             mem = self._cache.get(session_id)
-            return set(mem.sources) if mem else set()
+            return set(mem.doc_ids) if mem else set()
 
-    def update(self, session_id: str | None, domains: list[str], sources: list[str]) -> list[str]:
-        """Record a lookup's domains and sources; returns the session's domains so far (in
+    def update(self, session_id: str | None, domains: list[str], doc_ids: list[str]) -> list[str]:
+        """Record a lookup's domains and evidence doc ids; returns the session's domains so far (in
         first-seen order). Without a session id, returns ``domains`` alone."""
         if not session_id:
             return sorted(set(domains))
@@ -39,7 +40,7 @@ class SessionState:
             for d in domains:
                 if d and d not in mem.domains:
                     mem.domains.append(d)
-            mem.sources.update(sources)
+            mem.doc_ids.update(doc_ids)
             self._cache[session_id] = mem  # re-insert refreshes the TTL
             return list(mem.domains)
 

@@ -53,7 +53,7 @@ SIDECAR_GRACE_SECONDS = 2.0
 TOOL_DESCRIPTION = (
     "Look up evidence in the team's knowledge base (runbooks, how-tos, FAQs, policies). "
     "Call it with the user's question or the alert text. Answer from `contextPack.packedText`, "
-    "cite `evidenceBlocks[].source` (and breadcrumb), and check `relevanceLevel`: PRECISE or "
+    "cite `evidenceBlocks[].docId` (and breadcrumb), and check `relevanceLevel`: PRECISE or "
     "RELEVANT evidence can be relied on, WEAK means the knowledge base may not cover the "
     "question, NONE means nothing was found; `semanticSupport=false` means only title/keyword "
     "matches were available. `status`: ok, degraded (the knowledge store failed; title/keyword "
@@ -238,17 +238,17 @@ class LookupKnowledgeTool:
             if not blocks and tq.hints.matched:
                 blocks = l0_fallback_blocks(tq.hints, self.l0, self.settings.max_evidence_blocks)
                 rerank, layer = [], "L0"
-            seen = self.sessions.seen_sources(session_id)
+            seen = self.sessions.seen_doc_ids(session_id)
             for b in blocks:
-                if b.source in seen:
+                if b.doc_id in seen:
                     b.hit_reasons.append("seen_earlier_in_session")
         with _timed(timings, "pack_ms"):
             pack = self.packer.pack(blocks)
         domains = self.sessions.update(
-            session_id, tq.hints.domains + [b.category for b in blocks if b.category], [b.source for b in blocks]
+            session_id, tq.hints.domains + [b.category for b in blocks if b.category], [b.doc_id for b in blocks]
         )
         trace = RetrievalTrace(
-            path=getattr(self.store, "name", "milvus") if self.settings.l1_enabled else "none",
+            store=getattr(self.store, "name", "milvus") if self.settings.l1_enabled else "none",
             layer=layer,
             attempts=outcome.attempts,
             candidate_count=len(outcome.candidates),
@@ -391,8 +391,8 @@ class LookupKnowledgeTool:
             return SidecarStatus(status="unavailable", reason=f"{type(exc).__name__}: {exc}"[:300])
         if outcome.error:
             return SidecarStatus(status="error", reason=outcome.error[:300], duration_ms=round(ms, 2))
-        sources = list(dict.fromkeys(c.hit.doc_id for c in outcome.candidates))[:5]
-        return SidecarStatus(status="available", top_sources=sources, duration_ms=round(ms, 2))
+        doc_ids = list(dict.fromkeys(c.hit.doc_id for c in outcome.candidates))[:5]
+        return SidecarStatus(status="available", top_doc_ids=doc_ids, duration_ms=round(ms, 2))
 
     # --- results without retrieval ----------------------------------------------------------
 
@@ -400,7 +400,7 @@ class LookupKnowledgeTool:
         self, query: str, session_id: str | None, message: str, status: str = "ok", error: str | None = None
     ) -> LookupResult:
         pack = self.packer.pack([])
-        trace = RetrievalTrace(path="none", layer="none", attempts=[], error=error)
+        trace = RetrievalTrace(store="none", layer="none", attempts=[], error=error)
         return self.assembler.assemble(
             query, session_id, [], pack, trace, [], L0Hints(), self.sessions.update(session_id, [], []), message, status
         )

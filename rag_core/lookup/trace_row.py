@@ -28,10 +28,10 @@ def build_trace_row(
         "evidence": [
             {
                 "rank": b.rank,
-                "source": b.source,
+                "doc_id": b.doc_id,
                 "breadcrumb": b.breadcrumb,
                 "layer": b.retrieval_layer,
-                "score": b.score,
+                "similarity": b.similarity,
                 "final_score": b.final_score,
                 "hit_reasons": b.hit_reasons,
                 "content": b.content[:EVIDENCE_PREVIEW_CHARS],

@@ -1,4 +1,4 @@
-"""Recording fixtures: run the real lookup pipeline per golden case on one path.
+"""Recording fixtures: run the real lookup pipeline per golden case on one store.
 
 This module runs the stores and the model (it is the only evaluation module that does); the
 evaluator itself reads the JSON it writes and nothing else.
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from rag_core.lookup.retriever import Candidate
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-PathName = Literal["milvus", "pgvector"]
+StoreName = Literal["milvus", "pgvector"]
+STORE_NAMES: tuple[StoreName, ...] = ("milvus", "pgvector")
 
 
 def corpus_hash(root: Path) -> str:
@@ -50,22 +51,24 @@ def git_commit() -> str | None:
         return None
 
 
-def make_tool_for_path(settings: RagSettings, path: PathName, embedder: Embedder | None = None) -> LookupKnowledgeTool:
-    """A LookupKnowledgeTool whose L1 store is ``path``'s store (no sidecar beside it).
+def make_tool_for_store(
+    settings: RagSettings, store: StoreName, embedder: Embedder | None = None
+) -> LookupKnowledgeTool:
+    """A LookupKnowledgeTool whose L1 store is ``store`` (no sidecar beside it).
 
-    Raises StoreError (or what the store raises) when that path cannot be opened.
+    Raises StoreError (or what the store raises) when that store cannot be opened.
     """
     from rag_core.components import make_main_store, make_sidecar_store
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-    store = make_main_store(settings) if path == "milvus" else make_sidecar_store(settings)
+    opened = make_main_store(settings) if store == "milvus" else make_sidecar_store(settings)
     quiet = settings.model_copy(update={"sidecar_enabled": False})
-    return LookupKnowledgeTool(quiet, store=store, embedder=embedder)
+    return LookupKnowledgeTool(quiet, store=opened, embedder=embedder)
 
 
 def record_fixtures(
     settings: RagSettings,
-    path: PathName,
+    store: StoreName,
     cases_file: Path,
     out_dir: Path,
     embedder: Embedder | None = None,
@@ -73,7 +76,7 @@ def record_fixtures(
 ) -> dict[str, Any]:
     """Write ``<out_dir>/<case_id>.json`` for every case and ``manifest.json``.
 
-    When the path cannot be opened, only a manifest with ``path_status.status="unavailable"``
+    When the store cannot be opened, only a manifest with ``store_status.status="unavailable"``
     and the reason is written (the evaluator then reports every case not_run). Returns the
     manifest dict.
     """
@@ -82,7 +85,7 @@ def record_fixtures(
     for old in out_dir.glob("*.json"):
         old.unlink()
     manifest: dict[str, Any] = {
-        "path": path,
+        "store": store,
         "corpus_hash": corpus_hash(Path(settings.knowledge_dir)),
         "model_id": settings.embedding_model or None,
         "embedding_backend": settings.embedding_backend,
@@ -91,28 +94,28 @@ def record_fixtures(
             "metric": "COSINE",
             "top_k": settings.top_k,
             "pg_index": "hnsw(vector_cosine_ops)",
-            "lexical": "bm25" if path == "milvus" else "ts_rank_cd",
+            "lexical": "bm25" if store == "milvus" else "ts_rank_cd",
         },
         "git_commit": git_commit(),
         "recorded_at": datetime.now(UTC).isoformat(),
         "cases_file": str(cases_file),
         "case_count": len(cases),
-        "path_status": {"status": "available", "reason": None},
+        "store_status": {"status": "available", "reason": None},
     }
     try:
-        tool = make_tool_for_path(settings, path, embedder)
+        tool = make_tool_for_store(settings, store, embedder)
         tool.store.ensure_schema(tool.embedder.dimension)
         manifest["model"] = tool.embedder.identity().to_dict()
         manifest["model_id"] = tool.embedder.model_id
         if tool.store.count() == 0:
-            raise RuntimeError(f"the {path} index is empty: run `rag ingest` first")
+            raise RuntimeError(f"the {store} index is empty: run `rag ingest` first")
     except Exception as exc:
-        manifest["path_status"] = {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        manifest["store_status"] = {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:500]}
         write_manifest(out_dir, manifest)
         return manifest
-    session = f"eval-{path}-{datetime.now(UTC):%Y%m%d}"
+    session = f"eval-{store}-{datetime.now(UTC):%Y%m%d}"
     try:
-        for case in tqdm(cases, desc=f"recording {path}", unit="case", disable=not progress):
+        for case in tqdm(cases, desc=f"recording {store}", unit="case", disable=not progress):
             started = time.perf_counter()
             result, candidates = tool.lookup_with_candidates(case.query, session_id=session)
             latency_ms = round((time.perf_counter() - started) * 1000, 2)
@@ -120,14 +123,14 @@ def record_fixtures(
                 out_dir,
                 {
                     "case_id": case.id,
-                    "path": path,
+                    "store": store,
                     "query": case.query,
                     "status": result.status,
                     "error": result.retrieval_trace.error,
                     "retrieval_layer": result.retrieval_trace.layer,
                     "candidates": _candidate_rows(candidates),
                     "evidence_blocks": _block_rows(result),
-                    "context_pack_sources": result.context_pack.included_sources,
+                    "context_pack_doc_ids": result.context_pack.included_doc_ids,
                     "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
                     "relevance_level": result.relevance_level.value,
                     "latency_ms": latency_ms,
@@ -145,15 +148,7 @@ def _candidate_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
 
 
 def _block_rows(result: LookupResult) -> list[dict[str, Any]]:
-    return [
-        {
-            **b.model_dump(by_alias=False),
-            "doc_id": b.source,
-            "content_preview": b.content[:300],
-            "normalized_score": b.score,
-        }
-        for b in result.evidence_blocks
-    ]
+    return [{**b.model_dump(by_alias=False), "content_preview": b.content[:300]} for b in result.evidence_blocks]
 
 
 def _filter_probe(
@@ -178,23 +173,27 @@ def register_record(eval_app: typer.Typer) -> None:
 
     @eval_app.command("record")
     def record(
-        path: str = typer.Option("milvus", "--path", help="milvus or pgvector"),
+        store: str = typer.Option("milvus", "--store", help="milvus or pgvector"),
+        old_store: str | None = typer.Option(None, "--path", hidden=True, help="Deprecated name of --store"),
         cases: Path = typer.Option(..., "--cases", help="Golden case file"),
         out: Path = typer.Option(..., "--out", help="Fixture directory to (re)write"),
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
     ) -> None:
-        """Run the real lookup pipeline per case on one path and write JSON fixtures."""
+        """Run the real lookup pipeline per case on one store and write JSON fixtures."""
         from rag_core.cli_common import settings_or_exit
 
-        if path not in ("milvus", "pgvector"):
-            raise typer.BadParameter("must be milvus or pgvector", param_hint="--path")
-        m = record_fixtures(settings_or_exit(), path, cases, out)  # type: ignore[arg-type]
+        if old_store is not None:
+            typer.echo("warning: --path is deprecated, use --store", err=True)
+            store = old_store
+        if store not in STORE_NAMES:
+            raise typer.BadParameter("must be milvus or pgvector", param_hint="--store")
+        m = record_fixtures(settings_or_exit(), store, cases, out)  # type: ignore[arg-type]
         if as_json:
             typer.echo(json.dumps(m, indent=2, ensure_ascii=False))
             return
-        status = m["path_status"]
+        status = m["store_status"]
         typer.echo(
-            f"{path}: {status['status']}"
+            f"{store}: {status['status']}"
             + (f" ({status['reason']})" if status["reason"] else "")
             + f"; fixtures in {out}"
         )

@@ -1,4 +1,4 @@
-"""Running a golden suite end to end: ingest its corpus, record fixtures per path, evaluate.
+"""Running a golden suite end to end: ingest its corpus, record fixtures per store, evaluate.
 
 Like ``record``, this module runs the online stack (stores, model); the evaluation it calls
 reads fixtures only. Used by ``rag eval suites`` and the Dagster ``golden_suite_*`` assets.
@@ -27,14 +27,13 @@ if TYPE_CHECKING:
 __all__ = ["SuiteOutcome", "run_suite"]
 
 log = logging.getLogger(__name__)
-PATHS: tuple[Literal["milvus", "pgvector"], ...] = ("milvus", "pgvector")
 
 
 class SuiteOutcome(BaseModel):
     """What one suite run produced.
 
     ``status``: ``ok``, ``skipped`` (files missing; ``reason`` says which) or ``failed``
-    (``reason`` has the error). ``reports`` maps path name -> its evaluation (the sidecar's
+    (``reason`` has the error). ``reports`` maps store name -> its evaluation (the sidecar's
     says ``unavailable`` when it could not run); ``gate`` is the comparison with the stored
     baseline (None when there is none); ``report_dir`` holds ``current.{json,md}`` and
     ``comparison.{json,md}``.
@@ -57,7 +56,7 @@ def run_suite(
     with_sidecar: bool = True,
     progress: bool = False,
 ) -> SuiteOutcome:
-    """Ingest ``suite``'s corpus into its own index, record both paths, evaluate, gate.
+    """Ingest ``suite``'s corpus into its own index, record both stores, evaluate, gate.
 
     Never raises for a suite problem: missing files give ``skipped``, any other error
     ``failed`` with the reason (other suites go on).
@@ -75,10 +74,15 @@ def run_suite(
     report_dir = out_dir / suite.name
     main, side = reports["milvus"], reports.get("pgvector")
     write_baseline_report(
-        main, report_dir, "current", other_paths=[side] if side and side.path_status.available else []
+        main, report_dir, "current", other_stores=[side] if side and side.store_status.available else []
     )
     write_comparison_report(
-        main, side, fixture_sets["milvus"], fixture_sets.get("pgvector"), side.path_status if side else None, report_dir
+        main,
+        side,
+        fixture_sets["milvus"],
+        fixture_sets.get("pgvector"),
+        side.store_status if side else None,
+        report_dir,
     )
     return SuiteOutcome(
         suite=suite.name,
@@ -105,16 +109,16 @@ def _ingest(settings: RagSettings, embedder: Any, progress: bool) -> dict[str, A
 def _record_and_evaluate(
     settings: RagSettings, suite: GoldenSuite, embedder: Any, progress: bool
 ) -> tuple[dict[str, EvaluationReport], dict[str, Any]]:
-    from rag_core.recording.record import record_fixtures
+    from rag_core.recording.record import STORE_NAMES, record_fixtures
 
     cases = load_cases(suite.cases)
     reports: dict[str, EvaluationReport] = {}
     fixture_sets: dict[str, Any] = {}
-    for path in PATHS if settings.sidecar_enabled else PATHS[:1]:
-        fixtures_dir = settings.data_dir / "fixtures" / path
-        record_fixtures(settings, path, suite.cases, fixtures_dir, embedder=embedder, progress=progress)
-        fixture_sets[path] = load_fixtures(fixtures_dir, [c.id for c in cases])
-        reports[path] = evaluate(cases, fixture_sets[path])
+    for store in STORE_NAMES if settings.sidecar_enabled else STORE_NAMES[:1]:
+        fixtures_dir = settings.data_dir / "fixtures" / store
+        record_fixtures(settings, store, suite.cases, fixtures_dir, embedder=embedder, progress=progress)
+        fixture_sets[store] = load_fixtures(fixtures_dir, [c.id for c in cases])
+        reports[store] = evaluate(cases, fixture_sets[store])
     return reports, fixture_sets
 
 
@@ -128,11 +132,11 @@ def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Golden suites (main path = Milvus, sidecar = pgvector)")
+    table = Table(title="Golden suites (main store = Milvus, sidecar = pgvector)")
     for column in (
         "suite",
         "status",
-        "path",
+        "store",
         "cases",
         "strong/medium/miss",
         "recall@5",
@@ -145,16 +149,16 @@ def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
         if o.status != "ok":
             table.add_row(o.suite, o.status, "", "", "", "", "", "", o.reason or "")
             continue
-        for path, r in o.reports.items():
+        for store, r in o.reports.items():
             s, cost = r.summary, r.filter_cost
             effects = (
                 "/".join(str(cost.counts[e]) for e in ("hurt", "rescued", "helped", "no_difference")) if cost else ""
             )
-            gate = "" if path != "milvus" or o.gate is None else ("pass" if o.gate.passed else "FAIL")
+            gate = "" if store != "milvus" or o.gate is None else ("pass" if o.gate.passed else "FAIL")
             table.add_row(
                 o.suite,
-                r.path_status.status,
-                path,
+                r.store_status.status,
+                store,
                 str(s.case_count),
                 f"{s.strong}/{s.medium}/{s.miss}",
                 _fmt(s.recall_at_k.get(5)),
@@ -181,7 +185,7 @@ def register_suites(eval_app: typer.Typer) -> None:
         sidecar: bool = typer.Option(True, "--sidecar/--no-sidecar", help="Also evaluate the pgvector sidecar"),
         as_json: bool = typer.Option(False, "--json", help="Print the outcomes as JSON"),
     ) -> None:
-        """Ingest each suite's corpus into its own index, record both paths, evaluate, gate.
+        """Ingest each suite's corpus into its own index, record both stores, evaluate, gate.
 
         Exit 1 when a suite's gate fails or a suite failed, 2 on an unusable suites file.
         """

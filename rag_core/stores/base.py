@@ -1,4 +1,4 @@
-"""The interface both vector stores (Milvus main path, pgvector sidecar) implement."""
+"""The interface both vector stores (Milvus main store, pgvector sidecar) implement."""
 
 from __future__ import annotations
 

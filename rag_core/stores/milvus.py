@@ -1,4 +1,4 @@
-"""Main-path store: Milvus (the embedded server of the data dir, a production server URI, or a
+"""Main store: Milvus (the embedded server of the data dir, a production server URI, or a
 Milvus Lite file) with dense + BM25 search.
 
 The collection has an explicit schema, a COSINE dense index (type and search parameters from

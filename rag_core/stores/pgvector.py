@@ -9,7 +9,7 @@ Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
 
 * When at most ``exact_scan_max_rows`` rows can match (the category's rows, or the whole
   table), the search is an exact scan (``enable_indexscan = off``): same ids as brute force,
-  a few milliseconds, and the same ranking as Milvus' FLAT index on the main path.
+  a few milliseconds, and the same ranking as Milvus' FLAT index on the main store.
 * Otherwise HNSW with pgvector 0.8 iterative index scans (``hnsw.iterative_scan =
   relaxed_order``, re-sorted in an outer query). HNSW filters after the index scan, so without
   iterative scans a selective category returns fewer rows than LIMIT (pgvector #259, #719);
