@@ -132,18 +132,18 @@ def traces(
         console.print(f"[red]traces unavailable: {exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     if as_json:
-        print(json.dumps(rows, indent=2, ensure_ascii=False, default=str))
+        print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2, ensure_ascii=False))
         return
     t = table("created_at", "session", "layer", "status", "latency ms", "input", "error")
     for r in rows:
         t.add_row(
-            str(r["created_at"])[:19],
-            r["session_id"] or "",
-            r["retrieval_layer"] or "",
-            r["status"],
-            f"{r['latency_ms']:.1f}",
-            (r["input"] or "")[:60],
-            (r["error"] or "")[:60],
+            str(r.created_at)[:19],
+            r.session_id or "",
+            r.retrieval_layer or "",
+            r.status or "",
+            f"{r.latency_ms:.1f}" if r.latency_ms is not None else "",
+            (r.input or "")[:60],
+            (r.error or "")[:60],
         )
     console.print(t)
 

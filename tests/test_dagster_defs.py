@@ -23,6 +23,7 @@ from rag_assets.defs.traces import trace_frame, trace_stats
 from rag_assets.locks import StoreBusyError, store_lock
 from rag_assets.timing import DAILY_PARTITIONS, TRACE_START_DATE, previous_day_key, trace_start_date
 from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixture_dir
+from rag_core.traces.rows import TraceRow
 
 ROOT = Path(__file__).resolve().parent.parent
 ALL_DEFS = [*defs.assets, *defs.asset_checks]
@@ -354,14 +355,14 @@ def _settings_probe(rag: RagSettingsResource) -> tuple:
 def test_trace_frame_and_stats():
     t = datetime(2026, 11, 28, 12, tzinfo=UTC)
     rows = [
-        {
-            "id": str(i),
-            "retrieval_layer": layer,
-            "status": "ok",
-            "latency_ms": float(ms),
-            "created_at": t,
-            "retrieval_details": {"fallback_reason": fb, "candidate_count": 3},
-        }
+        TraceRow(
+            id=str(i),
+            retrieval_layer=layer,
+            status="ok",
+            latency_ms=float(ms),
+            created_at=t,
+            retrieval_details={"fallback_reason": fb, "candidate_count": 3},
+        )
         for i, (layer, ms, fb) in enumerate(
             [
                 ("L1", 10, None),
@@ -373,6 +374,10 @@ def test_trace_frame_and_stats():
     ]
     frame = trace_frame(rows)
     assert frame.schema["created_at"] == pl.Datetime("us", "UTC")
+    # Every TraceRow field is a column (details as JSON text), plus the flattened details.
+    assert set(TraceRow.model_fields) <= set(frame.columns)
+    assert frame["id"].to_list() == ["0", "1", "2", "3"] and frame["candidate_count"].to_list() == [3] * 4
+    assert json.loads(frame["retrieval_details"][2]) == rows[2].retrieval_details
     stats = trace_stats(frame)
     assert stats["row_count"] == 4
     assert stats["layers"] == {"L0": 1, "L0+L1": 1, "L1": 2}

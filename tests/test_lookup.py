@@ -3,7 +3,6 @@
 Faults are injected by wrapping the real store (the store is real; only its failure is made).
 """
 
-import json
 import threading
 
 import numpy as np
@@ -27,7 +26,7 @@ class CapturingRecorder:
 
     def record(self, row):
         with self._lock:
-            self.rows.append(json.loads(json.dumps(row, default=str)))
+            self.rows.append(row.model_dump(mode="json"))  # a TraceRow, as the spool holds it
 
     def flush(self, timeout=None):
         return True

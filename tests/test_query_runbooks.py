@@ -11,6 +11,7 @@ from conftest import RUNBOOKS, make_settings, need_shared
 
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.milvus import MilvusStore
+from rag_core.traces.rows import TraceRow
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +20,8 @@ class _Rows:
     def __init__(self) -> None:
         self.rows: list[dict] = []
 
-    def record(self, row: dict) -> None:
-        self.rows.append(row)
+    def record(self, row: TraceRow) -> None:
+        self.rows.append(row.model_dump(mode="json"))
 
     def flush(self, timeout: float | None = None) -> bool:
         return True

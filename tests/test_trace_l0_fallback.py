@@ -64,12 +64,14 @@ def test_l0_fallback_lookup_is_written_to_postgres_and_read_back(pg_dsn, pg_tabl
         trace_store.close()
     assert len(rows) == 1 and JsonlSpool(spool).rows() == []  # written to the table, nothing left spooled
     row = rows[0]
-    assert row["tool_name"] == "lookup_knowledge" and row["session_id"] == "s-l0"
-    assert row["input"] == query
-    assert row["retrieval_layer"] == "L0" and row["status"] == "degraded"
-    assert row["error"] and "127.0.0.1:9" in row["error"]
-    assert row["latency_ms"] is not None and row["latency_ms"] >= 0
-    details = row["retrieval_details"]  # jsonb, decoded
+    assert row.tool_name == "lookup_knowledge" and row.session_id == "s-l0"
+    assert row.input == query
+    assert row.retrieval_layer == "L0" and row.status == "degraded"
+    assert row.error and "127.0.0.1:9" in row.error
+    assert row.latency_ms is not None and row.latency_ms >= 0
+    assert row.created_at.tzinfo is not None  # timestamptz read back as an aware datetime
+    details = row.retrieval_details  # jsonb, decoded
+    assert details is not None
     hints = details["l0_hints"]
     assert "queues/KafkaConsumerLagHigh.md" in hints["matched_doc_ids"]
     assert hints["domains"] == ["queues"] and hints["matched_titles"]

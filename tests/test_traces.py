@@ -1,4 +1,5 @@
-"""tool_invocation trace table and the spooling recorder, against a real PostgreSQL."""
+"""tool_invocation trace table, the typed TraceRow and the spooling recorder, against a real
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import pytest
 
 from rag_core.stores.base import StoreError
 from rag_core.traces import TRACE_COLUMNS, ToolInvocationRecorder, TraceStore
+from rag_core.traces import rows as trace_rows
 from rag_core.traces.recorder import JsonlSpool, trace_row
+from rag_core.traces.rows import TraceRow
 
 pytestmark = pytest.mark.timeout(120)
 integration = pytest.mark.integration  # the session's embedded PostgreSQL
@@ -21,8 +24,8 @@ integration = pytest.mark.integration  # the session's embedded PostgreSQL
 DOWN_DSN = "postgresql://rag:hunter2pw@127.0.0.1:1/rag?connect_timeout=1"
 
 
-def row(i: int, **extra) -> dict:
-    return {
+def row(i: int, **extra) -> TraceRow:
+    values = {
         "session_id": f"s{i % 5}",
         "tool_name": "lookup_knowledge",
         "input": f"query {i}",
@@ -33,6 +36,7 @@ def row(i: int, **extra) -> dict:
         "retrieval_details": {"attempts": [{"top_k": 10, "i": i}]},
         **extra,
     }
+    return TraceRow(**values)
 
 
 def spooled(spool: Path) -> int:
@@ -85,7 +89,9 @@ def test_migration_adds_missing_columns_to_an_old_table(pg_dsn, pg_table):
     assert cols["latency_ms"] == "double precision"
     assert cols["created_at"] == "timestamp with time zone"
     assert any("(created_at)" in d for d in indexes)
-    assert store.count() == 1 and store.recent(1)[0]["id"] == "old-1"
+    old = store.recent(1)[0]
+    assert store.count() == 1 and old.id == "old-1" and old.tool_name == "lookup_knowledge"
+    assert old.created_at.tzinfo is not None and old.retrieval_details is None  # filled by the migration / NULL
     store.insert_many([row(1, id="new-1")])
     assert store.count() == 2
     store.close()
@@ -99,13 +105,13 @@ def test_insert_is_idempotent_and_rows_between_is_half_open(trace_store):
     trace_store.insert_many(rows[2:5])  # a replay
     assert trace_store.count() == 8
     first_day = trace_store.rows_between(day, day + timedelta(days=1))
-    assert [r["id"] for r in first_day] == ["r0", "r1", "r2", "r3"]
+    assert [r.id for r in first_day] == ["r0", "r1", "r2", "r3"]
     naive = trace_store.rows_between(datetime(2025, 3, 2), datetime(2025, 3, 3))  # naive = UTC
-    assert [r["id"] for r in naive] == ["r4", "r5", "r6", "r7"]
-    assert first_day[1]["retrieval_details"] == {"attempts": [{"top_k": 10, "i": 1}]}
-    assert first_day[1]["latency_ms"] == 12.5
-    assert first_day[1]["created_at"] == day + timedelta(hours=6)
-    assert [r["id"] for r in trace_store.recent(2)] == ["r7", "r6"]
+    assert [r.id for r in naive] == ["r4", "r5", "r6", "r7"]
+    assert first_day == rows[:4]  # every field read back as it was bound, created_at a datetime
+    assert first_day[1].retrieval_details == {"attempts": [{"top_k": 10, "i": 1}]}
+    assert first_day[1].created_at == day + timedelta(hours=6)
+    assert [r.id for r in trace_store.recent(2)] == ["r7", "r6"]
     trace_store.insert_many([])
 
 
@@ -131,7 +137,7 @@ def test_recorder_writes_rows(pg_dsn, trace_store, tmp_path):
     recorder.close()
     assert trace_store.count() == 20
     assert spool_empty(spool)
-    details = trace_store.recent(1)[0]["retrieval_details"]
+    details = trace_store.recent(1)[0].retrieval_details
     assert details == {"at": "2025-01-01T00:00:00+00:00", "n": [1, 2], "nan": None}
 
 
@@ -176,7 +182,7 @@ def test_factory_that_raises_means_spool_and_a_partial_replay_never_duplicates(p
     assert recorder.flush(10)
     assert spooled(spool) == 100
     # A replay that died after inserting 40 rows but before removing the spool:
-    trace_store.insert_many(JsonlSpool(spool).rows()[:40])
+    trace_store.insert_many(JsonlSpool(spool).rows()[:40])  # TraceRow read back from the spool
     state["up"] = True
     assert recorder.flush(10)
     recorder.close()
@@ -208,9 +214,10 @@ def test_no_password_reaches_the_table_or_the_spool(pg_dsn, trace_store, tmp_pat
     recorder.close()
     rows = trace_store.recent(10)
     assert len(rows) == 2
-    assert "hunter2pw" not in json.dumps(rows, default=str)
-    assert "admin:***@db" in rows[0]["error"]
-    assert rows[0]["retrieval_details"]["tokens"] == ["kept"]
+    assert not any("hunter2pw" in r.model_dump_json() for r in rows)
+    assert "admin:***@db" in rows[0].error
+    assert rows[0].retrieval_details["password"] == "***"
+    assert rows[0].retrieval_details["tokens"] == ["kept"]
 
 
 @integration
@@ -258,25 +265,99 @@ def test_two_recorders_sharing_one_spool(pg_dsn, trace_store, tmp_path):
     assert spool_empty(spool)
 
 
-def test_record_never_raises_and_rows_get_id_and_time():
+def test_a_row_is_cleaned_when_built_and_gets_id_and_time():
     class Odd:
         def __str__(self) -> str:
             return "odd"
 
-    clean = trace_row(
+    clean = TraceRow.coerce(
         {
             "input": Odd(),
+            "session_id": 7,
             "latency_ms": float("inf"),
-            "retrieval_details": {1: b"x\x00"},
+            "retrieval_details": {1: b"x\x00", "at": datetime(2025, 1, 1, tzinfo=UTC)},
             "error": "bad \ud800 surrogate",
+            "created_at": datetime(2025, 1, 1),  # naive = UTC
+            "unknown": "ignored",
         }
     )
-    assert clean["input"] == "odd" and clean["latency_ms"] is None
-    assert clean["retrieval_details"] == {"1": "x"}
-    assert clean["id"] and datetime.fromisoformat(clean["created_at"]).tzinfo is not None
-    json.dumps(clean)
+    assert clean.input == "odd" and clean.session_id == "7" and clean.latency_ms is None
+    assert clean.retrieval_details == {"1": "x", "at": "2025-01-01T00:00:00+00:00"}
+    assert clean.error == "bad ? surrogate"
+    assert clean.created_at == datetime(2025, 1, 1, tzinfo=UTC)
+    assert TraceRow.coerce(clean) is clean
+    fresh = TraceRow()
+    assert fresh.id and fresh.id != TraceRow().id and fresh.created_at.tzinfo is not None
+    assert trace_row(clean)["created_at"] == "2025-01-01T00:00:00Z"  # the spool's JSON shape
+
+
+def test_record_never_raises():
     recorder = ToolInvocationRecorder(None, Path("/proc/definitely/not/writable.jsonl"))
     recorder.record({"input": "x"})  # spool unwritable: kept in memory, no exception
     recorder.record("not a dict")  # type: ignore[arg-type]
     assert not recorder.flush(2)  # one row is held only in memory
     recorder.close(timeout=1)
+
+
+def test_table_columns_are_the_row_fields():
+    assert list(TRACE_COLUMNS) == list(TraceRow.model_fields)
+
+
+@integration
+def test_rows_are_cleaned_once_at_construction_not_in_the_spool_or_store(trace_store, tmp_path, monkeypatch):
+    calls: list[object] = []
+    real = trace_rows._scrub
+    monkeypatch.setattr(trace_rows, "_scrub", lambda v: calls.append(v) or real(v))
+    built = row(1, error="postgresql://admin:hunter2pw@db/rag refused", retrieval_details={"token": "abc"})
+    assert calls and built.error == "postgresql://admin:***@db/rag refused"
+    assert built.retrieval_details == {"token": "***"}
+    calls.clear()
+    spool = JsonlSpool(tmp_path / "spool.jsonl")
+    spool.append([built])
+    [back] = spool.rows()
+    trace_store.insert_many([back])
+    assert trace_store.recent(1) == [built]  # the same row through the spool and the table
+    assert calls == []  # read back from the spool and the table without cleaning again
+
+
+@integration
+def test_spool_lines_of_the_old_dict_format_load_and_replay(pg_dsn, trace_store, tmp_path):
+    spool = tmp_path / "spool.jsonl"
+    # What the recorder spooled before rows were typed: json.dumps of a cleaned dict, created_at
+    # as datetime.isoformat() text; a torn last line from a writer that crashed mid-row.
+    old = [
+        {
+            "session_id": "s1",
+            "tool_name": "lookup_knowledge",
+            "input": f"query {i}",
+            "output_preview": "preview",
+            "retrieval_layer": "L1",
+            "retrieval_details": {"attempts": [{"top_k": 10, "i": i}]},
+            "status": "ok",
+            "error": None,
+            "latency_ms": 12.5,
+            "id": f"old-{i}",
+            "created_at": f"2025-03-01T0{6 + i}:00:00+00:00",
+        }
+        for i in range(3)
+    ]
+    old[1]["created_at"] = "2025-03-01T07:00:00.123456"  # naive = UTC
+    old[2]["latency_ms"] = None
+    old[2]["input"] = 42  # json_safe kept numbers as numbers; the store stored their JSON text
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in old) + '{"id": "torn", "sess'
+    spool.write_text(lines, encoding="utf-8")
+
+    loaded = JsonlSpool(spool).rows()
+    assert [r.id for r in loaded] == ["old-0", "old-1", "old-2"]  # the torn line skipped
+    assert loaded[0].created_at == datetime(2025, 3, 1, 6, tzinfo=UTC)
+    assert loaded[1].created_at == datetime(2025, 3, 1, 7, 0, 0, 123456, tzinfo=UTC)
+    assert loaded[2].latency_ms is None and loaded[2].input == "42"
+
+    recorder = ToolInvocationRecorder(lambda: TraceStore(pg_dsn, trace_store.table), spool)
+    assert recorder.flush(10)
+    recorder.close()
+    assert spool_empty(spool)
+    stored = {r.id: r for r in trace_store.recent(10)}
+    assert set(stored) == {"old-0", "old-1", "old-2"}
+    assert stored["old-0"] == loaded[0] and stored["old-1"].created_at == loaded[1].created_at
+    assert stored["old-2"].retrieval_details == {"attempts": [{"top_k": 10, "i": 2}]}

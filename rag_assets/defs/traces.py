@@ -8,6 +8,7 @@ export holds every lookup of the day, the nightly evaluation's own lookups inclu
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import dagster as dg
@@ -18,22 +19,21 @@ from rag_assets.files import write_parquet_atomic
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table, table_schema
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
+from rag_core.traces.rows import TraceRow
 
-TRACE_SCHEMA: dict[str, Any] = {
-    "id": pl.Utf8,
-    "session_id": pl.Utf8,
-    "tool_name": pl.Utf8,
-    "input": pl.Utf8,
-    "output_preview": pl.Utf8,
-    "retrieval_layer": pl.Utf8,
-    "status": pl.Utf8,
-    "error": pl.Utf8,
-    "latency_ms": pl.Float64,
-    "created_at": pl.Datetime("us", "UTC"),
+# The table's columns come from TraceRow's fields (text unless listed), with the details JSON as
+# text last and the details the reports need flattened before it.
+_ROW_COLUMNS = [name for name in TraceRow.model_fields if name != "retrieval_details"]
+_NON_TEXT: dict[str, Any] = {"latency_ms": pl.Float64, "created_at": pl.Datetime("us", "UTC")}
+_DETAIL_COLUMNS: dict[str, Any] = {
     "fallback_reason": pl.Utf8,
     "candidate_count": pl.Int64,
     "final_block_count": pl.Int64,
     "relevance_level": pl.Utf8,
+}
+TRACE_SCHEMA: dict[str, Any] = {
+    **{name: _NON_TEXT.get(name, pl.Utf8) for name in _ROW_COLUMNS},
+    **_DETAIL_COLUMNS,
     "retrieval_details": pl.Utf8,
 }
 TRACE_DESCRIPTIONS = {
@@ -53,43 +53,16 @@ tool_invocation = dg.AssetSpec(
 )
 
 
-def _details(row: dict[str, Any]) -> dict[str, Any]:
-    details = row.get("retrieval_details")
-    if isinstance(details, str):
-        try:
-            details = json.loads(details)
-        except ValueError:
-            details = None
-    return details if isinstance(details, dict) else {}
-
-
-def trace_frame(rows: list[dict[str, Any]]) -> pl.DataFrame:
+def trace_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
     """Trace rows as a frame of ``TRACE_SCHEMA`` (details flattened where reports need them)."""
     records = []
     for row in rows:
-        details = _details(row)
+        details = row.retrieval_details or {}
         records.append(
             {
-                **{
-                    k: row.get(k)
-                    for k in (
-                        "id",
-                        "session_id",
-                        "tool_name",
-                        "input",
-                        "output_preview",
-                        "retrieval_layer",
-                        "status",
-                        "error",
-                        "latency_ms",
-                        "created_at",
-                    )
-                },
-                "fallback_reason": details.get("fallback_reason"),
-                "candidate_count": details.get("candidate_count"),
-                "final_block_count": details.get("final_block_count"),
-                "relevance_level": details.get("relevance_level"),
-                "retrieval_details": json.dumps(details, ensure_ascii=False, default=str),
+                **{name: getattr(row, name) for name in _ROW_COLUMNS},
+                **{name: details.get(name) for name in _DETAIL_COLUMNS},
+                "retrieval_details": json.dumps(details, ensure_ascii=False),
             }
         )
     return pl.DataFrame(records, schema=TRACE_SCHEMA)

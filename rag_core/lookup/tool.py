@@ -12,9 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from rag_core import components
@@ -416,10 +414,7 @@ class LookupKnowledgeTool:
             recorder = self.recorder
             if recorder is None:
                 return
-            row = build_trace_row(result, tq, timings, latency_ms, TOOL_NAME)
-            row["id"] = str(uuid.uuid4())
-            row["created_at"] = datetime.now(UTC)
-            recorder.record(row)
+            recorder.record(build_trace_row(result, tq, timings, latency_ms, TOOL_NAME))
         except Exception:  # tracing must never fail a lookup
             log.warning("could not hand the trace to the recorder", exc_info=True)
 

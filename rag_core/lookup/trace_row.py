@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rag_core.lookup.contracts import LookupResult
 from rag_core.lookup.query_transformer import TransformedQuery
+from rag_core.traces.rows import TraceRow
 
 OUTPUT_PREVIEW_CHARS = 500
 EVIDENCE_PREVIEW_CHARS = 200
@@ -14,8 +13,10 @@ INPUT_CHARS = 4000
 
 def build_trace_row(
     result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], latency_ms: float, tool_name: str
-) -> dict[str, Any]:
-    """One trace row (without ``id``/``created_at``): the columns of the tool_invocation table."""
+) -> TraceRow:
+    """The trace row of one lookup, cleaned (``TraceRow``: secrets scrubbed, details JSON-safe),
+    with a fresh ``id`` and ``created_at`` = now (UTC). ``timings`` are stage durations in
+    milliseconds (``retrieval_details["stage_ms"]``), ``latency_ms`` the whole call's."""
     rt = result.retrieval_trace
     details = {
         "l0_hints": rt.l0_hints.model_dump(mode="json", by_alias=False),  # the trace is snake_case throughout
@@ -44,14 +45,14 @@ def build_trace_row(
         "stage_ms": timings,
         "query_truncated": rt.query_truncated,
     }
-    return {
-        "session_id": result.session_id,
-        "tool_name": tool_name,
-        "input": result.query[:INPUT_CHARS],
-        "output_preview": result.context_pack.packed_text[:OUTPUT_PREVIEW_CHARS],
-        "retrieval_layer": rt.layer,
-        "retrieval_details": details,
-        "status": result.status,
-        "error": rt.error,
-        "latency_ms": round(latency_ms, 3),
-    }
+    return TraceRow(
+        session_id=result.session_id,
+        tool_name=tool_name,
+        input=result.query[:INPUT_CHARS],
+        output_preview=result.context_pack.packed_text[:OUTPUT_PREVIEW_CHARS],
+        retrieval_layer=rt.layer,
+        retrieval_details=details,
+        status=result.status,
+        error=rt.error,
+        latency_ms=round(latency_ms, 3),
+    )

@@ -1,9 +1,11 @@
 """Records one ``tool_invocation`` row per lookup without ever failing or slowing the lookup.
 
-``record`` only puts a cleaned row on a bounded in-memory queue. A daemon writer thread drains
-it in batches into the :class:`~rag_core.traces.store.TraceStore`. When the store is down (or
-its factory raises, e.g. the embedded server cannot start), batches are appended to a JSONL
-spool file (fsync'd per batch, under a file lock because several processes may share it).
+``record`` only puts a :class:`~rag_core.traces.rows.TraceRow` (cleaned when it was built) on
+a bounded in-memory queue. A daemon writer thread drains it in batches into the
+:class:`~rag_core.traces.store.TraceStore`. When the store is down (or its factory raises, e.g.
+the embedded server cannot start), batches are appended to a JSONL spool file (one
+``TraceRow`` JSON per line, fsync'd per batch, under a file lock because several processes
+may share it).
 Once the store answers again the writer replays the spool and removes what it replayed.
 Row ids are assigned at ``record`` time and inserts skip existing ids, so a replay that is
 interrupted and repeated never duplicates a row.
@@ -18,7 +20,6 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
-import json
 import logging
 import os
 import queue
@@ -26,18 +27,18 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from filelock import FileLock, Timeout
+from pydantic import ValidationError
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from rag_core.breaker import CircuitBreaker
 from rag_core.secrets import scrub_secrets
 from rag_core.settings import RagSettings
 from rag_core.stores.base import StoreError
-from rag_core.traces.rows import json_safe
+from rag_core.traces.rows import TraceRow
 
 if TYPE_CHECKING:
     from rag_core.traces.store import TraceStore
@@ -48,43 +49,11 @@ _REPLAY_BATCH = 500
 _OVERFLOW_MAX = 100_000  # rows kept in memory when even the spool cannot be written
 
 
-def trace_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A JSON-safe, secret-free copy of ``row`` with ``id`` (uuid4) and ``created_at``
-    (UTC ISO-8601, the time of the call) filled in when missing. Every string that looks like
-    a DSN or ``password=...`` is scrubbed (``rag_core.settings.redact_dsn``), and values under
-    keys named e.g. ``password`` or ``token`` are replaced by ``***``."""
-    clean: dict[str, Any] = _scrub(json_safe(dict(row)))  # a dict stays a dict through both
-    clean["id"] = str(clean.get("id") or uuid.uuid4())
-    clean["created_at"] = clean.get("created_at") or datetime.now(UTC).isoformat()
-    return clean
-
-
-# Exact key names only: "tokens" (query tokens) and the like are ordinary trace data.
-_SECRET_KEYS = frozenset(
-    {
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "api_key",
-        "apikey",
-        "access_token",
-        "authorization",
-        "milvus_token",
-        "pg_dsn",
-    }
-)
-
-
-def _scrub(value: Any) -> Any:
-    if isinstance(value, str):
-        # Cheap pre-check: scrubbing runs on every traced string.
-        return scrub_secrets(value) if ("://" in value or "passw" in value.lower()) else value
-    if isinstance(value, dict):
-        return {k: "***" if k.lower() in _SECRET_KEYS and v else _scrub(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_scrub(v) for v in value]
-    return value
+def trace_row(row: TraceRow | Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` as the spool holds it: the JSON-safe dict of ``TraceRow.coerce(row)`` (id and
+    ``created_at`` as ISO-8601 text). For callers that keep rows as plain data (the benchmark's
+    capturing recorder); the recorder itself keeps ``TraceRow`` objects."""
+    return TraceRow.coerce(row).model_dump(mode="json")
 
 
 class ToolInvocationRecorder:
@@ -110,14 +79,14 @@ class ToolInvocationRecorder:
     ):
         self._factory = store_factory
         self._spool = JsonlSpool(Path(spool_path))
-        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=max(1, queue_size))
+        self._queue: queue.Queue[TraceRow] = queue.Queue(maxsize=max(1, queue_size))
         self._batch_size = max(1, batch_size)
         self._poll = poll_interval
         self._retry_interval = retry_interval
         # Shared implementation with the sidecar (rag_core.breaker): skip the store while down.
         self.breaker = CircuitBreaker(retry_interval, max_retry_interval)
         self._store: TraceStore | None = None
-        self._overflow: collections.deque[dict[str, Any]] = collections.deque()
+        self._overflow: collections.deque[TraceRow] = collections.deque()
         self._overflow_retry_at = 0.0
         self._spool_error: str | None = None
         self._closing = False
@@ -140,14 +109,15 @@ class ToolInvocationRecorder:
 
     # --- caller side ----------------------------------------------------------------------
 
-    def record(self, row: Mapping[str, Any]) -> None:
-        """Queue one trace row (a dict of ``TRACE_COLUMNS`` keys). Never raises."""
+    def record(self, row: TraceRow | Mapping[str, Any]) -> None:
+        """Queue one trace row (a ``TraceRow``, or a mapping of its fields, validated into one).
+        Never raises: a row that cannot be validated is logged and dropped."""
         try:
-            self._record(trace_row(row))
+            self._record(TraceRow.coerce(row))
         except Exception:  # tracing must never fail a lookup
             log.exception("trace row dropped")
 
-    def _record(self, clean: dict[str, Any]) -> None:
+    def _record(self, clean: TraceRow) -> None:
         if self._closed:
             self._spill([clean])
             return
@@ -208,10 +178,10 @@ class ToolInvocationRecorder:
     def _close_at_exit(self) -> None:
         self.close(timeout=2.0)
 
-    def _spill(self, rows: list[dict[str, Any]]) -> None:
+    def _spill(self, rows: list[TraceRow]) -> None:
         try:
             self._spool.append(rows)
-        except (OSError, Timeout, TypeError, ValueError) as exc:
+        except (OSError, Timeout, ValueError) as exc:  # ValueError: a row that will not serialise
             if self._spool_error is None:  # reported once, not per row
                 log.error(
                     "trace spool %s not writable (%s); keeping trace rows in memory until it is", self._spool.path, exc
@@ -223,7 +193,7 @@ class ToolInvocationRecorder:
             log.warning("trace spool %s writable again", self._spool.path)
             self._spool_error = None
 
-    def _keep_in_memory(self, rows: list[dict[str, Any]]) -> None:
+    def _keep_in_memory(self, rows: list[TraceRow]) -> None:
         self._overflow_retry_at = time.monotonic() + self._retry_interval
         self._overflow.extend(rows)
         while len(self._overflow) > _OVERFLOW_MAX:
@@ -263,7 +233,7 @@ class ToolInvocationRecorder:
                 self._flush_served = request
                 self._cond.notify_all()
 
-    def _take_batch(self) -> list[dict[str, Any]]:
+    def _take_batch(self) -> list[TraceRow]:
         try:
             batch = [self._queue.get(timeout=self._poll)]
         except queue.Empty:
@@ -273,7 +243,7 @@ class ToolInvocationRecorder:
                 batch.append(self._queue.get_nowait())
         return batch
 
-    def _write(self, batch: list[dict[str, Any]]) -> None:
+    def _write(self, batch: list[TraceRow]) -> None:
         store = self._get_store(force=False)
         if store is not None:
             try:
@@ -343,7 +313,7 @@ class ToolInvocationRecorder:
     wait=wait_exponential(multiplier=0.1, max=0.5),
     reraise=True,
 )
-def _insert(store: TraceStore, rows: list[dict[str, Any]]) -> None:
+def _insert(store: TraceStore, rows: list[TraceRow]) -> None:
     """One retry for a blip (e.g. a connection reset); then the caller spools."""
     store.insert_many(rows)
 
@@ -351,8 +321,10 @@ def _insert(store: TraceStore, rows: list[dict[str, Any]]) -> None:
 class JsonlSpool:
     """An append-only JSONL file of trace rows shared by threads and processes.
 
-    ``append`` writes whole lines and fsyncs under ``<path>.lock``; ``claim`` renames the file
-    away for replay (see the module docstring). Raises OSError / ``filelock.Timeout``.
+    One line per row, ``TraceRow.model_dump_json()``; lines written before rows were typed
+    (the same keys as a dict, ``created_at`` ISO text) load too. ``append`` writes whole lines
+    and fsyncs under ``<path>.lock``; ``claim`` renames the file away for replay (see the
+    module docstring). Raises OSError / ``filelock.Timeout``.
     """
 
     def __init__(self, path: Path, lock_timeout: float = 10.0):
@@ -360,9 +332,9 @@ class JsonlSpool:
         self._flock = FileLock(str(path) + ".lock", timeout=lock_timeout)
         self._tlock = threading.Lock()
 
-    def append(self, rows: Iterable[Mapping[str, Any]]) -> None:
+    def append(self, rows: Iterable[TraceRow]) -> None:
         """Append rows as JSON lines and fsync."""
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+        data = "".join(r.model_dump_json() + "\n" for r in rows).encode("utf-8")
         if not data:
             return
         with self._tlock, self._flock:
@@ -399,20 +371,20 @@ class JsonlSpool:
                 out.append(path)
         return out
 
-    def read(self, path: Path) -> list[dict[str, Any]]:
-        """Rows of one spool file; torn or corrupt lines are logged and skipped."""
+    def read(self, path: Path) -> list[TraceRow]:
+        """Rows of one spool file; torn or corrupt lines (not a JSON object) are logged and skipped."""
         rows = []
         with open(path, encoding="utf-8", errors="replace") as fh:
             for number, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
+                    rows.append(TraceRow.from_spool_line(line))
+                except ValidationError:
                     log.warning("%s:%d: unreadable spooled trace row skipped", path, number)
-        return [r for r in rows if isinstance(r, dict)]
+        return rows
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[TraceRow]:
         """Every row currently spooled (spool plus claimed files), for inspection and tests."""
         paths = [p for p in [self.path, *self._claimable()] if p.exists()]
         return [row for p in paths for row in self.read(p)]

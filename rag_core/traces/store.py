@@ -8,12 +8,8 @@ after a partial failure never duplicates a row.
 
 from __future__ import annotations
 
-import json
-import logging
-import math
 import re
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -22,16 +18,15 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from rag_core.secrets import redacted, scrub_secrets
+from rag_core.secrets import redacted
 from rag_core.settings import RagSettings
 from rag_core.stores.pgserver import PgConnectionPool, one_row, resolve_dsn
-from rag_core.traces.rows import json_safe, safe_text
-
-log = logging.getLogger(__name__)
+from rag_core.traces.rows import TraceRow
 
 T = TypeVar("T")
 
-# Column -> SQL type, in table order. ``id`` is the primary key (a uuid as text).
+# Column -> SQL type, in table order: the fields of TraceRow (tests hold them equal). ``id`` is the
+# primary key (a uuid as text).
 TRACE_COLUMNS: dict[str, str] = {
     "id": "text",
     "session_id": "text",
@@ -45,7 +40,6 @@ TRACE_COLUMNS: dict[str, str] = {
     "latency_ms": "double precision",
     "created_at": "timestamptz NOT NULL DEFAULT now()",
 }
-_TEXT_COLUMNS = ("session_id", "tool_name", "input", "output_preview", "retrieval_layer", "status", "error")
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BATCH = 500
 
@@ -53,10 +47,11 @@ _BATCH = 500
 class TraceStore:
     """Rows of the ``tool_invocation`` table (or ``table``) in the PostgreSQL at ``dsn``.
 
-    A row is a dict with the keys of ``TRACE_COLUMNS`` (unknown keys are ignored, missing
-    ones stored as NULL). ``created_at`` is a datetime or ISO string (naive = UTC; default
-    now); ``retrieval_details`` any JSON-able value. Thread-safe (connection pool). Every
-    method raises StoreError, without passwords, when PostgreSQL is unreachable.
+    Rows are :class:`~rag_core.traces.rows.TraceRow` both ways: their fields are bound as the
+    SQL parameters as they are (cleaned when the row was built; ``created_at`` an aware
+    datetime, ``retrieval_details`` jsonb), and rows read back are validated into it.
+    Thread-safe (connection pool). Every method raises StoreError, without passwords, when
+    PostgreSQL is unreachable.
     """
 
     def __init__(
@@ -130,12 +125,9 @@ class TraceStore:
             )
         return statements
 
-    def insert_many(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        """Insert ``rows`` in one transaction; a row whose ``id`` exists is skipped.
-
-        Rows without ``id`` get a fresh uuid (then a retry could duplicate them: the recorder
-        always assigns ids first). Secrets in ``error`` are scrubbed.
-        """
+    def insert_many(self, rows: Sequence[TraceRow]) -> None:
+        """Insert ``rows`` in one transaction; a row whose ``id`` exists is skipped (so a
+        repeated spool replay never duplicates a row)."""
         if not rows:
             return
         params = [_params(r) for r in rows]
@@ -151,12 +143,12 @@ class TraceStore:
 
         self._run("insert", write)
 
-    def recent(self, limit: int = 50) -> list[dict[str, Any]]:
-        """The ``limit`` newest rows, newest first (``created_at`` as aware datetimes)."""
+    def recent(self, limit: int = 50) -> list[TraceRow]:
+        """The ``limit`` newest rows, newest first."""
         statement = sql.SQL("SELECT * FROM {t} ORDER BY created_at DESC, id LIMIT %s").format(t=self._ident)
         return self._select(statement, (max(0, int(limit)),))
 
-    def rows_between(self, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    def rows_between(self, start: datetime, end: datetime) -> list[TraceRow]:
         """Rows with ``start <= created_at < end``, oldest first (naive datetimes are UTC).
 
         Half-open, so consecutive daily partitions never share a row.
@@ -166,12 +158,12 @@ class TraceStore:
         ).format(t=self._ident)
         return self._select(statement, (_aware(start), _aware(end)))
 
-    def _select(self, statement: sql.Composed, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    def _select(self, statement: sql.Composed, params: tuple[Any, ...]) -> list[TraceRow]:
         def query(conn: psycopg.Connection) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
                 return cur.execute(statement, params).fetchall()
 
-        return self._run("select", query)
+        return [TraceRow.from_stored(values) for values in self._run("select", query)]
 
     def count(self) -> int:
         """Number of rows in the table."""
@@ -186,44 +178,12 @@ class TraceStore:
 # --- row conversion ---------------------------------------------------------------------------
 
 
-def _params(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    # Never raises for a dict: a row PostgreSQL would reject could block a spool replay forever.
-    values: dict[str, Any] = {c: None for c in TRACE_COLUMNS}
-    values["id"] = str(row.get("id") or uuid.uuid4())
-    for name in _TEXT_COLUMNS:
-        if row.get(name) is not None:
-            values[name] = _clean_text(row[name])
-    if values["error"]:
-        values["error"] = scrub_secrets(values["error"])
-    if row.get("retrieval_details") is not None:
-        values["retrieval_details"] = Jsonb(json_safe(row["retrieval_details"]))
-    values["latency_ms"] = _float_or_none(row.get("latency_ms"))
-    values["created_at"] = _aware(_to_datetime(row.get("created_at")) or datetime.now(UTC))
-    return tuple(values.values())
-
-
-def _clean_text(value: Any) -> str:
-    if isinstance(value, str):
-        return safe_text(value)
-    return json.dumps(json_safe(value), ensure_ascii=False)
-
-
-def _float_or_none(value: Any) -> float | None:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _to_datetime(value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        log.warning("trace row has an unreadable created_at %r; using now", value)
-        return None
+def _params(row: TraceRow) -> tuple[Any, ...]:
+    """``row``'s fields in ``TRACE_COLUMNS`` order; details wrapped for jsonb, the rest as is."""
+    values = dict(row)  # field -> value; nothing is copied or cleaned again
+    if row.retrieval_details is not None:
+        values["retrieval_details"] = Jsonb(row.retrieval_details)
+    return tuple(values[column] for column in TRACE_COLUMNS)
 
 
 def _aware(moment: datetime) -> datetime:
