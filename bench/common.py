@@ -157,42 +157,17 @@ class CapturingRecorder:
         return None
 
 
-class TimedStore:
-    """Wraps a VectorStore and accumulates the wall time of ``search`` / ``search_lexical``
-    calls made by the current thread (read and reset with ``take()``)."""
+# What the store figure of a lookup is (latency and engine benchmarks; stated in their output).
+STORE_MS_MEANS = (
+    "store = wall time of the lookup's store calls: its longest L1 attempt's duration_ms, from submitting "
+    "the attempt's dense and lexical searches to the shared search pool to the last one's answer (pool "
+    "queueing included); the attempts run concurrently, so the longest, not the sum"
+)
 
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.name = store.name
-        self.score_label = store.score_label
-        self._local = threading.local()
 
-    def __getattr__(self, item: str) -> Any:
-        return getattr(self._store, item)
-
-    def _acc(self) -> dict[str, float]:
-        if not hasattr(self._local, "acc"):
-            self._local.acc = {"dense_ms": 0.0, "lexical_ms": 0.0}
-        return self._local.acc
-
-    def take(self) -> dict[str, float]:
-        acc = dict(self._acc())
-        self._local.acc = {"dense_ms": 0.0, "lexical_ms": 0.0}
-        return acc
-
-    def search(self, *args: Any, **kw: Any):
-        t0 = time.perf_counter()
-        try:
-            return self._store.search(*args, **kw)
-        finally:
-            self._acc()["dense_ms"] += (time.perf_counter() - t0) * 1000
-
-    def search_lexical(self, *args: Any, **kw: Any):
-        t0 = time.perf_counter()
-        try:
-            return self._store.search_lexical(*args, **kw)
-        finally:
-            self._acc()["lexical_ms"] += (time.perf_counter() - t0) * 1000
+def store_ms(result: Any) -> float:
+    """The store figure (``STORE_MS_MEANS``) of one ``LookupResult``."""
+    return max((a.duration_ms for a in result.retrieval_trace.attempts), default=0.0)
 
 
 class CachingEmbedder:

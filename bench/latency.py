@@ -2,22 +2,22 @@
 
 Each lookup is timed around ``LookupKnowledgeTool.lookup``. Stages come from the trace row the
 tool hands to its recorder (``retrieval_details.stage_ms``: l0, embed, search, postprocess,
-pack; a capturing recorder does the recorder's caller-side work and keeps the row) and from a
-timing proxy around the store (dense and lexical store calls, so ``search`` splits into store
-time and fusion/attempt logic). Derived stages:
+pack; a capturing recorder does the recorder's caller-side work and keeps the row); ``store``
+is the result's longest L1 attempt (``common.STORE_MS_MEANS``). Derived stages:
 
+* ``fusion`` = ``search`` minus ``store`` (RRF fusion and attempt logic around the store calls);
 * ``assemble`` = the tool's own ``latency_ms`` minus its stage timings (result assembly,
   relevance assessment, session update, retrieval trace);
 * ``trace_handoff`` = end to end minus ``latency_ms`` (building the trace row and handing it
   to the recorder);
-* ``pipeline_overhead`` = end to end minus query embedding minus store search (dense + lexical).
+* ``pipeline_overhead`` = end to end minus query embedding minus ``store``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.common import CapturingRecorder, TimedStore, log, profile_top, progress, ratio, summarize
+from bench.common import STORE_MS_MEANS, CapturingRecorder, log, profile_top, progress, ratio, store_ms, summarize
 from bench.context import BenchContext
 from bench.harness import Target, measure
 
@@ -27,8 +27,7 @@ STAGES = (
     "l0",
     "embed",
     "search",
-    "store_dense",
-    "store_lexical",
+    "store",
     "fusion",
     "postprocess",
     "pack",
@@ -54,25 +53,22 @@ def open_store(ctx: BenchContext, path: str):
     return ctx.pg_store()
 
 
-def _sample(e2e_ms: float, row: dict[str, Any], store_ms: dict[str, float]) -> dict[str, Any]:
+def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
     stage = row["retrieval_details"]["stage_ms"]
     inner = float(row["latency_ms"])
-    search = stage.get("search_ms", 0.0)
-    dense, lexical = store_ms["dense_ms"], store_ms["lexical_ms"]
-    embed = stage.get("embed_ms", 0.0)
+    search, embed = stage.get("search_ms", 0.0), stage.get("embed_ms", 0.0)
     return {
         "e2e": e2e_ms,
         "l0": stage.get("l0_ms", 0.0),
         "embed": embed,
         "search": search,
-        "store_dense": dense,
-        "store_lexical": lexical,
-        "fusion": max(0.0, search - dense - lexical),
+        "store": store,
+        "fusion": max(0.0, search - store),
         "postprocess": stage.get("postprocess_ms", 0.0),
         "pack": stage.get("pack_ms", 0.0),
         "assemble": max(0.0, inner - sum(stage.values())),
         "trace_handoff": max(0.0, e2e_ms - inner),
-        "pipeline_overhead": max(0.0, e2e_ms - embed - dense - lexical),
+        "pipeline_overhead": max(0.0, e2e_ms - embed - store),
         "attempts": len(row["retrieval_details"]["attempts"]),
         "filtered": bool(
             row["retrieval_details"]["attempts"] and row["retrieval_details"]["attempts"][0].get("filter")
@@ -83,26 +79,26 @@ def _sample(e2e_ms: float, row: dict[str, Any], store_ms: dict[str, float]) -> d
 
 
 class _Path:
-    """One path's tool, timing store proxy and capturing recorder."""
+    """One path's tool and capturing recorder."""
 
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
-        self.store = TimedStore(open_store(ctx, path))
+        self.store = open_store(ctx, path)
         self.recorder = CapturingRecorder()
         self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder)
         self._rows = 0
 
-    def lookup(self, session_id: str, query: str) -> None:
-        self.tool.lookup(query, session_id=session_id)
+    def lookup(self, session_id: str, query: str) -> Any:
+        return self.tool.lookup(query, session_id=session_id)
 
-    def handed_over(self) -> tuple[dict[str, Any], dict[str, float]]:
-        """The trace row and the store times of the lookup just made (untimed)."""
+    def handed_over(self, result: Any) -> tuple[dict[str, Any], float]:
+        """The trace row and the store ms of the lookup just made (untimed)."""
         assert len(self.recorder.rows) == self._rows + 1, "the tool did not hand over a trace row"
         self._rows = len(self.recorder.rows)
-        return self.recorder.rows[-1], self.store.take()
+        return self.recorder.rows[-1], store_ms(result)
 
 
-def _target(ctx: BenchContext, path: str, runners: dict[str, _Path]) -> Target[_Path, tuple[str, str], None]:
+def _target(ctx: BenchContext, path: str, runners: dict[str, _Path]) -> Target[_Path, tuple[str, str], Any]:
     """The path as a harness target; input = (session suffix, query). The tool stays open (closed
     after the overhead profile)."""
 
@@ -114,7 +110,7 @@ def _target(ctx: BenchContext, path: str, runners: dict[str, _Path]) -> Target[_
         path,
         lambda p, x: p.lookup(f"bench-{path}-{x[0]}", x[1]),
         open=open_,
-        after=lambda p, _result: p.handed_over(),
+        after=lambda p, result: p.handed_over(result),
     )
 
 
@@ -123,7 +119,7 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
     e2e_p50 = stages["e2e"]["p50"]
     out: dict[str, Any] = {
         "path": p.path,
-        "store": type(p.store._store).__name__,
+        "store": type(p.store).__name__,
         "queries": len(queries),
         "rounds": rounds,
         "lookups": len(samples),
@@ -131,7 +127,7 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
         "overhead_share_p50": ratio(stages["pipeline_overhead"]["p50"], e2e_p50),
         "overhead_share_mean": ratio(stages["pipeline_overhead"]["mean"], stages["e2e"]["mean"]),
         "embed_share_p50": ratio(stages["embed"]["p50"], e2e_p50),
-        "store_share_p50": ratio(summarize([x["store_dense"] + x["store_lexical"] for x in samples])["p50"], e2e_p50),
+        "store_share_p50": ratio(stages["store"]["p50"], e2e_p50),
         "lookups_with_retry": sum(x["attempts"] > 1 for x in samples),
         "lookups_filtered": sum(x["filtered"] for x in samples),
         "layers": {k: sum(x["layer"] == k for x in samples) for k in sorted({x["layer"] for x in samples})},
@@ -191,6 +187,7 @@ def run(
     rounds = rounds or (1 if ctx.quick else 3)
     queries = ctx.queries
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
+    out["store_means"] = STORE_MS_MEANS
     runners: dict[str, _Path] = {}
     targets = [_target(ctx, path, runners) for path in paths]
     bar = progress(total=rounds * len(queries) * len(paths), enabled=ctx.show_progress, desc="latency", unit="lookup")
@@ -204,7 +201,7 @@ def run(
             log(f"latency: {path} failed: {t.error}")
             out["paths"][path] = {"error": t.error}
             continue
-        samples = [_sample(ms, row, store_ms) for ms, (row, store_ms) in zip(t.ms, t.notes, strict=True)]
+        samples = [_sample(ms, row, store) for ms, (row, store) in zip(t.ms, t.notes, strict=True)]
         out["paths"][path] = _summary(runners[path], samples, queries, rounds)
     for runner in runners.values():
         runner.tool.close()

@@ -3,6 +3,7 @@ benchmark at a tiny size (NumPy + the embedded Milvus server, synthetic vectors,
 Checks the shape of the results, not timings."""
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,7 +177,7 @@ def test_measure_config_scores_recall_from_the_calls_that_cover_every_query():
 
 
 def _latency_path(overhead_ms, e2e_ms):
-    stages = {s: {"p50": 1.0} for s in ("embed", "store_dense", "store_lexical")}
+    stages = {s: {"p50": 1.0} for s in ("embed", "store")}
     stages |= {"e2e": {"p50": e2e_ms}, "pipeline_overhead": {"p50": overhead_ms}}
     return {"stages_ms": stages, "overhead_share_p50": round(overhead_ms / e2e_ms, 3)}
 
@@ -200,6 +201,7 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
     ]
     assert rows["overhead_milvus"]["met"] is True and rows["overhead_milvus"]["ratio"] == "10.0 %"
     assert "overhead p50 1.00 ms vs end-to-end p50 10.00 ms" in rows["overhead_milvus"]["measured"]
+    assert "store p50 1.00 ms" in rows["overhead_milvus"]["measured"]
     assert rows["overhead_pgvector"]["met"] is False and rows["overhead_pgvector"]["value"] == 0.3
     assert rows["search_100k_milvus"]["met"] is None and rows["search_100k_milvus"]["measured"] == "not run"
     assert rows["ingest_vs_raw"]["met"] is None and rows["ingest_vs_raw"]["measured"] == "RuntimeError: no model"
@@ -223,3 +225,34 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
     assert rows["engine_lookup_vs_floor"]["met"] is False and rows["engine_lookup_vs_floor"]["ratio"] == "2.00x"
     assert "limit_value" not in rows["engine_lookup_vs_floor"]  # not flagged as borderline
     assert "engine_100k_search" not in rows and "engine_ingest_while_serving" not in rows
+
+
+# --- the store share of a real lookup (bench/latency.py, bench/common.store_ms) ---------------------------
+
+
+@pytest.mark.integration
+def test_latency_sample_counts_the_store_calls_run_in_the_search_pool(kb_copy, embedder, tmp_path):
+    from bench import latency
+    from bench.common import CapturingRecorder, make_settings, store_ms
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.stores.milvus import MilvusStore
+
+    settings = make_settings(tmp_path / "data", kb_copy)  # two folders of the sample knowledge base
+    store = MilvusStore.from_settings(settings)
+    ingest(settings, embedder, [store], progress=False)
+    recorder = CapturingRecorder()
+    tool = latency.build_tool(settings, store, embedder, recorder)
+    try:
+        tool.lookup("warm-up")
+        samples = []
+        for query in ("RedisMemoryHigh", "the message queue consumers are lagging behind"):
+            t0 = time.perf_counter()
+            result = tool.lookup(query)
+            e2e_ms = (time.perf_counter() - t0) * 1000
+            samples.append(latency._sample(e2e_ms, recorder.rows[-1], store_ms(result)))
+    finally:
+        tool.close()
+    for s in samples:  # the store calls run in pool threads: counted from the attempts' wall time
+        assert 0 < s["store"] <= s["search"] + 0.01 and s["search"] < s["e2e"]
+        assert s["pipeline_overhead"] == pytest.approx(max(0.0, s["e2e"] - s["embed"] - s["store"]))
+    assert any(s["attempts"] == 2 for s in samples)  # a filtered attempt beside the unfiltered one
