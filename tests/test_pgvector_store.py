@@ -23,7 +23,7 @@ from rag_core.stores import pgvector as pgvector_module
 from rag_core.stores.base import DimensionMismatchError, StoreError
 from rag_core.stores.pgserver import resolve_dsn, stop_embedded
 from rag_core.stores.pgvector import PgVectorStore
-from rag_core.text import tokenize
+from rag_core.text import lexical_tokens, tokenize
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -436,3 +436,32 @@ def test_many_threads_resolving_at_once_get_one_server(pg_settings, pg_dsn):
     for t in threads:
         t.join(30)
     assert results == [pg_dsn] * 8
+
+
+def test_lexical_scores_are_bm25_as_the_in_memory_store_computes_them(store):
+    """Both paths weigh lexical hits alike: the sidecar's scores are Milvus-style BM25, the same
+    numbers as the in-memory BM25 (bm25s, Lucene form, which lacks the constant k1 + 1)."""
+    from rag_core.stores.memory import BM25_K1, InMemoryStore
+
+    store.ensure_schema(DIM)
+    texts = [
+        "disk full on node, disk pressure eviction",
+        "disk",
+        "node not ready after kernel upgrade on the node",
+        "certificate expires soon, renew the kubelet certificate",
+        "磁盘空间不足，清理磁盘日志",
+        "pod crash looping after a config change in the pod spec",
+    ]
+    chunks = [chunk(i, text=t) for i, t in enumerate(texts, start=1)]
+    vecs = unit(len(chunks))
+    store.upsert(chunks, vecs)
+    memory = InMemoryStore()
+    memory.ensure_schema(DIM)
+    memory.upsert(chunks, vecs)
+    for query in ("disk node", "node pod certificate kubelet", "磁盘 日志"):
+        terms = lexical_tokens(query)  # as the query transformer passes them
+        pg = {h.chunk_id: h.lexical_score for h in store.search_lexical(terms, vecs[0], 10)}
+        mem = {h.chunk_id: h.lexical_score for h in memory.search_lexical(terms, vecs[0], 10)}
+        assert pg.keys() == mem.keys() and pg, query
+        for cid, score in mem.items():
+            assert pg[cid] == pytest.approx(score * (BM25_K1 + 1), rel=1e-4), (query, cid)

@@ -1,9 +1,9 @@
 """Sidecar store: PostgreSQL with pgvector (cosine HNSW) and full-text search.
 
 One table per store: chunk columns, a ``lexical`` column (``rag_core.text.lexical_string`` of
-the chunk's embed text, the same tokens the Milvus BM25 column holds), ``embedding
-vector(dim)``. Indexes: HNSW ``vector_cosine_ops``, btree on category and doc_id, GIN on
-``to_tsvector('simple', lexical)``.
+the chunk's embed text, the same tokens the Milvus BM25 column holds, scored with the same
+BM25), ``embedding vector(dim)``. Indexes: HNSW ``vector_cosine_ops``, btree on category and
+doc_id, GIN on ``to_tsvector('simple', lexical)``.
 
 Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
 
@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -42,7 +43,7 @@ from rag_core.stores.base import (
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.pgserver import PgConnectionPool, one_row, resolve_dsn, store_error
+from rag_core.stores.pgserver import PgPool, one_row, resolve_dsn, store_error
 from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string, lexical_terms
 
@@ -56,6 +57,12 @@ _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BATCH = 500
 _BULK_MIN_ROWS = 1000  # into an empty table, build the HNSW index after the load (5x faster)
 _MAX_TERMS = 64
+# BM25 as Milvus computes it (rag_core.stores.milvus); the pool bounds the rows scored exactly.
+BM25_K1 = 1.2
+BM25_B = 0.75
+BM25_POOL_FACTOR = 20
+BM25_POOL_MIN = 400
+BM25_STATS_TTL_S = 30.0
 EXACT_SCAN_MAX_ROWS = 20_000
 EF_SEARCH = 100
 MAX_SCAN_TUPLES = 20_000
@@ -99,7 +106,8 @@ class PgVectorStore:
         self._iterative_scan = True
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
-        self._pool = PgConnectionPool(
+        self._stats: tuple[float, int, float] | None = None  # (taken at, rows, mean tokens) for BM25
+        self._pool = PgPool(
             dsn,
             max_size=pool_size,
             connect_timeout=connect_timeout,
@@ -135,7 +143,7 @@ class PgVectorStore:
         self._iterative_scan = _version(row[0]) >= (0, 8) if row else False
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
-        return self._pool.run_mapped(
+        return self._pool.run(
             f"pgvector {action} on {self.table!r}",
             fn,
             f"pgvector table {self.table!r} does not exist in {redacted(self._dsn)}: "
@@ -241,6 +249,7 @@ class PgVectorStore:
         """Drop the table (and its indexes); a missing table is fine."""
         self._run("drop", lambda conn: conn.execute(self._sql("DROP TABLE IF EXISTS {t}")))
         self._dim = None
+        self._stats = None
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -279,6 +288,7 @@ class PgVectorStore:
                 conn.execute(self._sql("ANALYZE {t}"))
 
         self._run("upsert", write)
+        self._stats = None
 
     def _is_empty(self, conn: psycopg.Connection) -> bool:
         return not one_row(conn.execute(self._sql("SELECT EXISTS (SELECT 1 FROM {t})")))[0]
@@ -300,12 +310,14 @@ class PgVectorStore:
         if doc_ids:
             statement = self._sql("DELETE FROM {t} WHERE doc_id = ANY(%s)")
             self._run("delete", lambda conn: conn.execute(statement, (list(doc_ids),)))
+            self._stats = None
 
     def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         """Remove chunks by id (unknown ids are ignored)."""
         if chunk_ids:
             statement = self._sql("DELETE FROM {t} WHERE chunk_id = ANY(%s)")
             self._run("delete", lambda conn: conn.execute(statement, (list(chunk_ids),)))
+            self._stats = None
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -417,36 +429,85 @@ class PgVectorStore:
     def search_lexical(
         self, terms: Sequence[str], vector: np.ndarray, top_k: int, category: str | None = None
     ) -> list[StoreHit]:
-        """Top-k chunks whose lexical column matches any of ``terms`` (full-text OR).
+        """Top-k chunks by BM25 over the lexical column, matching any of ``terms``.
 
         ``terms`` are ``rag_core.text.tokenize`` tokens (Chinese tokens are encoded like the
-        stored column). ``lexical_score`` is ``ts_rank_cd`` (length-normalised); ``raw_score``
-        is the cosine distance to ``vector`` and ``similarity`` its normalised similarity.
+        stored column). ``lexical_score`` is Okapi BM25 with Milvus' parameters and statistics
+        over the whole table (see ``_lexical_sql``), so both paths rank and weigh lexical hits
+        alike; ``raw_score`` is the cosine distance to ``vector`` and ``similarity`` its
+        normalised similarity.
         """
         words = list(dict.fromkeys(t for t in lexical_terms([str(t) for t in terms]) if t.strip()))
         if top_k < 1 or not words:
             return []
         q = self._query_vector(vector)
-        params: dict[str, Any] = {"terms": words[:_MAX_TERMS], "q": q, "k": top_k, "cat": category}
-        statement = self._lexical_sql(category is not None)
-        rows = self._run("lexical search", lambda conn: conn.execute(statement, params).fetchall())
+
+        def query(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
+            n, avgdl = self._bm25_stats(conn)
+            params: dict[str, Any] = {
+                "terms": words[:_MAX_TERMS],
+                "q": q,
+                "k": top_k,
+                "cat": category,
+                "pool": max(top_k * BM25_POOL_FACTOR, BM25_POOL_MIN),
+                "n": n,
+                "avgdl": avgdl or 1.0,
+                "k1": BM25_K1,
+                "b": BM25_B,
+            }
+            return conn.execute(self._lexical_sql(category is not None), params).fetchall()
+
+        rows = self._run("lexical search", query)
         return [self._hit(r[:-1], "lexical", lexical_score=finite_score(r[-1])) for r in rows]
 
+    def _bm25_stats(self, conn: psycopg.Connection) -> tuple[int, float]:
+        """(rows, mean lexical tokens per row) of the table, cached ``BM25_STATS_TTL_S`` seconds
+        (a full scan; this process's own writes reset the cache)."""
+        cached = self._stats
+        if cached is not None and time.monotonic() - cached[0] < BM25_STATS_TTL_S:
+            return cached[1], cached[2]
+        statement = self._sql("SELECT count(*), avg(cardinality(string_to_array(lexical, ' '))) FROM {t}")
+        n, avgdl = one_row(conn.execute(statement))
+        self._stats = (time.monotonic(), int(n), float(avgdl or 0.0))
+        return self._stats[1], self._stats[2]
+
     def _lexical_sql(self, filtered: bool) -> sql.Composed:
+        """BM25 in SQL: score = sum over query terms t in the chunk of
+        idf(t) * tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl)), idf(t) = ln(1 + (N - df + 0.5) /
+        (df + 0.5)) (Robertson & Zaragoza 2009; the formula and defaults of Milvus' BM25 function).
+
+        Terms are normalised by ``to_tsvector('simple')`` exactly as the column is and re-enter
+        SQL only through ``plainto_tsquery`` (no term can inject tsquery operators); df is
+        counted on the GIN index. The exact score is computed for the ``pool`` best matches by
+        ``ts_rank_cd`` (a cheap first cut: exact whenever fewer rows match), then re-sorted.
+        """
         where = sql.SQL("AND category = %(cat)s") if filtered else sql.SQL("")
-        # Each term goes through plainto_tsquery, so no term can inject tsquery operators.
-        tsquery = sql.SQL(
-            "(SELECT to_tsquery('simple', string_agg('(' || p::text || ')', ' | ')) FROM"
-            " (SELECT plainto_tsquery('simple', w) AS p FROM unnest(%(terms)s::text[]) AS w) s"
-            " WHERE p::text <> '')"
-        )
+        tsv = sql.SQL("to_tsvector('simple', lexical)")
+        t = self._ident
         return sql.SQL(
-            "WITH q AS MATERIALIZED (SELECT {tsq} AS query)"
-            " SELECT {cols}, embedding <=> %(q)s AS distance,"
-            " ts_rank_cd(to_tsvector('simple', lexical), q.query, 1) AS rank"
-            " FROM {t}, q WHERE to_tsvector('simple', lexical) @@ q.query {where}"
-            " ORDER BY rank DESC, chunk_id LIMIT %(k)s"
-        ).format(tsq=tsquery, cols=sql.SQL(", ").join(map(sql.Identifier, _HIT_COLUMNS)), t=self._ident, where=where)
+            "WITH terms AS MATERIALIZED (SELECT DISTINCT u.lexeme AS w"
+            " FROM unnest(%(terms)s::text[]) AS x(t), unnest(to_tsvector('simple', x.t)) AS u),"
+            " q AS MATERIALIZED (SELECT to_tsquery('simple',"
+            " string_agg('(' || plainto_tsquery('simple', w)::text || ')', ' | ')) AS query FROM terms),"
+            " idf AS MATERIALIZED (SELECT w, ln(1 + (%(n)s - df + 0.5) / (df + 0.5)) AS idf FROM"
+            " (SELECT w, (SELECT count(*) FROM {t} WHERE {tsv} @@ plainto_tsquery('simple', w)) AS df"
+            " FROM terms) d),"
+            " pool AS MATERIALIZED (SELECT chunk_id, {tsv} AS v, cardinality(string_to_array(lexical, ' ')) AS dl"
+            " FROM {t}, q WHERE {tsv} @@ q.query {where}"
+            " ORDER BY ts_rank_cd({tsv}, q.query, 1) DESC, chunk_id LIMIT %(pool)s),"
+            " scored AS (SELECT p.chunk_id, sum(idf.idf * cardinality(u.positions) * (%(k1)s + 1)"
+            " / (cardinality(u.positions) + %(k1)s * (1 - %(b)s + %(b)s * p.dl / %(avgdl)s))) AS score"
+            " FROM pool p, unnest(p.v) AS u JOIN idf ON idf.w = u.lexeme GROUP BY p.chunk_id)"
+            " SELECT {cols}, embedding <=> %(q)s AS distance, s.score"
+            " FROM scored s JOIN {t} USING (chunk_id) ORDER BY s.score DESC, chunk_id LIMIT %(k)s"
+        ).format(
+            tsv=tsv,
+            cols=sql.SQL(", ").join(
+                sql.SQL("{t}.{c}").format(t=self._ident, c=sql.Identifier(c)) for c in _HIT_COLUMNS
+            ),
+            t=t,
+            where=where,
+        )
 
     def _hit(self, row: Sequence[Any], channel: str, lexical_score: float | None = None) -> StoreHit:
         # A non-finite distance claims nothing: the far end of the scale, similarity 0.
