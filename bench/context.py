@@ -87,11 +87,8 @@ class BenchContext:
             from rag_core.ingest.pipeline import ingest
             from rag_core.stores.milvus import MilvusStore
 
-            corpus = self.get_corpus()
             settings = make_settings(self.scratch.dir("kb"), self.knowledge_dir)
-            cache = dict(zip(corpus.texts, corpus.vectors, strict=True))
-            store = MilvusStore.from_settings(settings)
-            ingest(settings, CachingEmbedder(self.embedder, cache), [store], progress=False)
+            ingest(settings, self._corpus_embedder(), [MilvusStore.from_settings(settings)], progress=False)
             self.kb_settings = settings
         return self.kb_settings
 
@@ -103,12 +100,14 @@ class BenchContext:
         if not self.pg_ready:
             from rag_core.ingest.pipeline import ingest
 
-            corpus = self.get_corpus()
-            settings = self.get_kb_settings()
-            cache = dict(zip(corpus.texts, corpus.vectors, strict=True))
-            ingest(settings, CachingEmbedder(self.embedder, cache), [store], progress=False)
+            ingest(self.get_kb_settings(), self._corpus_embedder(), [store], progress=False)
             self.pg_ready = True
         return store
+
+    def _corpus_embedder(self) -> CachingEmbedder:
+        """The embedder answering the corpus' chunk texts from their vectors (no second embedding)."""
+        corpus = self.get_corpus()
+        return CachingEmbedder(self.embedder, dict(zip(corpus.texts, corpus.vectors, strict=True)))
 
     # --- queries -----------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ removed or failed to keep (for row 7: still missing after the repair ingest).
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from bench.common import RUNBOOKS, RUNBOOKS_GOLDEN, Scratch, log, make_settings
+from bench.common import RUNBOOKS, Scratch, log, make_settings, parse_command_line
+from bench.queries import golden_queries
 from rag_core.embedding import check_vectors
 from rag_core.settings import RagSettings
 
@@ -43,12 +43,6 @@ NAN_MARKER = "injected-nan-fault"
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def queries() -> list[str]:
-    """The visible golden queries of the runbook corpus."""
-    data = yaml.safe_load(RUNBOOKS_GOLDEN.read_text())
-    return [case["query"] for case in data["cases"]]
 
 
 def strict_json(result: Any) -> bool:
@@ -75,6 +69,11 @@ def run_lookups(tool: Any, qs: Sequence[str], broken_store: bool = False) -> tup
         if not strict_json(r) or silent:
             failed += 1
     return failed, ms, results
+
+
+def rows_lost(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> int:
+    """Chunk ids of ``before`` (per store) missing from ``after``."""
+    return sum(len(set(before[n]) - set(after[n])) for n in before)
 
 
 def line(row: str, injected: str, did: str, lost: int | None, failed: int | None, ok: bool) -> str:
@@ -136,19 +135,13 @@ class SwitchableProxy:
 
     def down(self) -> None:
         if self._listener is not None:
-            try:  # wakes the thread blocked in accept(); close() alone leaves it listening
-                self._listener.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(self._listener)  # wakes the thread blocked in accept(); close() alone leaves it listening
             self._listener.close()
             self._listener = None
         with self._lock:
-            for a, b in self._pairs:
-                for s in (a, b):
-                    try:
-                        s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+            for pair in self._pairs:
+                _shut(*pair)
+                for s in pair:
                     s.close()
             self._pairs.clear()
 
@@ -177,11 +170,13 @@ class SwitchableProxy:
         except OSError:
             pass
         finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            _shut(src, dst)
+
+
+def _shut(*socks: socket.socket) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
 
 
 class Borrowed:
@@ -246,7 +241,7 @@ class FaultRun:
         self.kb = self.scratch.root / "kb"
         shutil.copytree(knowledge_dir, self.kb)
         self.n_lookups = n_lookups
-        self.qs = queries()
+        self.qs = golden_queries()
         self.data = self.scratch.dir("data")
         self.settings = make_settings(self.data, self.kb, pg_dsn=self.scratch.pg_dsn(), sidecar_enabled=True)
         from rag_core.components import make_embedder, make_stores
@@ -281,7 +276,9 @@ class FaultRun:
             kw.setdefault("sidecar", Borrowed(self.stores[1]))
         return LookupKnowledgeTool(settings, **kw)
 
-    def emit(self, text: str) -> None:
+    def emit(self, row: str, injected: str, did: str, lost: int | None, failed: int | None, ok: bool) -> None:
+        """Print (and keep) the fault's line; see the module docstring."""
+        text = line(row, injected, did, lost, failed, ok)
         self.lines.append(text)
         print(text, flush=True)
 
@@ -310,21 +307,18 @@ class FaultRun:
             except IngestRefusedError as exc:
                 did.append(f"{name}: refused ({str(exc)[:70]}...)")
         after = self.hashes()
-        lost = sum(len(set(before[n]) - set(after[n])) for n in before)
+        lost = rows_lost(before, after)
         tool = self.tool()
         failed, _, _ = run_lookups(tool, self.qs)
         tool.close()
         ok = all("refused" in d and "NOT" not in d for d in did)
         self.emit(
-            line(
-                "row 1",
-                f"`rag ingest` on an empty dir and on a wrong dir (1 unrelated doc) over "
-                f"{len(before['milvus'])} chunks",
-                "; ".join(did),
-                lost,
-                failed,
-                ok,
-            )
+            "row 1",
+            f"`rag ingest` on an empty dir and on a wrong dir (1 unrelated doc) over {len(before['milvus'])} chunks",
+            "; ".join(did),
+            lost,
+            failed,
+            ok,
         )
 
     def row2_nan(self) -> None:
@@ -344,11 +338,10 @@ class FaultRun:
                     if "_index.md" not in i.path
                 )
             )
-            partial = getattr(report, "partial", None)
             did = (
                 f"ingest returned; skipped {skipped or 'nothing'}; "
                 f"{report.stores['milvus'].added} added/{report.stores['milvus'].updated} updated in milvus"
-                + (f"; partial={partial}" if partial is not None else "; no 'partial' flag on the report")
+                f"; partial={report.partial}"
             )
             fd_doc = "node/NodeFileDescriptorLimit.md"
             now = self.stores[0].chunk_hashes()
@@ -360,7 +353,7 @@ class FaultRun:
         except Exception as exc:
             did, ok = f"ingest raised {type(exc).__name__}: {str(exc)[:120]}", False
         after = self.hashes()
-        lost = sum(len(set(before[n]) - set(after[n])) for n in before)
+        lost = rows_lost(before, after)
         doc.write_text(original)
         other.write_text(other_original)
         self.ingest()  # back to the corpus as it was, for the next faults
@@ -368,15 +361,13 @@ class FaultRun:
         failed, _, _ = run_lookups(tool, self.qs)
         tool.close()
         self.emit(
-            line(
-                "row 2",
-                "NaN embedding for one new chunk of kubernetes/KubePodCrashLooping.md during "
-                "ingest() (another document changed too)",
-                did,
-                lost,
-                failed,
-                ok,
-            )
+            "row 2",
+            "NaN embedding for one new chunk of kubernetes/KubePodCrashLooping.md during "
+            "ingest() (another document changed too)",
+            did,
+            lost,
+            failed,
+            ok,
         )
 
     def row5_vectors(self) -> None:
@@ -424,7 +415,7 @@ class FaultRun:
             failed_total += failed + len(claims)
             statuses.append(f"{kind}: " + "/".join(sorted({r.status for r in results})))
         after = self.hashes()
-        lost = sum(len(set(before[n]) - set(after[n])) for n in before)
+        lost = rows_lost(before, after)
         lost += sum(1 for n in after if "fault-row5" in after[n])  # a bad row written is a corrupt row
         did = (
             f"{rejected}/{rejected + len(accepted)} bad stored/query vectors rejected by both stores"
@@ -432,15 +423,13 @@ class FaultRun:
             + f"; lookups with a bad query vector: {'; '.join(statuses)}, strict JSON, no RELEVANT claim"
         )
         self.emit(
-            line(
-                "row 5",
-                "NaN / inf / 1e-29-scaled vectors: upsert + search on Milvus and pgvector, "
-                f"and as the query vector of {len(self.qs[:5])} lookups each",
-                did,
-                lost,
-                failed_total,
-                not accepted,
-            )
+            "row 5",
+            "NaN / inf / 1e-29-scaled vectors: upsert + search on Milvus and pgvector, "
+            f"and as the query vector of {len(self.qs[:5])} lookups each",
+            did,
+            lost,
+            failed_total,
+            not accepted,
         )
 
     def row6_hung_sidecar(self) -> None:
@@ -492,14 +481,12 @@ class FaultRun:
             f"{spooled}/{n} traces spooled (trace store on the same hung server)"
         )
         self.emit(
-            line(
-                "row 6",
-                f"sidecar PostgreSQL accepts TCP and never answers ({n} lookups)",
-                did,
-                n - spooled,
-                failed_off + failed_hung,
-                ratio <= 1.10 and close_s <= hung_settings.pg_connect_timeout_s + 0.5,
-            )
+            "row 6",
+            f"sidecar PostgreSQL accepts TCP and never answers ({n} lookups)",
+            did,
+            n - spooled,
+            failed_off + failed_hung,
+            ratio <= 1.10 and close_s <= hung_settings.pg_connect_timeout_s + 0.5,
         )
 
     def row7_damaged_index(self) -> None:
@@ -518,27 +505,25 @@ class FaultRun:
         self.ingest()  # the repair: the incremental ingest re-adds what is missing
         healed = check_health(self.settings, self.stores, self.embedder.identity())
         after = self.hashes()
-        lost = sum(len(set(expected[n]) - set(after[n])) for n in expected)
+        lost = rows_lost(expected, after)
         did = (
             f"warm_up: {'ok' if health.ok else health.summary()[:110]}; {in_trace}/{len(results)} lookups "
             f"carry the error in the trace (status {'/'.join(sorted({r.status for r in results}))}); "
             f"after `rag ingest`: doctor {'ok' if healed.ok else healed.summary()[:80]}"
         )
         self.emit(
-            line(
-                "row 7",
-                f"{len(victims)} of {len(expected['milvus'])} chunks deleted from the Milvus index under a live tool",
-                did,
-                lost,
-                failed,
-                not health.ok and healed.ok,
-            )
+            "row 7",
+            f"{len(victims)} of {len(expected['milvus'])} chunks deleted from the Milvus index under a live tool",
+            did,
+            lost,
+            failed,
+            not health.ok and healed.ok,
         )
 
     def trace_outage(self) -> None:
         from psycopg.conninfo import conninfo_to_dict
 
-        from rag_core.traces.recorder import ToolInvocationRecorder
+        from rag_core.traces.recorder import JsonlSpool, ToolInvocationRecorder
         from rag_core.traces.store import TraceStore
 
         info = conninfo_to_dict(self.scratch.pg_dsn())
@@ -577,7 +562,7 @@ class FaultRun:
         proxy.down()
         burst()  # store down
         recorder.flush(30, reconnect=False)
-        spooled_during = len(JsonlSpoolRows(spool))
+        spooled_during = len(JsonlSpool(spool).rows())
         breaker_failures = recorder.breaker.failures
         proxy.up()
         burst()  # back up: the spool is replayed
@@ -592,31 +577,22 @@ class FaultRun:
             f"replayed after; {stored}/{total} rows in {table}"
         )
         self.emit(
-            line(
-                "trace",
-                f"trace store cut (connection refused) during {threads}-thread lookups, then back",
-                did,
-                total - stored,
-                sum(failed),
-                stored == total,
-            )
+            "trace",
+            f"trace store cut (connection refused) during {threads}-thread lookups, then back",
+            did,
+            total - stored,
+            sum(failed),
+            stored == total,
         )
 
 
-def JsonlSpoolRows(path: Path) -> list[dict[str, Any]]:  # noqa: N802 - reads like a value
-    from rag_core.traces.recorder import JsonlSpool
-
-    return JsonlSpool(path).rows()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--knowledge-dir", type=Path, default=RUNBOOKS)
-    parser.add_argument(
-        "--only", nargs="*", default=None, help="run only these faults (row1 row2 row5 row6 row7 trace)"
-    )
-    parser.add_argument("--lookups", type=int, default=150, help="lookups per latency series (row 6)")
-    args = parser.parse_args(argv)
+    options: dict[str, dict[str, Any]] = {
+        "--knowledge-dir": dict(type=Path, default=RUNBOOKS),
+        "--only": dict(nargs="*", help="run only these faults (row1 row2 row5 row6 row7 trace)"),
+        "--lookups": dict(type=int, default=150, help="lookups per latency series (row 6)"),
+    }
+    args = parse_command_line(__doc__, options, argv, prog="python -m bench.faults")
     if not args.knowledge_dir.is_dir():
         print(f"knowledge dir {args.knowledge_dir} not found (RUNBOOKS corpus)")
         return 2
@@ -637,14 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 step()
             except Exception as exc:  # one broken fault must not hide the others
                 run.emit(
-                    line(
-                        step.__name__,
-                        "-",
-                        f"bench step raised {type(exc).__name__}: {str(exc)[:200]}",
-                        None,
-                        None,
-                        False,
-                    )
+                    step.__name__, "-", f"bench step raised {type(exc).__name__}: {str(exc)[:200]}", None, None, False
                 )
     finally:
         run.close()

@@ -1,16 +1,10 @@
 """The benchmarks' one measuring harness: targets as data, one timing loop, typed rows, one renderer.
 
-* :class:`Target`: one thing to time (a store configuration, a lookup path, the in-memory floor,
-  an embedding backend): how to open it, how to run one query on it, how to close it, and an
-  optional untimed step after each call (read a timing proxy, a trace row).
-* :func:`measure`: times any targets the same way: open each, run the warm-up inputs through it
-  (untimed), then every input through every target in turn (interleaved input by input, so all
-  targets see the same machine load), one ``perf_counter`` pair around each call. Returns one
-  :class:`Timing` per target: every call's milliseconds, return value and after-step value, and
-  their :class:`Stats` (linear-interpolated percentiles).
-* :class:`Goal`: one performance target of the report as data (what is read from the results, the
-  limit, how the ratio is shown); :func:`evaluate` turns a table of goals into the report's rows.
-* :class:`Column` / :func:`render`: typed rows to a Markdown table (``rag_core.markdown.md_table``).
+:class:`Target` is one thing to time (a store configuration, a lookup path, the in-memory floor,
+an embedding backend); :func:`measure` times any targets the same way, interleaved input by
+input so that all see the same machine load; :class:`Goal` is one performance target of the
+report as data (:func:`evaluate` turns a table of them into the report's rows); :class:`Column`
+and :func:`render` draw typed rows as a Markdown table (``rag_core.markdown.md_table``).
 """
 
 from __future__ import annotations
@@ -60,8 +54,7 @@ class Stats:
         return cls(int(a.size), p50, p95, p99, mean, lo, hi)
 
     def to_dict(self) -> dict[str, float | int | None]:
-        """``{"n", "p50", "p95", "p99", "mean", "min", "max"}``: the results.json shape."""
-        return asdict(self)
+        return asdict(self)  # the results.json shape
 
 
 # --- targets and the timing loop ------------------------------------------------------------------------
@@ -107,7 +100,6 @@ class Timing(Generic[R]):
 
     @property
     def seconds(self) -> float:
-        """Total wall seconds of the timed calls (one call: that call's time)."""
         return sum(self.ms) / 1000
 
 
@@ -197,12 +189,10 @@ _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": oper
 
 
 def as_times(v: float) -> str:
-    """A ratio as ``1.23x``."""
     return f"{v:.2f}x"
 
 
 def as_percent(v: float) -> str:
-    """A fraction as ``12.3 %``."""
     return f"{100 * v:.1f} %"
 
 
@@ -246,7 +236,6 @@ class Goal:
 
 
 def evaluate(goals: Iterable[Goal], results: Results) -> list[dict[str, Any]]:
-    """One row per goal shown for ``results`` (see :meth:`Goal.row`), in table order."""
     return [g.row(results) for g in goals if g.when(results)]
 
 
@@ -263,12 +252,9 @@ def section(results: Results, *path: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Column(Generic[Row]):
-    """One column of a rendered table: its header and how a row gives its cell."""
-
     header: str
     cell: Callable[[Row], Any]
 
 
 def render(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> str:
-    """A Markdown table of ``rows``, one cell per column (through ``md_table``)."""
     return md_table([c.header for c in columns], [[c.cell(r) for c in columns] for r in rows])

@@ -1,6 +1,6 @@
 """Memory: peak RSS of a lookup process and of the embedded Milvus server on a 100k-chunk collection.
 
-A fresh subprocess (``python -m bench.memory --child ...``) opens ``LookupKnowledgeTool`` on the
+A fresh subprocess (``python -m bench.memory '<json spec>'``) opens ``LookupKnowledgeTool`` on the
 collection the scale benchmark left behind (product schema, FLAT index, the runbook L0 index
 copied beside it) and runs lookups. It reports ``ru_maxrss``, the kernel's high-water mark
 (``VmHWM``) and the RSS at each step (sampled every 20 ms by a thread). The child is started
@@ -14,7 +14,6 @@ collection costs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import shutil
@@ -35,7 +34,7 @@ def _ok(d: Any) -> bool:
     return isinstance(d, dict) and "error" not in d
 
 
-def _child(args: argparse.Namespace) -> None:
+def _child(spec: dict[str, Any]) -> None:
     import resource
     import threading
 
@@ -64,9 +63,9 @@ def _child(args: argparse.Namespace) -> None:
     from rag_core.settings import RagSettings
 
     settings = RagSettings(
-        data_dir=Path(args.data_dir),
-        knowledge_dir=Path(args.knowledge_dir),
-        collection=args.collection,
+        data_dir=Path(spec["data_dir"]),
+        knowledge_dir=Path(spec["knowledge_dir"]),
+        collection=spec["collection"],
         trace_enabled=False,
         _env_file=None,
     )
@@ -80,9 +79,9 @@ def _child(args: argparse.Namespace) -> None:
     rows = tool.store.count()
     open_collection_s = time.perf_counter() - t0
     mark("after_collection_load")
-    queries = json.loads(args.queries)
+    queries, lookups = spec["queries"], spec["lookups"]
     latencies = []
-    for i in range(args.lookups):
+    for i in range(lookups):
         t0 = time.perf_counter()
         result = tool.lookup(queries[i % len(queries)], session_id="bench-memory")
         latencies.append((time.perf_counter() - t0) * 1000)
@@ -100,7 +99,7 @@ def _child(args: argparse.Namespace) -> None:
         json.dumps(
             {
                 "rows": rows,
-                "lookups": args.lookups,
+                "lookups": lookups,
                 "model_load_s": round(load_model_s, 2),
                 "open_collection_s": round(open_collection_s, 2),
                 "lookup_ms": summarize(latencies),
@@ -115,22 +114,8 @@ def _child(args: argparse.Namespace) -> None:
 
 
 def measure(data_dir: Path, collection: str, knowledge_dir: Path, queries: list[str], lookups: int) -> dict[str, Any]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.memory",
-        "--child",
-        "--data-dir",
-        str(data_dir),
-        "--collection",
-        collection,
-        "--knowledge-dir",
-        str(knowledge_dir),
-        "--lookups",
-        str(lookups),
-        "--queries",
-        json.dumps(queries),
-    ]
+    spec = {"data_dir": str(data_dir), "collection": collection, "knowledge_dir": str(knowledge_dir)}
+    cmd = [sys.executable, "-m", "bench.memory", json.dumps(spec | {"lookups": lookups, "queries": queries})]
     # Through a shell that cannot exec the command in place: a child forked straight from this
     # (large) process would inherit its ru_maxrss high-water mark across exec.
     shell = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]
@@ -197,14 +182,6 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--child", action="store_true")
-    parser.add_argument("--data-dir")
-    parser.add_argument("--collection")
-    parser.add_argument("--knowledge-dir")
-    parser.add_argument("--lookups", type=int, default=10)
-    parser.add_argument("--queries")
-    ns = parser.parse_args()
-    if not ns.child:
-        parser.error("run the memory benchmark through `python -m bench.run --only memory`")
-    _child(ns)
+    if len(sys.argv) != 2:
+        raise SystemExit("run the memory benchmark through `python -m bench.run --only memory`")
+    _child(json.loads(sys.argv[1]))

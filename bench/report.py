@@ -9,7 +9,7 @@ from typing import Any
 
 from bench.engine import GOALS as ENGINE_GOALS
 from bench.evaluation import TARGET_CASES_PER_S
-from bench.harness import Column, Goal, Missing, Reading, Results, as_percent, as_times, evaluate, render
+from bench.harness import Column, Goal, Missing, Reading, Results, as_percent, as_times, evaluate, render, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
 from bench.latency import TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
@@ -573,25 +573,36 @@ def _evaluation_md(ev: dict | None) -> list[str]:
     return ["", "## Offline evaluation", "", md_table(["measure", "value"], rows)]
 
 
+def _when_ok(fn: Callable[[dict[str, Any]], Any]) -> Callable[[tuple[str, dict[str, Any]]], Any]:
+    """A cell of a ``(label, entry)`` row: ``fn(entry)``, or "–" for a failed entry."""
+    return lambda row: fn(row[1]) if _ok(row[1]) else "–"
+
+
+def _label(row: tuple[str, dict[str, Any] | None]) -> str:
+    return row[0] if _ok(row[1]) else f"{row[0]}: failed: {(row[1] or {}).get('error', 'not run')}"
+
+
+def _vs_minilm(d: dict[str, Any], key: str, digits: int) -> str:
+    ratio = d.get(key.removesuffix("_ms") + "_vs_minilm", "–")
+    return f"{_f(d[key], digits)} ({ratio}x)"
+
+
+EMBEDDING_COLUMNS: tuple[Column[tuple[str, dict[str, Any]]], ...] = (
+    Column(
+        "backend",
+        lambda x: f"{x[0]} ({x[1]['model']['model_id']}, {x[1]['model']['dimension']}-d)" if _ok(x[1]) else _label(x),
+    ),
+    Column("query p50 ms (vs MiniLM)", _when_ok(lambda d: _vs_minilm(d, "query_p50_ms", 2))),
+    Column("query p95 ms", _when_ok(lambda d: _f(d["query_p95_ms"], 2))),
+    Column("chunks/s (vs MiniLM)", _when_ok(lambda d: _vs_minilm(d, "chunks_per_s", 1))),
+    Column("lookup RSS MiB", _when_ok(lambda d: _f(d.get("lookup_process", {}).get("peak_mib")))),
+    Column("torch", _when_ok(lambda d: "yes" if d.get("lookup_process", {}).get("torch_loaded") else "no")),
+)
+
+
 def _embedding_md(emb: dict | None) -> list[str]:
     if not emb or "backends" not in emb:
         return _error_md("Embedding backends", emb)
-    rows = []
-    for name, d in emb["backends"].items():
-        if "error" in d:
-            rows.append([name, f"failed: {d['error']}"] + ["–"] * 5)
-            continue
-        proc = d.get("lookup_process", {})
-        rows.append(
-            [
-                f"{name} ({d['model']['model_id']}, {d['model']['dimension']}-d)",
-                f"{_f(d['query_p50_ms'], 2)} ({d.get('query_p50_vs_minilm', '–')}x)",
-                _f(d["query_p95_ms"], 2),
-                f"{_f(d['chunks_per_s'])} ({d.get('chunks_per_s_vs_minilm', '–')}x)",
-                _f(proc.get("peak_mib")),
-                "yes" if proc.get("torch_loaded") else "no",
-            ]
-        )
     return [
         "",
         "## Embedding backends",
@@ -601,56 +612,29 @@ def _embedding_md(emb: dict | None) -> list[str]:
         "loaded, 20 lookups on a small index). Ratios against MiniLM in the same run. Retrieval quality "
         "per backend: `python -m bench.embedding_backends`.",
         "",
-        md_table(
-            ["backend", "query p50 ms (vs MiniLM)", "query p95 ms", "chunks/s (vs MiniLM)", "lookup RSS MiB", "torch"],
-            rows,
-        ),
+        render(EMBEDDING_COLUMNS, emb["backends"].items()),
     ]
+
+
+MEMORY_COLUMNS: tuple[Column[tuple[str, dict[str, Any]]], ...] = (
+    Column("collection", _label),
+    Column("chunks", _when_ok(lambda d: f"{d['rows']:,}")),
+    Column("peak RSS MB (ru_maxrss)", _when_ok(lambda d: f"**{_f(d.get('peak_rss_mb_ru_maxrss'))}**")),
+    Column("peak RSS MB (VmHWM)", _when_ok(lambda d: _f(d.get("peak_rss_mb_vmhwm")))),
+    Column("peak RSS MB (20 ms samples)", _when_ok(lambda d: _f(d["peak_rss_mb_sampled"]))),
+    Column("RSS after model load MB", _when_ok(lambda d: _f(d["rss_mb"].get("after_model_load")))),
+    Column("after collection load MB", _when_ok(lambda d: _f(d["rss_mb"].get("after_collection_load")))),
+    Column("after lookups MB", _when_ok(lambda d: _f(d["rss_mb"].get("after_lookups")))),
+    Column("open collection s", _when_ok(lambda d: _f(d["open_collection_s"], 2))),
+    Column("lookup p50 ms", _when_ok(lambda d: _f(d["lookup_ms"]["p50"], 1))),
+)
 
 
 def _memory_md(mem: dict | None) -> list[str]:
     if not mem or ("baseline" not in mem and "large" not in mem):
         return _error_md("Memory", mem)
-    rows = []
-    for label, d in (("runbook collection (baseline)", mem.get("baseline")), ("large collection", mem.get("large"))):
-        if not _ok(d):
-            rows.append([label, f"failed: {(d or {}).get('error')}"] + ["–"] * 8)
-            continue
-        rss = d["rss_mb"]
-        rows.append(
-            [
-                label,
-                f"{d['rows']:,}",
-                f"**{_f(d.get('peak_rss_mb_ru_maxrss'))}**",
-                _f(d.get("peak_rss_mb_vmhwm")),
-                _f(d["peak_rss_mb_sampled"]),
-                _f(rss.get("after_model_load")),
-                _f(rss.get("after_collection_load")),
-                _f(rss.get("after_lookups")),
-                _f(d["open_collection_s"], 2),
-                _f(d["lookup_ms"]["p50"], 1),
-            ]
-        )
-    out = [
-        "",
-        "## Memory (peak RSS of a lookup process)",
-        "",
-        md_table(
-            [
-                "collection",
-                "chunks",
-                "peak RSS MB (ru_maxrss)",
-                "peak RSS MB (VmHWM)",
-                "peak RSS MB (20 ms samples)",
-                "RSS after model load MB",
-                "after collection load MB",
-                "after lookups MB",
-                "open collection s",
-                "lookup p50 ms",
-            ],
-            rows,
-        ),
-    ]
+    rows = [("runbook collection (baseline)", mem.get("baseline")), ("large collection", mem.get("large"))]
+    out = ["", "## Memory (peak RSS of a lookup process)", "", render(MEMORY_COLUMNS, rows)]
     cost = mem.get("collection_cost_mb")
     if cost:
         out += [
@@ -734,126 +718,122 @@ def _concurrency_md(conc: dict | None) -> list[str]:
     return out
 
 
-def _profile_table(rows: list[dict], unit: str = "ms") -> str:
+def _profile_table(rows: list[dict]) -> str:
     return md_table(
-        ["function", "calls", f"self {unit}", f"cumulative {unit}"],
+        ["function", "calls", "self ms", "cumulative ms"],
         [[f"`{r['function']}`", r["ncalls"], _f(r["tottime_ms"], 3), _f(r["cumtime_ms"], 3)] for r in rows],
     )
 
 
-def _profile_block(caption: str, rows: list[dict] | None) -> list[str]:
-    """A caption and a cProfile table (nothing without rows)."""
-    return [caption, "", _profile_table(rows), ""] if rows else []
+def _largest_first(parts: dict[str, float], label: str, unit: str, digits: int) -> str:
+    ranked = sorted(parts.items(), key=lambda kv: -kv[1])
+    return f"{label}: " + ", ".join(f"{k} {v:.{digits}f} {unit}" for k, v in ranked) + "."
 
 
-def _where_time_goes_md(r: dict[str, Any]) -> list[str]:
-    missed = {t["id"]: t for t in r.get("targets", []) if t.get("met") is False}
-    if not missed:
-        return []
-    out = ["", "## Where the time goes (missed targets)", ""]
-    lat = (r.get("latency") or {}).get("paths", {})
-    for path in ("milvus", "pgvector"):
-        if f"overhead_{path}" in missed and _ok(lat.get(path)):
-            d = lat[path]
-            s = d["stages_ms"]
-            parts = sorted(
-                ((k, s[k]["p50"]) for k in ("l0", "fusion", "postprocess", "pack", "assemble", "trace_handoff")),
-                key=lambda kv: -kv[1],
-            )
-            out += [
-                f"### Pipeline overhead, {path} path",
-                "",
-                "Overhead stages by p50: " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts) + ".",
-                "",
-            ]
-            out += _profile_block(
-                "cProfile of one round of lookups, rag_core functions outside embedding and stores, "
-                "ms per lookup (by cumulative time):",
-                d.get("overhead_profile"),
-            )
-            out += [FIXES["overhead"], ""]
-    sc = r.get("scale") or {}
-    res = (sc.get("sizes") or {}).get("100000") or {}
-    if "search_100k_milvus" in missed:
-        prof = (res.get("stores", {}).get("milvus") or {}).get("profile")
-        out += ["### Milvus Lite search at 100k", ""]
-        if prof and "engine_ms_p50" in prof:
-            top = prof["engine_top_functions"][:3]
-            out += [
-                f"A single search took {prof['client_ms_p50']} ms through pymilvus/gRPC, of which "
-                f"{prof['engine_ms_p50']} ms inside the in-process Milvus Lite engine; the engine's top functions "
-                "by self time: "
-                + ", ".join(f"`{t['function']}` {t['tottime_ms']:.1f} ms" for t in top)
-                + " (full table in the scale section).",
-                "",
-            ]
-        out += [FIXES["milvus"], ""]
-    if "search_100k_pgvector" in missed:
-        out += ["### pgvector search at 100k", "", FIXES["pgvector"], ""]
-    ing = r.get("ingestion") or {}
-    if "ingest_vs_raw" in missed and _ok(ing):
-        out += [
-            "### Ingestion vs raw encoding",
-            "",
-            "First-ingest stages by seconds: "
-            + ", ".join(f"{k} {v:.2f} s" for k, v in sorted(ing["stage_seconds"].items(), key=lambda kv: -kv[1]))
-            + ".",
-            "",
-            FIXES["ingest"],
-            "",
-        ]
-    if "reingest" in missed and _ok(ing):
-        out += [
-            "### Unchanged re-ingest",
-            "",
-            "Re-ingest stages by seconds: "
-            + ", ".join(
-                f"{k} {v:.3f} s" for k, v in sorted(ing["reingest_stage_seconds"].items(), key=lambda kv: -kv[1])
-            )
-            + ".",
-            "",
-        ]
-        out += _profile_block(
-            "cProfile of an unchanged re-ingest (ms, by cumulative time; rag_core, markdown-it, tokenizers, "
-            "pymilvus, Milvus Lite):",
-            ing.get("reingest_profile"),
+def _overhead_stages(path: str) -> Callable[[Results], str]:
+    def read(r: Results) -> str:
+        s = section(r, "latency", "paths", path, "stages_ms")
+        keys = ("l0", "fusion", "postprocess", "pack", "assemble", "trace_handoff")
+        return _largest_first({k: s[k]["p50"] for k in keys if k in s}, "Overhead stages by p50", "ms", 2)
+
+    return read
+
+
+def _milvus_engine_split(r: Results) -> str:
+    """Older results only (Milvus Lite 3 ran in-process): client round trip vs the engine call."""
+    prof = section(r, "scale", "sizes", "100000", "stores", "milvus", "profile")
+    if "engine_ms_p50" not in prof:
+        return ""
+    top = ", ".join(f"`{t['function']}` {t['tottime_ms']:.1f} ms" for t in prof["engine_top_functions"][:3])
+    return (
+        f"A single search took {prof['client_ms_p50']} ms through pymilvus/gRPC, of which {prof['engine_ms_p50']} ms "
+        f"inside the in-process Milvus Lite engine; the engine's top functions by self time: {top} (full table in "
+        "the scale section)."
+    )
+
+
+def _stage_seconds(key: str, label: str, digits: int) -> Callable[[Results], str]:
+    return lambda r: _largest_first(section(r, "ingestion", key), label, "s", digits)
+
+
+@dataclass(frozen=True)
+class _Why:
+    """Where the time of a missed target goes: a breakdown read from the results, a cProfile table
+    (``profile``: its key path), and what would fix it."""
+
+    title: str
+    fix: str
+    breakdown: Callable[[Results], str] = lambda _r: ""
+    profile: tuple[str, ...] = ()
+    caption: str = ""
+
+
+# One row per target that gets a "where the time goes" section when missed (by goal id).
+WHY: dict[str, _Why] = {
+    **{
+        f"overhead_{p}": _Why(
+            f"Pipeline overhead, {p} path",
+            "What would fix it: L0 query analysis dominates (`L0Index.analyze_query` normalises and tokenises every "
+            "document's names per query): precompute them when the index loads and look candidates up through an "
+            "inverted token -> document map.",
+            _overhead_stages(p),
+            ("latency", "paths", p, "overhead_profile"),
+            "cProfile of one round of lookups, rag_core functions outside embedding and stores, ms per lookup "
+            "(by cumulative time):",
         )
-        out += [FIXES["reingest"], ""]
-    ev = r.get("evaluation") or {}
-    if "evaluation" in missed and ev.get("profile"):
-        out += ["### Offline evaluation", "", _profile_table(ev["profile"]), "", FIXES["evaluation"], ""]
+        for p in ("milvus", "pgvector")
+    },
+    "search_100k_milvus": _Why(
+        "Milvus search at 100k",
+        "What would fix it: the embedded engine searches every row (milvus-lite 2.5: FLAT only; Milvus Lite 3: in "
+        "Python): beyond about 100k chunks use a Milvus server (`RAG_MILVUS_URI`) with HNSW, or smaller collections.",
+        _milvus_engine_split,
+    ),
+    "search_100k_pgvector": _Why(
+        "pgvector search at 100k",
+        "What would fix it: raise `hnsw.ef_search` only as far as recall needs, keep the HNSW index in memory, or "
+        "use the exact scan for small candidate sets.",
+    ),
+    "ingest_vs_raw": _Why(
+        "Ingestion vs raw encoding",
+        "What would fix it: sort the chunks to embed by length before cutting them into the pipeline's 256-chunk "
+        "steps (see the stepped-encode row of the Ingestion table), and prepare the store while embedding.",
+        _stage_seconds("stage_seconds", "First-ingest stages by seconds", 2),
+    ),
+    "reingest": _Why(
+        "Unchanged re-ingest",
+        "What would fix it: skip unchanged documents before chunking (a per-document content hash in "
+        "`settings.ingest_state_path`) and rebuild L0 only when a document changed.",
+        _stage_seconds("reingest_stage_seconds", "Re-ingest stages by seconds", 3),
+        ("ingestion", "reingest_profile"),
+        "cProfile of an unchanged re-ingest (ms, by cumulative time; rag_core, markdown-it, tokenizers, "
+        "pymilvus, Milvus Lite):",
+    ),
+    "evaluation": _Why(
+        "Offline evaluation",
+        "What would fix it: validate fixtures lazily or with a faster JSON parser, and avoid re-normalising the "
+        "same evidence text per keyword.",
+        profile=("evaluation", "profile"),
+        caption="cProfile of load_fixtures + evaluate (ms, by self time):",
+    ),
+}
+
+
+def _where_time_goes_md(r: Results) -> list[str]:
+    missed = [t["id"] for t in r.get("targets", []) if t.get("met") is False and t["id"] in WHY]
+    out = ["", "## Where the time goes (missed targets)", ""] if missed else []
+    for goal in missed:
+        why = WHY[goal]
+        text, prof = why.breakdown(r), _value(r, why.profile)
+        out += [f"### {why.title}", ""] + ([text, ""] if text else [])
+        out += [why.caption, "", _profile_table(prof), ""] if prof else []
+        out += [why.fix, ""]
     return out
 
 
-FIXES = {
-    "overhead": "What would fix it: almost all of the overhead is L0 query analysis. `L0Index.analyze_query` scores "
-    "every document's names for every query and normalises / tokenises those names again each time "
-    "(`_name_score` -> `text.normalize` / `text.tokenize` in the profile): precompute the normalised names and "
-    "their token sets once when the index is built or loaded, and look candidates up through an inverted "
-    "token -> document map instead of scanning all documents.",
-    "milvus": "What would fix it: Milvus Lite 3 is a Python engine running inside the lookup process; per query it "
-    "builds row masks and visibility checks over every row in Python (the functions in the profile) before "
-    "the vector search itself, so its cost grows linearly with the collection whatever the index. Beyond a few "
-    "thousand chunks use Milvus standalone/distributed (`RAG_MILVUS_URI`), whose C++ engine does this natively; "
-    "keep Milvus Lite for development and small knowledge bases, or keep its collections small (one per domain).",
-    "pgvector": "What would fix it: raise `hnsw.ef_search` only as far as recall needs, keep the HNSW index in "
-    "memory (shared_buffers / OS cache), or use the exact scan for small candidate sets.",
-    "ingest": "What would fix it: two things add up. (1) The pipeline embeds in steps of 256 chunks, and "
-    "sentence-transformers sorts texts by length only within one `encode` call, so the steps pad more than "
-    "one call over all texts (see the diagnostic row in the Ingestion table): sort the chunks to embed by "
-    "length (or token count) before cutting them into steps. (2) What is not embedding is mostly fixed per-run "
-    "cost that does not grow with the corpus: `milvus_prepare` on a fresh data dir starts the in-process "
-    "Milvus Lite server (about 1 s) and creates the collection (about 2 s: schema, BM25 function, four "
-    "indexes). Prepare the store concurrently with embedding (a new collection has nothing to diff against, "
-    "so embedding can start at once) and overlap the store writes with the next batch's embedding.",
-    "reingest": "What would fix it: an unchanged re-ingest still scans, parses and chunks every document "
-    "(counting word pieces), rebuilds and saves the L0 index and reads every chunk hash back from the store. "
-    "Skip unchanged documents before chunking: keep a per-document content hash in the data dir "
-    "(`settings.ingest_state_path` exists for this) and chunk only the documents whose hash changed; rebuild "
-    "L0 only when a document changed.",
-    "evaluation": "What would fix it: validate fixtures lazily or with a faster JSON parser, and avoid "
-    "re-normalising the same evidence text per keyword.",
-}
+def _value(r: Results, path: tuple[str, ...]) -> Any:
+    """``r[path[0]]...[path[-1]]`` (None when missing)."""
+    return section(r, *path[:-1]).get(path[-1]) if path else None
 
 
 def borderline(r: dict[str, Any], margin: float = 0.15) -> list[dict[str, Any]]:
@@ -866,58 +846,51 @@ def borderline(r: dict[str, Any], margin: float = 0.15) -> list[dict[str, Any]]:
     return out
 
 
+_SCALE_NOTES = (
+    "The pgvector HNSW index is built while Milvus inserts (both need CPU), to fit the time budget: build and "
+    "insert seconds are inflated by each other; no search is timed while either runs.",
+    "Milvus HNSW and pgvector HNSW use M=16, efConstruction=64 (pgvector's defaults, which the product uses; the "
+    "product's Milvus HNSW option uses efConstruction=200).",
+    "NumPy exact is measured with the BLAS default threads and with one thread; the faster is the reference. Its "
+    "filtered variant multiplies a pre-extracted matrix of the category's rows.",
+)
+
+
 def _caveats_md(r: dict[str, Any]) -> list[str]:
-    m = r["meta"]
-    out = ["", "## Method notes and caveats", ""]
-    close = borderline(r)
-    if close:
-        out.append(
-            "- Within 15 % of their limit in this run, so they can come out either way on a rerun on this shared "
+    m, sc, ing = r["meta"], r.get("scale") or {}, r.get("ingestion") or {}
+    notes = []
+    if close := borderline(r):
+        notes.append(
+            "Within 15 % of their limit in this run, so they can come out either way on a rerun on this shared "
             "machine: " + "; ".join(f"{t['target']} ({t['ratio']}, {_status(t.get('met'))})" for t in close) + "."
         )
-    out.append(
-        f"- The machine is shared: load average {m.get('load_average_start')} at the start and "
+    notes.append(
+        f"The machine is shared: load average {m.get('load_average_start')} at the start and "
         f"{m.get('load_average_end')} at the end on {m['environment'].get('cpu_count')} CPUs. Absolute timings, "
         "and ratios between steps that ran at different moments, move with that load; each ratio in the targets "
         "table compares figures from this run."
     )
-    sc = r.get("scale") or {}
-    if sc.get("method"):
-        out.append(
-            f"- Scale data is synthetic beyond the {sc['method']['base_rows']} real chunks (perturbed copies, "
-            f"see above). Each real chunk has about rows / {sc['method']['base_rows']} noisy copies "
-            f"({100_000 // sc['method']['base_rows']} at 100k), and such clusters are probably harder for "
-            "HNSW than a real corpus of that size: the ef needed for recall@10 >= 0.95 (and so the HNSW latency) is "
-            "likely higher here than it would be on real data."
+    if base := (sc.get("method") or {}).get("base_rows"):
+        notes.append(
+            f"Scale data is synthetic beyond the {base} real chunks (perturbed copies, see above). Each real chunk "
+            f"has about rows / {base} noisy copies ({100_000 // base} at 100k), and such clusters are probably "
+            "harder for HNSW than a real corpus of that size: the ef needed for recall@10 >= 0.95 (and so the HNSW "
+            "latency) is likely higher here than it would be on real data."
         )
-        out.append(
-            "- The pgvector HNSW index is built while Milvus inserts (both need CPU), to fit the time budget: "
-            "build and insert seconds are inflated by each other; no search is timed while either runs."
+        notes += _SCALE_NOTES
+    if sc.get("skipped"):
+        notes.append(
+            "Skipped in this run (reasons and extrapolations under *Store search at scale -> Skipped*): "
+            + "; ".join(f"{s['what'].split(' (')[0]} at {s['size']:,}" for s in sc["skipped"])
+            + "."
         )
-        out.append(
-            "- Milvus HNSW and pgvector HNSW use M=16, efConstruction=64 (pgvector's defaults, which the product "
-            "uses; the product's Milvus HNSW option uses efConstruction=200). Milvus Lite builds indexes per "
-            "segment in a background thread; the benchmark waits for it before timing (a private Milvus Lite hook, "
-            "bench-only)."
-        )
-        out.append(
-            "- NumPy exact is measured with the BLAS default threads and with one thread; the faster is the "
-            "reference. Its filtered variant multiplies a pre-extracted matrix of the category's rows."
-        )
-        if sc.get("skipped"):
-            out.append(
-                "- Skipped in this run (reasons and extrapolations under *Store search at scale -> Skipped*): "
-                + "; ".join(f"{s['what'].split(' (')[0]} at {s['size']:,}" for s in sc["skipped"])
-                + "."
-            )
-    out.append(
-        "- Latency excludes model loading (done before timing); the trace hand-off is measured against an in-memory "
+    notes.append(
+        "Latency excludes model loading (done before timing); the trace hand-off is measured against an in-memory "
         "recorder that does the real recorder's caller-side work (`trace_row`) but no PostgreSQL write."
     )
-    ing = r.get("ingestion") or {}
     if _ok(ing) and len(ing.get("raw_encode_runs_s", [])) > 1:
-        out.append("- Raw encode throughput is the mean of a run before and a run after the ingest.")
-    return out
+        notes.append("Raw encode throughput is the mean of a run before and a run after the ingest.")
+    return ["", "## Method notes and caveats", ""] + [f"- {n}" for n in notes]
 
 
 # --- printed summary -------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ does not fit what is left and records why. ``--quick`` is a few-minute smoke run
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log
+from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log, parse_command_line
 from bench.context import BenchContext
 from rag_core.fileio import write_text_atomic
 
@@ -37,64 +38,47 @@ class RunState:
     memory_collection: dict[str, Any] | None = None
 
 
-def _ingestion(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import ingestion
-
-    return ingestion.run(ctx)
-
-
-def _latency(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import latency
-
-    return latency.run(ctx, rounds=st.args.rounds)
-
-
-def _concurrency(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import concurrency
-
-    return concurrency.run(ctx)
-
-
-def _engine(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import engine
-
-    return engine.run(ctx, rounds=st.args.rounds)
-
-
-def _evaluation(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import evaluation
-
-    return evaluation.run(st.args.eval_cases, repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root)
+def _module(name: str) -> Any:
+    return importlib.import_module(f"bench.{name}")  # imported when the benchmark runs
 
 
 def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    out = _run_scale(ctx, st.args, st.sizes, memory_next="memory" in st.selected)
+    from bench import scale
+
+    args, sizes, memory_next = st.args, st.sizes, "memory" in st.selected
+    corpus = ctx.get_corpus()
+    keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
+    opts = scale.ScaleOptions(
+        sizes=sizes,
+        pg_max_size=args.pg_max_size,
+        milvus_max_size=args.milvus_max_size,
+        milvus_hnsw_max_size=args.milvus_hnsw_max_size,
+        keep_milvus_size=keep if memory_next else None,
+        overlap_pg_build=not args.no_overlap,
+        budget=ctx.budget,
+        reserve_s=(75 if memory_next else 10),
+        show_progress=ctx.show_progress,
+        workdir=ctx.scratch.root,
+        pg_dsn=ctx.scratch.pg_dsn,
+        single_queries=10 if ctx.quick else 20,
+    )
+    out = scale.run(scale.BaseData.from_corpus(corpus.chunks, corpus.vectors), ctx.query_vectors, opts)
     st.memory_collection = out.get("memory_collection")
     return out
 
 
-def _memory(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import memory
-
-    return memory.run(ctx, st.memory_collection)
-
-
-def _embedding(ctx: BenchContext, st: RunState) -> dict[str, Any]:
-    from bench import embedding_backends
-
-    return embedding_backends.speed(ctx)
-
-
 # The benchmarks in run order (scale before memory: memory reuses the collection scale keeps).
 RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
-    "ingestion": _ingestion,
-    "latency": _latency,
-    "concurrency": _concurrency,
-    "engine": _engine,
-    "evaluation": _evaluation,
+    "ingestion": lambda ctx, st: _module("ingestion").run(ctx),
+    "latency": lambda ctx, st: _module("latency").run(ctx, rounds=st.args.rounds),
+    "concurrency": lambda ctx, st: _module("concurrency").run(ctx),
+    "engine": lambda ctx, st: _module("engine").run(ctx, rounds=st.args.rounds),
+    "evaluation": lambda ctx, st: _module("evaluation").run(
+        st.args.eval_cases, repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root
+    ),
     "scale": _scale,
-    "memory": _memory,
-    "embedding": _embedding,
+    "memory": lambda ctx, st: _module("memory").run(ctx, st.memory_collection),
+    "embedding": lambda ctx, st: _module("embedding_backends").speed(ctx),
 }
 BENCHMARKS = tuple(RUNNERS)
 
@@ -118,38 +102,23 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    p.add_argument("--quick", action="store_true", help="small sizes and few repetitions (a smoke run)")
-    p.add_argument(
-        "--sizes",
-        type=_sizes,
-        default=None,
-        help="scale sizes, comma-separated (default 10000,100000,300000; --quick: 10000)",
-    )
-    p.add_argument("--out", type=Path, default=RESULTS_DIR, help="results directory (default bench/results)")
-    p.add_argument("--only", type=_names, default=BENCHMARKS, help=f"subset of: {','.join(BENCHMARKS)}")
-    p.add_argument("--skip", type=_names, default=(), help="benchmarks to leave out")
-    p.add_argument("--budget-min", type=float, default=None, help="wall-clock budget (default 12; --quick: 6)")
-    p.add_argument("--pg-max-size", type=int, default=100_000, help="largest pgvector scale size (HNSW build time)")
-    p.add_argument("--milvus-max-size", type=int, default=300_000, help="largest Milvus Lite scale size")
-    p.add_argument(
-        "--milvus-hnsw-max-size",
-        type=int,
-        default=0,
-        help="largest size at which Milvus HNSW is built and swept (default 0: the embedded engine, "
-        "milvus-lite 2.5, has no HNSW; raise it for a Milvus server URI)",
-    )
-    p.add_argument("--rounds", type=int, default=None, help="latency rounds over the queries (default 3; --quick: 1)")
-    p.add_argument("--eval-cases", type=int, default=1000, help="cases of the offline evaluation benchmark")
-    p.add_argument(
-        "--no-overlap",
-        action="store_true",
-        help="build the pgvector index before, not while, Milvus inserts (slower, cleaner timings)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    return p.parse_args(argv)
+    hnsw = "0: the embedded engine, milvus-lite 2.5, has no HNSW; raise it for a Milvus server URI"
+    options: dict[str, dict[str, Any]] = {
+        "--quick": dict(action="store_true", help="small sizes and few repetitions (a smoke run)"),
+        "--sizes": dict(type=_sizes, help="scale sizes, comma-separated (default 10000,100000,300000; --quick: 10000)"),
+        "--out": dict(type=Path, default=RESULTS_DIR, help="results directory (default bench/results)"),
+        "--only": dict(type=_names, default=BENCHMARKS, help=f"subset of: {','.join(BENCHMARKS)}"),
+        "--skip": dict(type=_names, default=(), help="benchmarks to leave out"),
+        "--budget-min": dict(type=float, help="wall-clock budget (default 12; --quick: 6)"),
+        "--pg-max-size": dict(type=int, default=100_000, help="largest pgvector scale size (HNSW build time)"),
+        "--milvus-max-size": dict(type=int, default=300_000, help="largest Milvus scale size"),
+        "--milvus-hnsw-max-size": dict(type=int, default=0, help=f"largest size with Milvus HNSW (default {hnsw})"),
+        "--rounds": dict(type=int, help="latency rounds over the queries (default 3; --quick: 1)"),
+        "--eval-cases": dict(type=int, default=1000, help="cases of the offline evaluation benchmark"),
+        "--no-overlap": dict(action="store_true", help="build the pgvector index before, not while, Milvus inserts"),
+        "--no-progress": dict(action="store_true", help="no progress bars"),
+    }
+    return parse_command_line(__doc__, options, argv, prog="python -m bench.run")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,29 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary_text(results))
     print(f"\nresults: {args.out / 'results.md'} and {args.out / 'results.json'}")
     return 0
-
-
-def _run_scale(ctx: BenchContext, args: argparse.Namespace, sizes: tuple[int, ...], memory_next: bool) -> dict:
-    from bench import scale
-
-    corpus = ctx.get_corpus()
-    base = scale.BaseData.from_corpus(corpus.chunks, corpus.vectors)
-    keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
-    opts = scale.ScaleOptions(
-        sizes=sizes,
-        pg_max_size=args.pg_max_size,
-        milvus_max_size=args.milvus_max_size,
-        milvus_hnsw_max_size=args.milvus_hnsw_max_size,
-        keep_milvus_size=keep if memory_next else None,
-        overlap_pg_build=not args.no_overlap,
-        budget=ctx.budget,
-        reserve_s=(75 if memory_next else 10),
-        show_progress=ctx.show_progress,
-        workdir=ctx.scratch.root,
-        pg_dsn=ctx.scratch.pg_dsn,
-        single_queries=10 if ctx.quick else 20,
-    )
-    return scale.run(base, ctx.query_vectors, opts)
 
 
 def _write(out: Path, results: dict[str, Any], started: float, final: bool) -> None:

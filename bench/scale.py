@@ -36,15 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import (
-    Budget,
-    log,
-    milvus_lite_engine_collection,
-    milvus_lite_settle,
-    profile_top,
-    progress,
-    ratio,
-)
+from bench.common import Budget, log, progress, ratio
 from bench.harness import Stats, Target, measure
 
 RARE = "bench_rare"
@@ -381,7 +373,6 @@ def milvus_load(uri: str, ds: Dataset, base: BaseData, opts: ScaleOptions) -> di
     insert_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     client.flush(COLLECTION)
-    milvus_lite_settle(uri, COLLECTION)
     flush_s = time.perf_counter() - t0
     return {
         "client": client,
@@ -391,8 +382,8 @@ def milvus_load(uri: str, ds: Dataset, base: BaseData, opts: ScaleOptions) -> di
     }
 
 
-def milvus_set_index(client: Any, uri: str, index_type: str, params: dict[str, Any]) -> float:
-    """Replace the dense index (release, drop, create, load, wait for the build); seconds."""
+def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> float:
+    """Replace the dense index (release, drop, create, load); seconds."""
     t0 = time.perf_counter()
     client.release_collection(COLLECTION)
     client.drop_index(COLLECTION, "vector_idx")  # Milvus Lite names indexes "<field>_idx"
@@ -400,7 +391,6 @@ def milvus_set_index(client: Any, uri: str, index_type: str, params: dict[str, A
     index.add_index("vector", index_type=index_type, metric_type="COSINE", params=params)
     client.create_index(COLLECTION, index)
     client.load_collection(COLLECTION)
-    milvus_lite_settle(uri, COLLECTION)
     described = client.describe_index(COLLECTION, "vector")
     if not described or described.get("index_type") != index_type:
         raise RuntimeError(f"Milvus index is {described!r}, expected {index_type}")
@@ -450,41 +440,6 @@ def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
         )
 
     return measure([Target("bm25", search)], terms[1:], warmup=terms[:1])["bm25"].stats.to_dict()
-
-
-def milvus_store_api(uri: str, ds: Dataset, k: int, n: int) -> dict[str, Any]:
-    """The product call (MilvusStore.search: output fields incl. text) on the same collection,
-    with its recall on the ``n`` queries timed."""
-    from rag_core.stores.milvus import MilvusStore
-
-    return product_search(MilvusStore(uri, COLLECTION), ds, k, n)
-
-
-def milvus_profile(uri: str, client: Any, ds: Dataset, k: int, params: dict[str, Any]) -> dict[str, Any]:
-    """Where a Milvus Lite search spends its time: client round trip vs the in-process engine,
-    and the engine's top functions (cProfile of the engine's own search call)."""
-    col = milvus_lite_engine_collection(uri, COLLECTION)
-    if col is None:
-        return {"error": "Milvus Lite engine not reachable in-process"}
-    qs = list(ds.Q[:3])
-
-    def via_client(_h: None, q: np.ndarray) -> Any:
-        sp = {"metric_type": "COSINE", "params": params}
-        return client.search(
-            COLLECTION, data=[q.tolist()], limit=k, anns_field="vector", output_fields=["chunk_id"], search_params=sp
-        )
-
-    def in_engine(_h: None, q: np.ndarray) -> Any:
-        return col.search([q.tolist()], top_k=k, anns_field="vector", output_fields=["chunk_id"], search_params=params)
-
-    t = measure([Target("client", via_client), Target("engine", in_engine)], qs)
-    return {
-        "client_ms_p50": Stats.of(t["client"].ms, 2).p50,
-        "engine_ms_p50": Stats.of(t["engine"].ms, 2).p50,
-        "engine_top_functions": profile_top(
-            lambda: [in_engine(None, q) for q in qs], sort="tottime", top=10, per=len(qs)
-        ),
-    }
 
 
 # --- pgvector ----------------------------------------------------------------------------------------
@@ -589,25 +544,11 @@ def pg_measure(dsn: str, table: str, ds: Dataset, k: int, mode: str, ef: int | N
         return measure_config(cfg, ds, k)
 
 
-def pg_store_api(dsn: str, table: str, ds: Dataset, k: int, n: int) -> dict[str, Any]:
-    """The product call (PgVectorStore.search: exact below 20k candidate rows, else HNSW ef_search=100
-    with iterative scans) on the same table, with its recall."""
-    from rag_core.stores.pgvector import PgVectorStore
-
-    return product_search(PgVectorStore(dsn, table), ds, k, n)
-
-
 def _pg_store_plan() -> dict[str, Any]:
     """PgVectorStore's dense-search plan constants (exact scan below a row count, else HNSW)."""
-    try:
-        from rag_core.stores import pgvector
+    from rag_core.stores import pgvector
 
-        return {
-            "exact_scan_max_rows": getattr(pgvector, "EXACT_SCAN_MAX_ROWS", None),
-            "ef_search": getattr(pgvector, "EF_SEARCH", None),
-        }
-    except Exception:
-        return {}
+    return {"exact_scan_max_rows": pgvector.EXACT_SCAN_MAX_ROWS, "ef_search": pgvector.EF_SEARCH}
 
 
 # --- the run: sizes x the store table -------------------------------------------------------------------
@@ -815,6 +756,8 @@ def _pg_load(run: ScaleRun, sr: SizeRun) -> Loaded:
 
 
 def _pg_measure(run: ScaleRun, sr: SizeRun, pg: _PgTable) -> dict[str, Any]:
+    from rag_core.stores.pgvector import PgVectorStore
+
     opts = run.opts
     overlapped = opts.overlap_pg_build and "milvus" in sr.loaded
     sr.res["setup"]["pgvector"]["overlapped_with_milvus_insert"] = bool(overlapped)
@@ -827,7 +770,7 @@ def _pg_measure(run: ScaleRun, sr: SizeRun, pg: _PgTable) -> dict[str, Any]:
     return store_entry(
         configs,
         best_hnsw=best_hnsw.to_dict() if best_hnsw else None,
-        store_api=pg_store_api(pg.dsn, pg.table, sr.ds, opts.k, min(len(run.Q), 20)),
+        store_api=product_search(PgVectorStore(pg.dsn, pg.table), sr.ds, opts.k, min(len(run.Q), 20)),
     )
 
 
@@ -896,7 +839,7 @@ def _milvus_hnsw(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[Confi
         return []
     t0 = time.perf_counter()
     build = {"M": opts.hnsw_m, "efConstruction": opts.hnsw_ef_construction}
-    sr.res["setup"]["milvus"]["hnsw_build_s"] = round(milvus_set_index(m.client, m.uri, "HNSW", build), 2)
+    sr.res["setup"]["milvus"]["hnsw_build_s"] = round(milvus_set_index(m.client, "HNSW", build), 2)
     m.index = "HNSW"
     efs = opts.milvus_ef if swept or choice is None else (choice.params["ef"],)
     configs = [
@@ -908,6 +851,8 @@ def _milvus_hnsw(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[Confi
 
 
 def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[str, Any]:
+    from rag_core.stores.milvus import MilvusStore
+
     opts, ds = run.opts, sr.ds
     t0 = time.perf_counter()
     configs = [measure_config(milvus_config(m.client, opts.k, {}, "FLAT", sr.n_single), ds, opts.k)]
@@ -918,15 +863,15 @@ def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[st
     if sr.n <= opts.milvus_hnsw_max_size:
         run.milvus_choice = best
     if m.index == "HNSW" and (best is None or best.config == "FLAT"):
-        milvus_set_index(m.client, m.uri, "FLAT", {})
+        milvus_set_index(m.client, "FLAT", {})
         m.index = "FLAT"
     entry = store_entry(configs, bm25_ms=bm25_ms)
-    if best and sr.n == TARGET_SIZE:  # where a Milvus Lite search spends its time
-        entry["profile"] = milvus_profile(m.uri, m.client, ds, opts.k, best.params if m.index == "HNSW" else {})
-    entry["store_api"] = milvus_store_api(m.uri, ds, opts.k, min(sr.n_single, 5)) | {"index": m.index}
+    # the product call (output fields incl. text) on the same collection
+    entry["store_api"] = product_search(MilvusStore(m.uri, COLLECTION), ds, opts.k, min(sr.n_single, 5))
+    entry["store_api"]["index"] = m.index
     if opts.keep_milvus_size == sr.n:  # the product's default index, for the memory benchmark
         if m.index != "FLAT":
-            milvus_set_index(m.client, m.uri, "FLAT", {})
+            milvus_set_index(m.client, "FLAT", {})
             m.index = "FLAT"
         run.out["memory_collection"] = {
             "uri": m.uri,
