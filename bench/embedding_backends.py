@@ -123,7 +123,7 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
                 "cases": len(cases),
                 "recall@5": s.recall_at_k.get(5),
                 "mrr": s.mrr,
-                "status": manifest["store_status"]["status"],
+                "status": manifest.store_status.status,
                 "misses": [r.case_id for r in rep.cases if r.first_hit_rank is None or r.first_hit_rank > 5],
             }
             if sidecar:
@@ -134,7 +134,7 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
                     "cases": len(cases),
                     "recall@5": pg.recall_at_k.get(5),
                     "mrr": pg.mrr,
-                    "status": pg_manifest["store_status"]["status"],
+                    "status": pg_manifest.store_status.status,
                 }
     stats = query_ms(embedder, queries)
     out["query_ms"] = {"p50": stats.p50, "p95": stats.p95, "n": stats.n}

@@ -159,7 +159,7 @@ def compare(
 
     comparison = compare_stores(settings_or_exit(), query)
     if as_json:
-        print(json.dumps(comparison, indent=2, ensure_ascii=False))
+        print(comparison.model_dump_json(indent=2))
     else:
         print_compare(console, comparison)
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
 if TYPE_CHECKING:  # annotations only: `rag --help` stays light
+    from rag_core.compare import CandidateRow, StoreComparison
     from rag_core.ingest.pipeline import IngestReport
     from rag_core.lookup.contracts import LookupResult
 
@@ -89,37 +90,36 @@ def print_lookup(console: Console, result: LookupResult) -> None:
     )
 
 
-def print_compare(console: Console, comparison: dict[str, Any]) -> None:
+def print_compare(console: Console, comparison: StoreComparison) -> None:
     console.print(
-        f"[bold]{comparison['query']}[/bold]  sidecar: {comparison['sidecar_status']}"
-        + (f" ({comparison['sidecar_reason']})" if comparison.get("sidecar_reason") else "")
+        f"[bold]{comparison.query}[/bold]  sidecar: {comparison.sidecar_status}"
+        + (f" ({comparison.sidecar_reason})" if comparison.sidecar_reason else "")
     )
     t = table(
         "rank", "milvus doc_id", "breadcrumb", "similarity", "pgvector doc_id", "breadcrumb", "similarity", "same"
     )
-    for row in comparison["rows"]:
-        m, p = row.get("main") or {}, row.get("sidecar") or {}
-        same = row["same_doc"]
-        style = None if same else "bold yellow"
+    for row in comparison.rows:
+        m, p = row.main, row.sidecar
         t.add_row(
-            str(row["rank"]),
-            m.get("doc_id", ""),
-            m.get("breadcrumb", ""),
+            str(row.rank),
+            m.doc_id if m else "",
+            m.breadcrumb if m else "",
             _score(m),
-            p.get("doc_id", ""),
-            p.get("breadcrumb", ""),
+            p.doc_id if p else "",
+            p.breadcrumb if p else "",
             _score(p),
-            "=" if same else "≠",
-            style=style,
+            "=" if row.same_doc else "≠",
+            style=None if row.same_doc else "bold yellow",
         )
     console.print(t)
     console.print(
-        f"top-5 doc overlap (over the ranks filled): {comparison['overlap_at_5']:.2f}  "
-        f"(raw scores are not comparable: {comparison['score_labels']})"
+        f"top-5 doc overlap (over the ranks filled): {comparison.overlap_at_5:.2f}  "
+        f"(raw scores are not comparable: {comparison.score_labels})"
     )
 
 
-def _score(c: dict[str, Any]) -> str:
-    if not c:
+def _score(c: CandidateRow | None) -> str:
+    """``similarity (raw score and the first part of its label)``; empty past a store's last rank."""
+    if c is None:
         return ""
-    return f"{c['similarity']:.3f} ({c['raw_score']:.3f} {c['score_label'].split('[')[0]})"
+    return f"{c.similarity:.3f} ({c.raw_score:.3f} {c.score_label.split('[')[0]})"

@@ -13,7 +13,7 @@ from rag_core.evaluation.cli import eval_app
 from rag_core.evaluation.evaluator import evaluate
 from rag_core.evaluation.fixtures import load_fixtures, write_manifest
 from rag_core.evaluation.reports import (
-    ComparisonReport,
+    load_comparison,
     load_report,
     write_baseline_report,
     write_comparison_report,
@@ -69,9 +69,11 @@ def main_set(tmp_path: Path):
 
 def test_baseline_report_files_and_sections(tmp_path: Path, main_set):
     report, _ = main_set
-    json_path, md_path = write_baseline_report(report, tmp_path / "out")
+    written = write_baseline_report(report, tmp_path / "out")
+    json_path, md_path = written.files.json_path, written.files.markdown_path
 
-    assert load_report(json_path) == report
+    assert written.report is report and load_report(json_path) == report
+    assert written.files.chart_path == tmp_path / "out" / "baseline-recall.png"
     assert json.loads(json_path.read_text())["summary"]["recall_at_k"]["1"] == pytest.approx(1 / 3)
     assert (tmp_path / "out" / "baseline-recall.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -102,14 +104,12 @@ def test_baseline_with_several_stores_and_not_run(tmp_path: Path, main_set):
     (tmp_path / "side").mkdir()
     write_manifest(tmp_path / "side", make_manifest("pgvector", available=False, reason="pg down"))
     side = evaluate(CASES, load_fixtures(tmp_path / "side", IDS))
-    _, md_path = write_baseline_report(report, tmp_path / "out", "nightly", other_stores=[side])
-    md = md_path.read_text()
+    md = write_baseline_report(report, tmp_path / "out", "nightly", other_stores=[side]).files.markdown_path.read_text()
     assert "| metric | `milvus` | `pgvector` |" in md
     assert (tmp_path / "out" / "nightly-recall.png").exists()
     assert not (tmp_path / "out" / "nightly.json").read_text().count("pgvector")
 
-    _, md_path = write_baseline_report(side, tmp_path / "out", "side")
-    md = md_path.read_text()
+    md = write_baseline_report(side, tmp_path / "out", "side").files.markdown_path.read_text()
     assert "## Not run" in md and "pg down" in md and "**unavailable**" in md
 
 
@@ -117,31 +117,35 @@ def test_comparison_with_sidecar_unavailable_keeps_main_results(tmp_path: Path, 
     report, fixtures = main_set
     side_fx = load_fixtures(tmp_path / "missing-sidecar", IDS)
     side = evaluate(CASES, side_fx)
-    json_path, md_path = write_comparison_report(
+    written = write_comparison_report(
         report, side, fixtures, side_fx, side_fx.store_status.model_dump(), tmp_path / "out"
     )
-    md = md_path.read_text()
+    md = written.files.markdown_path.read_text()
     assert "Sidecar status: unavailable" in md and "not found" in md
     assert "main `milvus`" in md and "recall@5" in md and "k/A.md" in md
-    data = ComparisonReport.model_validate_json(json_path.read_text())
+    data = load_comparison(written.files.json_path)
+    assert data == written.report
     assert data.sidecar_status.status == "unavailable"
     assert data.main == report
     assert data.cases[0].main_top[0].doc_id == "k/A.md"
     assert data.mean_rank_overlap == {5: None, 10: None}
 
     # No sidecar report at all is the same story.
-    _, md_path = write_comparison_report(report, None, fixtures, None, None, tmp_path / "none")
-    assert "Sidecar status: unavailable" in md_path.read_text()
+    written = write_comparison_report(report, None, fixtures, None, None, tmp_path / "none")
+    assert written.report.sidecar is None and not written.report.sidecar_status.available
+    assert "Sidecar status: unavailable" in written.files.markdown_path.read_text()
 
 
 def test_comparison_side_by_side(tmp_path: Path, main_set):
     report, fixtures = main_set
     side_fx = load_fixtures(sidecar_fixtures(tmp_path / "side"), IDS)
     side = evaluate(CASES, side_fx)
-    json_path, md_path = write_comparison_report(
+    written = write_comparison_report(
         report, side, fixtures, side_fx, {"status": "available", "reason": None}, tmp_path / "out"
     )
-    data = ComparisonReport.model_validate_json(json_path.read_text())
+    md_path = written.files.markdown_path
+    data = written.report
+    assert load_comparison(written.files.json_path) == data
     c1, c2, c3 = data.cases
     assert c1.differing_ranks == [1, 2, 3]  # main has a third doc (a candidate), sidecar none
     assert c2.differing_ranks == []

@@ -144,5 +144,7 @@ def test_run_suite_ingests_records_and_evaluates(tmp_path, embedder):
     assert report.summary.case_count == 2 and report.summary.not_run == 0
     assert report.summary.recall_at_k[5] == 1.0
     assert report.filter_cost is not None
-    assert (Path(outcome.report_dir or "") / "current.md").is_file()
+    assert outcome.current_files is not None and outcome.comparison_files is not None
+    assert outcome.current_files.markdown_path == Path(outcome.report_dir or "") / "current.md"
+    assert outcome.current_files.markdown_path.is_file() and outcome.comparison_files.json_path.is_file()
     assert (tmp_path / "data" / "suites" / "tiny" / "fixtures" / "milvus" / "s-1.json").is_file()

@@ -72,8 +72,8 @@ def test_files_written_now_carry_format_version_2_and_the_new_names(tmp_path: Pa
     old = {"path", "path_status", "normalized_score", "context_pack_sources"}
     assert not old & {*fixture, *manifest, *fixture["candidates"][0]}
 
-    json_path, _ = write_baseline_report(evaluate([CASE], load_fixtures(directory, ["a"])), tmp_path / "out")
-    report = json.loads(json_path.read_text())
+    written = write_baseline_report(evaluate([CASE], load_fixtures(directory, ["a"])), tmp_path / "out")
+    report = json.loads(written.files.json_path.read_text())
     assert report["format_version"] == 2 and report["store"] == "pgvector" and "schema_version" not in report
 
 

@@ -60,7 +60,7 @@ def test_sidecar_failure_leaves_the_main_store_answering(both, embedder):
     assert "topsecret" not in r.model_dump_json()
 
 
-def test_paths_agree_on_exact_search(both, embedder):
+def test_stores_agree_on_exact_search(both, embedder):
     _, main, side = both
     v = embedder.embed_query("kafka consumer lag is growing")
     m = [h.chunk_id for h in main.search(v, 5)]
@@ -80,15 +80,16 @@ def test_compare_stores_side_by_side(both, pg_dsn, pg_table):
     main.close()  # compare opens its own stores from the settings
     cfg = settings.model_copy(update={"pg_dsn": SecretStr(pg_dsn), "pg_table": pg_table})
     out = compare_stores(cfg, "kafka consumer lag keeps growing")
-    assert out["sidecar_status"] == "available" and out["rows"]
-    first = out["rows"][0]
-    assert first["main"]["doc_id"] == "queues/KafkaConsumerLagHigh.md" and first["same_doc"]
-    assert first["main"]["score_label"].startswith("milvus") and first["sidecar"]["score_label"].startswith("pgvector")
-    assert 0 < out["overlap_at_5"] <= 1
+    assert out.sidecar_status == "available" and out.rows
+    first = out.rows[0]
+    assert first.main is not None and first.sidecar is not None and first.same_doc
+    assert first.main.doc_id == "queues/KafkaConsumerLagHigh.md"
+    assert first.main.score_label.startswith("milvus") and first.sidecar.score_label.startswith("pgvector")
+    assert 0 < out.overlap_at_5 <= 1
     down = compare_stores(
         settings.model_copy(update={"pg_dsn": SecretStr("postgresql://u:pw9@127.0.0.1:9/x")}), "kafka consumer lag"
     )
-    assert down["sidecar_status"] in ("unavailable", "error") and down["rows"][0]["main"]
+    assert down.sidecar_status in ("unavailable", "error") and down.rows[0].main
     assert "pw9" not in str(down)
 
 

@@ -1,13 +1,11 @@
 """Asset checks: regression gate (blocking), sidecar parity (warning), document and fixture hygiene."""
 
-import json
-from pathlib import Path
-
 import dagster as dg
 
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table
+from rag_core.evaluation.reports import ComparisonReport, load_comparison
 from rag_core.ingest.plan import DocumentScan
 
 HOW_TO_BASELINE = (
@@ -75,31 +73,29 @@ def baseline_regression(rag: RagSettingsResource, evaluation: EvaluationConfigRe
     )
 
 
-def _lowest_overlap_rows(comparison: dict, limit: int = 10) -> list[list]:
-    cases = [c for c in comparison["cases"] if c["rank_overlap"].get("5") is not None]
-    cases.sort(key=lambda c: (c["rank_overlap"]["5"], c["case_id"]))
-    return [
-        [c["case_id"], f"{c['rank_overlap']['5']:.2f}", c["main_hit_level"], c["sidecar_hit_level"]]
-        for c in cases[:limit]
-    ]
+def _lowest_overlap_rows(comparison: ComparisonReport, limit: int = 10) -> list[list]:
+    """``[case, top-5 overlap, main hit level, sidecar hit level]`` of the ``limit`` cases with
+    the lowest top-5 overlap (cases run on both stores only)."""
+    overlaps = [(overlap, c) for c in comparison.cases if (overlap := c.rank_overlap.get(5)) is not None]
+    overlaps.sort(key=lambda pair: (pair[0], pair[1].case_id))
+    return [[c.case_id, f"{overlap:.2f}", c.main_hit_level, c.sidecar_hit_level] for overlap, c in overlaps[:limit]]
 
 
 @dg.asset_check(asset="comparison_report")
 def sidecar_parity(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.AssetCheckResult:
     """Warns when the mean top-5 doc overlap of pgvector vs Milvus is below
     ``parity_min_overlap``, or when the sidecar was unavailable (parity not measured)."""
-    path = evaluation.files(rag.get_settings()).comparison_json
-    comparison = json.loads(Path(path).read_text(encoding="utf-8"))
-    status = comparison["sidecar_status"]
+    comparison = load_comparison(evaluation.files(rag.get_settings()).comparison_json)
+    status = comparison.sidecar_status
     threshold = evaluation.parity_min_overlap
-    if status["status"] != "available":
+    if not status.available:
         return dg.AssetCheckResult(
             passed=False,
             severity=dg.AssetCheckSeverity.WARN,
-            description=f"sidecar {status['status']}: {status.get('reason') or 'no reason given'}; parity not measured",
-            metadata={"sidecar_status": status["status"]},
+            description=f"sidecar {status.status}: {status.reason or 'no reason given'}; parity not measured",
+            metadata={"sidecar_status": status.status},
         )
-    overlap = comparison["mean_rank_overlap"].get("5")
+    overlap = comparison.mean_rank_overlap.get(5)
     passed = overlap is not None and overlap >= threshold
     shown = "n/a" if overlap is None else f"{overlap:.3f}"
     return dg.AssetCheckResult(
@@ -145,12 +141,12 @@ def fixture_coverage(store: str, settings) -> dg.AssetCheckResult:
     """Passes when every case of the golden case file has a fixture file on ``store`` (or the
     sidecar is unavailable: that is the parity check's concern)."""
     from rag_core.evaluation.cases import load_cases
+    from rag_core.evaluation.fixtures import read_manifest
 
     cases = load_cases(settings.golden_cases)
     out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(store)
-    manifest_file = out_dir / "manifest.json"
-    manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else {}
-    status = (manifest.get("store_status") or {}).get("status", "missing manifest")
+    manifest = read_manifest(out_dir)
+    status = manifest.store_status.status if manifest else "missing manifest"
     if store == "pgvector" and status == "unavailable":
         return dg.AssetCheckResult(
             passed=True,

@@ -7,7 +7,6 @@ The evaluation reads fixtures only and writes its ``EvaluationReport`` JSON unde
 """
 
 import hashlib
-import json
 from collections import Counter
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from rag_assets.metadata import floats, md_table
 from rag_assets.timing import NIGHTLY_FRESHNESS
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
 from rag_core.evaluation.evaluator import EvaluationReport
+from rag_core.evaluation.fixtures import FixtureManifest, StoreStatus
 from rag_core.settings import RagSettings
 
 
@@ -57,29 +57,31 @@ def golden_cases(rag: RagSettingsResource) -> dg.Output[list[GoldenCase]]:
 # --- fixtures --------------------------------------------------------------------------------
 
 
-def _fixture_metadata(manifest: dict, out_dir: Path) -> dict:
-    status = manifest.get("store_status") or {}
+def _fixture_metadata(manifest: FixtureManifest, out_dir: Path) -> dict:
+    """Metadata of a fixtures asset: store status and reason, fixture and case counts, corpus
+    hash (16 hex digits), model, recording session, the fixtures directory."""
     return {
-        "status": status.get("status", "unknown"),
-        "reason": status.get("reason") or "",
+        "status": manifest.store_status.status,
+        "reason": manifest.store_status.reason or "",
         "fixture_count": sum(1 for p in out_dir.glob("*.json") if p.name != "manifest.json"),
-        "case_count": manifest.get("case_count") or 0,
-        "corpus_hash": (manifest.get("corpus_hash") or "")[:16],
-        "model_id": manifest.get("model_id") or "",
-        "session": manifest.get("session") or "",
+        "case_count": manifest.case_count or 0,
+        "corpus_hash": (manifest.corpus_hash or "")[:16],
+        "model_id": manifest.model_id or "",
+        "session": (manifest.model_extra or {}).get("session") or "",
         "fixtures_dir": dg.MetadataValue.path(str(out_dir)),
     }
 
 
-def _record(store: str, settings: RagSettings, embedder) -> tuple[dict, dict]:
+def _record(store: str, settings: RagSettings, embedder) -> tuple[FixtureManifest, dict]:
+    """Record ``store``'s fixtures; the manifest written and the asset metadata."""
     from rag_core.recording.record import record_fixtures
 
     out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(store)
     manifest = record_fixtures(
         settings,
-        store,
+        store,  # type: ignore[arg-type]
         settings.golden_cases,
-        out_dir,  # type: ignore[arg-type]
+        out_dir,
         embedder=embedder,
         progress=False,
     )
@@ -97,8 +99,9 @@ def retrieval_fixtures_milvus(
     """
     with milvus.lock(context.log):
         manifest, metadata = _record("milvus", rag.get_settings(), embedder.get())
-    if metadata["status"] != "available":
-        raise dg.Failure(description=f"main store (Milvus) unavailable: {metadata['reason']}", metadata=metadata)
+    if not manifest.store_status.available:
+        reason = manifest.store_status.reason
+        raise dg.Failure(description=f"main store (Milvus) unavailable: {reason}", metadata=metadata)
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -118,17 +121,13 @@ def retrieval_fixtures_pgvector(
         out_dir = AssetFiles.under(settings.data_dir).fixtures_dir("pgvector")
         for old in out_dir.glob("*.json"):
             old.unlink()
-        manifest = {
-            "store": "pgvector",
-            "cases_file": str(settings.golden_cases),
-            "store_status": {"status": "unavailable", "reason": "sidecar disabled (RAG_SIDECAR_ENABLED=false)"},
-        }
-        write_manifest(out_dir, manifest)
-        return dg.MaterializeResult(metadata=_fixture_metadata(manifest, out_dir))
+        disabled = StoreStatus(status="unavailable", reason="sidecar disabled (RAG_SIDECAR_ENABLED=false)")
+        manifest = FixtureManifest(store="pgvector", cases_file=str(settings.golden_cases), store_status=disabled)
+        return dg.MaterializeResult(metadata=_fixture_metadata(write_manifest(out_dir, manifest), out_dir))
     with pgvector.lock(context.log):
-        _, metadata = _record("pgvector", settings, embedder.get())
-    if metadata["status"] != "available":
-        context.log.warning("pgvector sidecar unavailable: %s", metadata["reason"])
+        manifest, metadata = _record("pgvector", settings, embedder.get())
+    if not manifest.store_status.available:
+        context.log.warning("pgvector sidecar unavailable: %s", manifest.store_status.reason)
     return dg.MaterializeResult(metadata=metadata)
 
 
@@ -236,8 +235,6 @@ golden_evaluation_pgvector = _evaluation_asset("pgvector")
 
 def summary_json(report: EvaluationReport) -> dict:
     """The compact JSON shown in the UI: status, manifest, summary, by-scenario summaries."""
-    return json.loads(
-        report.model_dump_json(
-            include={"store", "store_status", "manifest", "ks", "strong_k", "summary", "by_scenario"}
-        )
+    return report.model_dump(
+        mode="json", include={"store", "store_status", "manifest", "ks", "strong_k", "summary", "by_scenario"}
     )

@@ -6,9 +6,6 @@ default); in the UI the chart is inlined in the report metadata (a PNG data URI)
 ``baseline_regression`` check, so a regression keeps the last good reports published.
 """
 
-import json
-from pathlib import Path
-
 import dagster as dg
 
 from rag_assets.defs.evaluation import load_evaluation, metric_values, summary_json
@@ -17,23 +14,36 @@ from rag_assets.files import copy_atomic
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import chart_md, floats, inline_images, md_table, rounded
 from rag_assets.timing import NIGHTLY_FRESHNESS
+from rag_core.evaluation.reports import ComparisonReport, ReportFiles
 
 REPORT_NAMES = ("baseline", "comparison")
 REPORT_SUFFIXES = (".json", ".md", "-recall.png")
 
 
-def _report_files(md_path: Path, json_path: Path) -> dict:
-    return {"json_path": dg.MetadataValue.path(str(json_path)), "markdown_path": dg.MetadataValue.path(str(md_path))}
+def _file_paths(files: ReportFiles) -> dict:
+    return {
+        "json_path": dg.MetadataValue.path(str(files.json_path)),
+        "markdown_path": dg.MetadataValue.path(str(files.markdown_path)),
+    }
 
 
-def report_metadata(md_path: Path) -> dict:
+def report_metadata(files: ReportFiles) -> dict:
     """The Markdown report with its recall@K chart inline (the UI cannot follow the file's
     relative image link), and the chart on its own as ``recall_chart``."""
-    chart = md_path.with_name(f"{md_path.stem}-recall.png")
+    md_path = files.markdown_path
     metadata = {"report": dg.MetadataValue.md(inline_images(md_path.read_text(encoding="utf-8"), md_path.parent))}
-    if chart.is_file():
-        metadata["recall_chart"] = chart_md(chart, "recall@K per store")
+    if files.chart_path.is_file():
+        metadata["recall_chart"] = chart_md(files.chart_path, "recall@K per store")
     return metadata
+
+
+def comparison_summary(comparison: ComparisonReport) -> dict:
+    """The compact JSON shown in the UI: sidecar status, mean rank overlap per K, both summaries."""
+    return {
+        **comparison.model_dump(mode="json", include={"sidecar_status", "mean_rank_overlap"}),
+        "main": comparison.main.summary.model_dump(mode="json"),
+        "sidecar": comparison.sidecar.summary.model_dump(mode="json") if comparison.sidecar else None,
+    }
 
 
 @dg.asset(
@@ -54,15 +64,14 @@ def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResour
     report = load_evaluation(settings, "milvus")
     if report is None:
         raise dg.Failure("no main-store evaluation to report: materialize golden_evaluation_milvus")
-    files = evaluation.files(settings)
-    json_path, md_path = write_baseline_report(report, files.reports_dir, "baseline")
+    written = write_baseline_report(report, evaluation.files(settings).reports_dir, "baseline")
     return dg.MaterializeResult(
         metadata={
-            **report_metadata(md_path),
+            **report_metadata(written.files),
             "summary": dg.MetadataValue.json(rounded(summary_json(report))),
             "status": report.store_status.status,
             **floats(metric_values(report)),
-            **_report_files(md_path, json_path),
+            **_file_paths(written.files),
         }
     )
 
@@ -100,30 +109,19 @@ def comparison_report(
     status = (
         sidecar.store_status if sidecar else {"status": "unavailable", "reason": "no sidecar evaluation was written"}
     )
-    files = evaluation.files(settings)
-    json_path, md_path = write_comparison_report(main, sidecar, main_fx, side_fx, status, files.reports_dir)
-    comparison = json.loads(json_path.read_text(encoding="utf-8"))
-    side_status = comparison["sidecar_status"]
-    if side_status["status"] != "available":
-        context.log.warning("sidecar unavailable: %s", side_status.get("reason"))
-    overlap = comparison["mean_rank_overlap"]
+    written = write_comparison_report(main, sidecar, main_fx, side_fx, status, evaluation.files(settings).reports_dir)
+    comparison = written.report
+    side_status = comparison.sidecar_status
+    if not side_status.available:
+        context.log.warning("sidecar unavailable: %s", side_status.reason)
     return dg.MaterializeResult(
         metadata={
-            **report_metadata(md_path),
-            "summary": dg.MetadataValue.json(
-                rounded(
-                    {
-                        "sidecar_status": side_status,
-                        "mean_rank_overlap": overlap,
-                        "main": comparison["main"]["summary"],
-                        "sidecar": (comparison.get("sidecar") or {}).get("summary"),
-                    }
-                )
-            ),
-            "sidecar_status": side_status["status"],
-            "sidecar_reason": side_status.get("reason") or "",
-            **floats({f"top{k}_overlap": v for k, v in overlap.items()}),
-            **_report_files(md_path, json_path),
+            **report_metadata(written.files),
+            "summary": dg.MetadataValue.json(rounded(comparison_summary(comparison))),
+            "sidecar_status": side_status.status,
+            "sidecar_reason": side_status.reason or "",
+            **floats({f"top{k}_overlap": v for k, v in comparison.mean_rank_overlap.items()}),
+            **_file_paths(written.files),
         }
     )
 

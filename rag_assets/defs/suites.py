@@ -70,7 +70,8 @@ def _suite_asset(suite: GoldenSuite) -> dg.AssetsDefinition:
         if outcome.gate is not None:
             metadata["gate"] = "pass" if outcome.gate.passed else "FAIL: " + "; ".join(outcome.gate.reasons)
             metadata["gate_report"] = dg.MetadataValue.md(outcome.gate.to_markdown())
-        metadata["report"] = dg.MetadataValue.path(str(out_dir / suite.name / "current.md"))
+        if outcome.current_files is not None:
+            metadata["report"] = dg.MetadataValue.path(str(outcome.current_files.markdown_path))
         return dg.MaterializeResult(metadata=metadata)
 
     return _asset

@@ -20,6 +20,7 @@ from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
 from rag_core.evaluation.formats import FormatVersionError
 from rag_core.evaluation.gate import compare as gate_compare
 from rag_core.evaluation.reports import (
+    ReportFiles,
     load_report,
     summary_rows,
     write_baseline_report,
@@ -78,6 +79,11 @@ def _print_warnings(report: EvaluationReport) -> None:
         err_console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
 
+def _file_list(files: ReportFiles) -> list[str]:
+    """The JSON and Markdown files of a report, as ``--json`` lists them."""
+    return [str(files.json_path), str(files.markdown_path)]
+
+
 def _print_summary(columns: list[tuple[str, EvaluationReport]]) -> None:
     first = columns[0][1]
     table = Table(title="Golden retrieval evaluation")
@@ -103,13 +109,13 @@ def run(
     """Evaluate one store's fixtures; write <name>.json, <name>.md and a recall@K chart."""
     golden = _cases(cases)
     report = evaluate(golden, _fixtures(fixtures, golden, required=True), _parse_ks(k), strong_k)
-    json_path, md_path = write_baseline_report(report, out, name)
+    files = write_baseline_report(report, out, name).files
     _print_warnings(report)
     if as_json:
-        _print_json({"report": report.model_dump(mode="json"), "files": [str(json_path), str(md_path)]})
+        _print_json({"report": report.model_dump(mode="json"), "files": _file_list(files)})
         return
     _print_summary([(report.store or "value", report)])
-    console.print(f"Reports: {json_path}, {md_path}", highlight=False)
+    console.print(f"Reports: {', '.join(_file_list(files))}", highlight=False)
 
 
 @eval_app.command("compare")
@@ -127,29 +133,35 @@ def compare(
     ks = _parse_ks(k)
     main_fx = _fixtures(main, golden, required=True)
     side_fx = _fixtures(sidecar, golden, required=False)
-    main_report = evaluate(golden, main_fx, ks, strong_k)
-    side_report = evaluate(golden, side_fx, ks, strong_k)
-    status = side_fx.store_status.model_dump()
-    json_path, md_path = write_comparison_report(main_report, side_report, main_fx, side_fx, status, out)
-    _print_warnings(main_report)
+    written = write_comparison_report(
+        evaluate(golden, main_fx, ks, strong_k),
+        evaluate(golden, side_fx, ks, strong_k),
+        main_fx,
+        side_fx,
+        side_fx.store_status,
+        out,
+    )
+    comparison, files = written.report, written.files
+    status = comparison.sidecar_status
+    side_report = comparison.sidecar if status.available else None
+    _print_warnings(comparison.main)
     if as_json:
-        side = side_report.model_dump(mode="json") if side_fx.store_status.available else None
         _print_json(
             {
-                "main": main_report.model_dump(mode="json"),
-                "sidecar": side,
-                "sidecar_status": status,
-                "files": [str(json_path), str(md_path)],
+                "main": comparison.main.model_dump(mode="json"),
+                "sidecar": side_report.model_dump(mode="json") if side_report else None,
+                "sidecar_status": status.model_dump(),
+                "files": _file_list(files),
             }
         )
         return
-    columns = [(f"main {main_report.store or ''}".strip(), main_report)]
-    if side_fx.store_status.available:
-        columns.append((f"sidecar {side_report.store or ''}".strip(), side_report))
+    columns = [(f"main {comparison.main_store or ''}".strip(), comparison.main)]
+    if side_report is not None:
+        columns.append((f"sidecar {comparison.sidecar_store or ''}".strip(), side_report))
     else:
-        err_console.print(f"[yellow]sidecar unavailable:[/yellow] {side_fx.store_status.reason}", highlight=False)
+        err_console.print(f"[yellow]sidecar unavailable:[/yellow] {status.reason}", highlight=False)
     _print_summary(columns)
-    console.print(f"Reports: {json_path}, {md_path}", highlight=False)
+    console.print(f"Reports: {', '.join(_file_list(files))}", highlight=False)
 
 
 @eval_app.command("gate")

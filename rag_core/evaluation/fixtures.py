@@ -42,6 +42,7 @@ __all__ = [
     "StoreStatus",
     "fixture_filename",
     "load_fixtures",
+    "read_manifest",
     "write_fixture",
     "write_manifest",
 ]
@@ -222,19 +223,32 @@ def _model_json(model: BaseModel) -> str:
     return model.model_dump_json(indent=2) + "\n"
 
 
-def write_fixture(directory: str | Path, fixture: CaseFixture | dict[str, Any]) -> Path:
+def write_fixture(directory: str | Path, fixture: CaseFixture | dict[str, Any]) -> CaseFixture:
     """Validate ``fixture`` and write it atomically to ``<directory>/<case_id>.json``.
 
-    Returns the written path. Raises ``pydantic.ValidationError`` for an invalid fixture.
+    Returns the fixture model written. Raises ``pydantic.ValidationError`` for an invalid
+    fixture (nothing is written then).
     """
     model = CaseFixture.model_validate(fixture)
-    return write_text_atomic(Path(directory) / fixture_filename(model.case_id), _model_json(model))
+    write_text_atomic(Path(directory) / fixture_filename(model.case_id), _model_json(model))
+    return model
 
 
-def write_manifest(directory: str | Path, manifest: FixtureManifest | dict[str, Any]) -> Path:
-    """Validate ``manifest`` and write it atomically to ``<directory>/manifest.json``."""
+def write_manifest(directory: str | Path, manifest: FixtureManifest | dict[str, Any]) -> FixtureManifest:
+    """Validate ``manifest``, write it atomically to ``<directory>/manifest.json`` and return
+    the manifest model written (``pydantic.ValidationError`` when invalid)."""
     model = FixtureManifest.model_validate(manifest)
-    return write_text_atomic(Path(directory) / MANIFEST_NAME, _model_json(model))
+    write_text_atomic(Path(directory) / MANIFEST_NAME, _model_json(model))
+    return model
+
+
+def read_manifest(directory: str | Path) -> FixtureManifest | None:
+    """The manifest of a fixture directory, or None when it has none.
+
+    Raises ``FormatVersionError`` / ``pydantic.ValidationError`` for an unusable one.
+    """
+    file = Path(directory) / MANIFEST_NAME
+    return read_json_model(file, FixtureManifest) if file.is_file() else None
 
 
 M = TypeVar("M", bound=BaseModel)

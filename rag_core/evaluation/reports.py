@@ -2,8 +2,10 @@
 
 ``write_baseline_report`` writes one store's ``EvaluationReport``; ``write_comparison_report``
 puts the main store (Milvus) and the sidecar (pgvector) side by side per case and keeps the
-main-store results when the sidecar is unavailable. ``load_report`` reads a report back, also
-one of format version 1 (``rag_core.evaluation.formats``).
+main-store results when the sidecar is unavailable. Both return the model they wrote with its
+files (``WrittenReport``), so callers use the model instead of reading the JSON back.
+``load_report`` / ``load_comparison`` read a report written earlier, also one of format
+version 1 (``rag_core.evaluation.formats``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from collections.abc import Callable, Sequence
 from itertools import zip_longest
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -32,8 +34,11 @@ __all__ = [
     "OVERLAP_KS",
     "CaseComparison",
     "ComparisonReport",
+    "ReportFiles",
     "SideBySideEntry",
+    "WrittenReport",
     "build_comparison",
+    "load_comparison",
     "load_report",
     "render_baseline_markdown",
     "render_comparison_markdown",
@@ -102,6 +107,26 @@ class ComparisonReport(VersionedFile):
     cases: list[CaseComparison]
     main: EvaluationReport
     sidecar: EvaluationReport | None = None
+
+
+class ReportFiles(BaseModel):
+    """The files of one written report: the model as JSON, the Markdown for people and the
+    recall@K chart (PNG) it links to."""
+
+    json_path: Path
+    markdown_path: Path
+    chart_path: Path
+
+
+R = TypeVar("R", bound=BaseModel)
+
+
+class WrittenReport(BaseModel, Generic[R]):
+    """What a report writer returns: the ``report`` model it wrote (the JSON file holds exactly
+    this model) and where its ``files`` are."""
+
+    report: R
+    files: ReportFiles
 
 
 # --------------------------------------------------------------------------- formatting
@@ -438,23 +463,40 @@ def _write_text(path: Path, text: str) -> Path:
     return path
 
 
+def _write_report(
+    model: R,
+    out_dir: Path,
+    name: str,
+    charted: Sequence[EvaluationReport],
+    markdown: Callable[[str], str],
+) -> WrittenReport[R]:
+    """Write ``<name>-recall.png`` (a line per ``charted`` report), ``<name>.json`` (``model``)
+    and ``<name>.md`` (``markdown(chart file name)``) into ``out_dir``."""
+    chart = write_recall_chart(charted, out_dir / f"{name}-recall.png")
+    json_path = _write_text(out_dir / f"{name}.json", model.model_dump_json(indent=2) + "\n")
+    md_path = _write_text(out_dir / f"{name}.md", markdown(chart.name))
+    files = ReportFiles(json_path=json_path, markdown_path=md_path, chart_path=chart)
+    return WrittenReport[R](report=model, files=files)
+
+
 def write_baseline_report(
     report: EvaluationReport,
     out_dir: str | Path,
     name: str = "baseline",
     *,
     other_stores: Sequence[EvaluationReport] = (),
-) -> tuple[Path, Path]:
+) -> WrittenReport[EvaluationReport]:
     """Write ``<name>.json`` (the report model), ``<name>.md`` and ``<name>-recall.png``.
 
     ``other_stores`` (reports of other stores) add columns to the Markdown summary and lines
-    to the recall@K chart; the JSON holds ``report`` only. Returns ``(json_path, md_path)``.
+    to the recall@K chart; the JSON holds ``report`` only. Returns ``report`` and its files.
     """
     out_dir = Path(out_dir)
-    chart = write_recall_chart([report, *other_stores], out_dir / f"{name}-recall.png")
-    json_path = _write_text(out_dir / f"{name}.json", report.model_dump_json(indent=2) + "\n")
-    md = render_baseline_markdown(report, name=name, other_stores=other_stores, chart_file=chart.name, out_dir=out_dir)
-    return json_path, _write_text(out_dir / f"{name}.md", md)
+
+    def markdown(chart: str) -> str:
+        return render_baseline_markdown(report, name=name, other_stores=other_stores, chart_file=chart, out_dir=out_dir)
+
+    return _write_report(report, out_dir, name, [report, *other_stores], markdown)
 
 
 def load_report(path: str | Path) -> EvaluationReport:
@@ -466,6 +508,12 @@ def load_report(path: str | Path) -> EvaluationReport:
     ``pydantic.ValidationError`` (a ``ValueError``) for invalid content.
     """
     return read_json_model(path, EvaluationReport)
+
+
+def load_comparison(path: str | Path) -> ComparisonReport:
+    """Read a ``ComparisonReport`` JSON written by ``write_comparison_report``; raises as
+    ``load_report`` does."""
+    return read_json_model(path, ComparisonReport)
 
 
 # --------------------------------------------------------------------------- comparison
@@ -657,16 +705,17 @@ def write_comparison_report(
     sidecar_status: dict[str, Any] | StoreStatus | None,
     out_dir: str | Path,
     name: str = "comparison",
-) -> tuple[Path, Path]:
+) -> WrittenReport[ComparisonReport]:
     """Write ``<name>.json`` (``ComparisonReport``), ``<name>.md`` and ``<name>-recall.png``.
 
     Works with the sidecar missing (``sidecar=None`` or status unavailable): the report says
-    so, with the reason, and still holds the main-store results. Returns ``(json, md)``.
+    so, with the reason, and still holds the main-store results. Returns the
+    ``ComparisonReport`` (``build_comparison``) and its files.
     """
-    out_dir = Path(out_dir)
     comparison = build_comparison(main, sidecar, main_fixtures, sidecar_fixtures, sidecar_status)
     charted = [main] + ([sidecar] if sidecar and comparison.sidecar_status.available else [])
-    chart = write_recall_chart(charted, out_dir / f"{name}-recall.png")
-    json_path = _write_text(out_dir / f"{name}.json", comparison.model_dump_json(indent=2) + "\n")
-    md_path = _write_text(out_dir / f"{name}.md", render_comparison_markdown(comparison, chart.name))
-    return json_path, md_path
+
+    def markdown(chart: str) -> str:
+        return render_comparison_markdown(comparison, chart)
+
+    return _write_report(comparison, Path(out_dir), name, charted, markdown)

@@ -7,7 +7,6 @@ evaluator itself reads the JSON it writes and nothing else.
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import time
 from datetime import UTC, datetime
@@ -19,7 +18,7 @@ from tqdm.auto import tqdm
 
 from rag_core.compare import candidate_row
 from rag_core.evaluation.cases import load_cases
-from rag_core.evaluation.fixtures import write_fixture, write_manifest
+from rag_core.evaluation.fixtures import FixtureManifest, write_fixture, write_manifest
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
 if TYPE_CHECKING:
@@ -73,12 +72,12 @@ def record_fixtures(
     out_dir: Path,
     embedder: Embedder | None = None,
     progress: bool = True,
-) -> dict[str, Any]:
+) -> FixtureManifest:
     """Write ``<out_dir>/<case_id>.json`` for every case and ``manifest.json``.
 
     When the store cannot be opened, only a manifest with ``store_status.status="unavailable"``
     and the reason is written (the evaluator then reports every case not_run). Returns the
-    manifest dict.
+    manifest written (its ``session`` and ``embedding_backend`` are extra fields).
     """
     cases = load_cases(cases_file)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -111,8 +110,7 @@ def record_fixtures(
             raise RuntimeError(f"the {store} index is empty: run `rag ingest` first")
     except Exception as exc:
         manifest["store_status"] = {"status": "unavailable", "reason": f"{type(exc).__name__}: {exc}"[:500]}
-        write_manifest(out_dir, manifest)
-        return manifest
+        return write_manifest(out_dir, manifest)
     session = f"eval-{store}-{datetime.now(UTC):%Y%m%d}"
     try:
         for case in tqdm(cases, desc=f"recording {store}", unit="case", disable=not progress):
@@ -139,12 +137,11 @@ def record_fixtures(
     finally:
         tool.close()
     manifest["session"] = session
-    write_manifest(out_dir, manifest)
-    return manifest
+    return write_manifest(out_dir, manifest)
 
 
 def _candidate_rows(candidates: list[Candidate]) -> list[dict[str, Any]]:
-    return [candidate_row(i, c) for i, c in enumerate(candidates, start=1)]
+    return [candidate_row(i, c).model_dump() for i, c in enumerate(candidates, start=1)]
 
 
 def _block_rows(result: LookupResult) -> list[dict[str, Any]]:
@@ -187,13 +184,11 @@ def register_record(eval_app: typer.Typer) -> None:
             store = old_store
         if store not in STORE_NAMES:
             raise typer.BadParameter("must be milvus or pgvector", param_hint="--store")
-        m = record_fixtures(settings_or_exit(), store, cases, out)  # type: ignore[arg-type]
+        manifest = record_fixtures(settings_or_exit(), store, cases, out)  # type: ignore[arg-type]
         if as_json:
-            typer.echo(json.dumps(m, indent=2, ensure_ascii=False))
+            typer.echo(manifest.model_dump_json(indent=2))
             return
-        status = m["store_status"]
+        status = manifest.store_status
         typer.echo(
-            f"{store}: {status['status']}"
-            + (f" ({status['reason']})" if status["reason"] else "")
-            + f"; fixtures in {out}"
+            f"{store}: {status.status}" + (f" ({status.reason})" if status.reason else "") + f"; fixtures in {out}"
         )

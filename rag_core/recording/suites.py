@@ -14,10 +14,10 @@ from pydantic import BaseModel
 
 from rag_core.evaluation.cases import load_cases
 from rag_core.evaluation.evaluator import EvaluationReport, evaluate
-from rag_core.evaluation.fixtures import load_fixtures
+from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
 from rag_core.evaluation.gate import GateResult
 from rag_core.evaluation.gate import compare as gate_compare
-from rag_core.evaluation.reports import load_report, write_baseline_report, write_comparison_report
+from rag_core.evaluation.reports import ReportFiles, load_report, write_baseline_report, write_comparison_report
 from rag_core.evaluation.suites import GoldenSuite, suite_settings
 from rag_core.settings import RagSettings
 
@@ -35,8 +35,9 @@ class SuiteOutcome(BaseModel):
     ``status``: ``ok``, ``skipped`` (files missing; ``reason`` says which) or ``failed``
     (``reason`` has the error). ``reports`` maps store name -> its evaluation (the sidecar's
     says ``unavailable`` when it could not run); ``gate`` is the comparison with the stored
-    baseline (None when there is none); ``report_dir`` holds ``current.{json,md}`` and
-    ``comparison.{json,md}``.
+    baseline (None when there is none); ``report_dir`` holds ``current.{json,md}``
+    (``current_files``: the main store's report, the sidecar beside it in the Markdown) and
+    ``comparison.{json,md}`` (``comparison_files``).
     """
 
     suite: str
@@ -45,6 +46,8 @@ class SuiteOutcome(BaseModel):
     reports: dict[str, EvaluationReport] = {}
     gate: GateResult | None = None
     report_dir: str | None = None
+    current_files: ReportFiles | None = None
+    comparison_files: ReportFiles | None = None
     ingest: dict[str, Any] = {}
 
 
@@ -73,10 +76,10 @@ def run_suite(
         return SuiteOutcome(suite=suite.name, status="failed", reason=f"{type(exc).__name__}: {exc}"[:500])
     report_dir = out_dir / suite.name
     main, side = reports["milvus"], reports.get("pgvector")
-    write_baseline_report(
+    current = write_baseline_report(
         main, report_dir, "current", other_stores=[side] if side and side.store_status.available else []
     )
-    write_comparison_report(
+    comparison = write_comparison_report(
         main,
         side,
         fixture_sets["milvus"],
@@ -90,6 +93,8 @@ def run_suite(
         reports=reports,
         gate=_gate(suite, main),
         report_dir=str(report_dir),
+        current_files=current.files,
+        comparison_files=comparison.files,
         ingest=ingest_report,
     )
 
@@ -108,12 +113,12 @@ def _ingest(settings: RagSettings, embedder: Any, progress: bool) -> dict[str, A
 
 def _record_and_evaluate(
     settings: RagSettings, suite: GoldenSuite, embedder: Any, progress: bool
-) -> tuple[dict[str, EvaluationReport], dict[str, Any]]:
+) -> tuple[dict[str, EvaluationReport], dict[str, FixtureSet]]:
     from rag_core.recording.record import STORE_NAMES, record_fixtures
 
     cases = load_cases(suite.cases)
     reports: dict[str, EvaluationReport] = {}
-    fixture_sets: dict[str, Any] = {}
+    fixture_sets: dict[str, FixtureSet] = {}
     for store in STORE_NAMES if settings.sidecar_enabled else STORE_NAMES[:1]:
         fixtures_dir = settings.data_dir / "fixtures" / store
         record_fixtures(settings, store, suite.cases, fixtures_dir, embedder=embedder, progress=progress)
