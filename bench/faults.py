@@ -231,6 +231,9 @@ class FixedQueryEmbedder:
             v *= np.float32(1e-29)
         return v
 
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([self.embed_query(t) for t in texts])
+
 
 # --- the run ---------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -84,6 +84,7 @@ class L0Entry:
     entities: list[str] = field(default_factory=list)
     priority: float | None = None
     summary: str = ""
+    chunk_count: int | None = None  # chunks the document was split into (None: index older than the count)
 
 
 class DocMatch(CamelModel):
@@ -182,9 +183,11 @@ class L0Index:
         return c, parts, sum(self._idf.get(t, self._default_idf) for t in parts)
 
     @classmethod
-    def build(cls, documents: Iterable[KnowledgeDocument]) -> L0Index:
-        """Index documents: names are title, H1, file stem and aliases (deduplicated)."""
+    def build(cls, documents: Iterable[KnowledgeDocument], chunk_counts: Mapping[str, int] | None = None) -> L0Index:
+        """Index documents: names are title, H1, file stem and aliases (deduplicated);
+        ``chunk_counts`` maps doc id -> number of chunks (the rerank's document support)."""
         entries = []
+        counts = chunk_counts or {}
         for doc in documents:
             stem = Path(doc.doc_id).stem
             names = _unique([doc.title, doc.h1 or "", stem, *doc.aliases])
@@ -198,6 +201,7 @@ class L0Index:
                     list(doc.entities),
                     doc.priority,
                     summarize(doc.body),
+                    counts.get(doc.doc_id),
                 )
             )
         return cls(entries)

@@ -102,7 +102,7 @@ class StoreHit:
     (``"milvus_cosine_similarity[-1,1]"``, ``"pgvector_cosine_distance[0,2]"``). ``similarity``
     is the normalised cosine similarity in [0, 1] (negative cosines clipped to 0), the only
     number thresholds and reports compare across stores. ``channel`` is ``"dense"`` for a
-    vector search hit and ``"lexical"`` for a full-text (BM25 / ts_rank) hit; ``lexical_score``
+    vector search hit and ``"lexical"`` for a full-text (BM25) hit; ``lexical_score``
     is that channel's own score when it is a lexical hit.
     """
 

@@ -51,6 +51,7 @@ SCRIPT = textwrap.dedent(
             v[0] += 1e-3
             return v / np.linalg.norm(v)
         def embed_query(self, text): return self._vec(text)
+        def embed_queries(self, texts): return np.stack([self._vec(t) for t in texts])
         def embed_passages(self, texts, ids=None):
             return check_vectors(np.stack([self._vec(t) for t in texts]), list(ids or texts), 64)
 

@@ -48,6 +48,9 @@ class FakeEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed_passages([text])[0]
 
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_passages(texts)
+
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
         self.calls += 1
         self.texts += len(texts)

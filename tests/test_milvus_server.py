@@ -198,6 +198,9 @@ def test_server_that_cannot_restart_gives_a_store_error_and_a_structured_result(
         def embed_query(self, text: str) -> np.ndarray:
             return vecs[0]
 
+        def embed_queries(self, texts: list[str]) -> np.ndarray:
+            return np.stack([vecs[0] for _ in texts])
+
     settings = make_settings(data_dir)
     tool = LookupKnowledgeTool(settings, embedder=Emb(), store=store)
     result = tool.lookup("redis memory")

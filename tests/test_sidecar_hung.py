@@ -67,6 +67,9 @@ class HashEmbedder:
         v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
         return v / np.linalg.norm(v)
 
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self.embed_query(t) for t in texts])
+
     def identity(self) -> ModelIdentity:
         return ModelIdentity("hash", "hash", DIM, "x")
 

@@ -105,6 +105,9 @@ class _FixedEmbedder:
     def embed_query(self, text: str) -> np.ndarray:
         return self.vector
 
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self.vector for _ in texts])
+
     def identity(self):
         return None
 

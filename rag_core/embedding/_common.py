@@ -66,6 +66,15 @@ class BaseEmbedder(ABC):
         vector: Vector = check_vectors(np.asarray(raw).reshape(1, -1), ["query"], self.dimension)[0]
         return vector
 
+    def embed_queries(self, texts: Sequence[str]) -> Matrix:
+        """``(len(texts), dimension)`` float32 unit rows, query side, in one call to the model."""
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            raw = self._encode(list(texts), True)
+        labels = [f"query view {i}" for i in range(len(texts))]
+        return check_vectors(np.asarray(raw, dtype=np.float32).reshape(len(texts), -1), labels, self.dimension)
+
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> Matrix:
         """``(len(texts), dimension)`` float32, unit rows; BadVectorError names the bad row's id."""
         labels = list(ids) if ids is not None else default_labels(len(texts))

@@ -95,8 +95,9 @@ def fingerprint(settings: dict[str, Any]) -> str:
 class Embedder(Protocol):
     """Turns texts into L2-normalised float32 vectors.
 
-    ``embed_query(text) -> (dimension,)``; ``embed_passages(texts, ids) -> (len(texts), dimension)``
-    where ``ids`` label the rows in errors (``BadVectorError``). ``count_tokens`` counts what the
+    ``embed_query(text) -> (dimension,)``; ``embed_queries(texts) -> (len(texts), dimension)``
+    (the query side, one batch); ``embed_passages(texts, ids) -> (len(texts), dimension)`` where
+    ``ids`` label the rows in errors (``BadVectorError``). ``count_tokens`` counts what the
     model sees of a passage (prefix and special tokens included) and ``max_tokens`` is its window:
     chunks are sized with both. Implementations must be safe to call from several threads.
     """
@@ -121,6 +122,8 @@ class Embedder(Protocol):
     def identity(self) -> ModelIdentity: ...
 
     def embed_query(self, text: str) -> Vector: ...
+
+    def embed_queries(self, texts: Sequence[str]) -> Matrix: ...
 
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> Matrix: ...
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -125,8 +126,9 @@ def chunk_documents(
 
 
 def save_l0_index(plan: IngestPlan, path: Path) -> L0Index:
-    """Build the L0 hint index from the plan's documents and save it (atomic replace) at ``path``."""
-    index = L0Index.build(plan.documents)
+    """Build the L0 hint index from the plan's documents (and their chunk counts) and save it
+    (atomic replace) at ``path``."""
+    index = L0Index.build(plan.documents, Counter(c.doc_id for c in plan.chunks))
     index.save(path)
     return index
 

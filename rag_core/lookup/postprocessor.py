@@ -22,29 +22,34 @@ from rag_core.lookup.retriever import Candidate
 T = TypeVar("T")
 
 
+# Other chunks a document is assumed to have when the L0 index does not record its chunk count.
+DEFAULT_OTHER_CHUNKS = 3
+
+
 @dataclass(frozen=True)
 class RerankWeights:
     """Additive rerank signals on top of the base score: ``dense`` times the candidate's cosine
     similarity min-max normalised over the candidates (see ``_base_scores``).
 
     Weights were chosen on the golden suites (golden/suites.yaml) with multilingual-e5-small,
-    checked not to hurt MiniLM, in one sweep of lexical 0.2-1.0, top_k 10-40, doc support and
-    title weights (closing note of issue 10). ``lexical``: times the candidate's BM25 score
-    divided by the best BM25 score of the result set (0 when found by the dense channel only).
-    ``doc_support``: per further chunk of the same document among the candidates, up to
-    ``doc_support_cap``. ``title``: L0 matched the document's title/H1/alias exactly or through
-    a typo (``title~fuzzy``); a partial name match (``title~partial:s``) gets ``title`` times
-    its coverage s. ``keyword``/``entity``: per L0 keyword/entity match of that document, up to
-    ``term_cap``. ``domain``: the block's category is an L0 domain hint. ``priority``: times
-    the document's frontmatter ``priority``, clamped to [-5, 5]. ``filtered_attempt``: found by
-    the category-filtered attempt; kept small so an in-domain hit never beats a clearly
-    stronger unfiltered one.
+    checked not to hurt MiniLM, in sweeps of lexical 0.2-1.0, top_k 10-40, doc support and title
+    weights (closing notes of issue 10). ``lexical``: times the candidate's BM25 score divided
+    by the best BM25 score of the result set (0 when found by the dense channel only).
+    ``doc_support``: times the share of the document's other chunks that are also among the
+    candidates (L0's chunk count; ``DEFAULT_OTHER_CHUNKS`` when the index predates it), so a
+    long document does not gain support just by having more chunks to be found (the length
+    normalisation BM25's ``b`` does for terms; Robertson & Zaragoza 2009). ``title``: L0 matched
+    the document's title/H1/alias exactly or through a typo (``title~fuzzy``); a partial name
+    match (``title~partial:s``) gets ``title`` times its coverage s. ``keyword``/``entity``: per
+    L0 keyword/entity match of that document, up to ``term_cap``. ``domain``: the block's
+    category is an L0 domain hint. ``priority``: times the document's frontmatter ``priority``,
+    clamped to [-5, 5]. ``filtered_attempt``: found by the category-filtered attempt; kept small
+    so an in-domain hit never beats a clearly stronger unfiltered one.
     """
 
     dense: float = 1.0
     lexical: float = 0.40
-    doc_support: float = 0.10
-    doc_support_cap: float = 0.30
+    doc_support: float = 0.20
     title: float = 0.30
     keyword: float = 0.05
     entity: float = 0.05
@@ -161,9 +166,10 @@ class KnowledgeEvidencePostProcessor:
         n_ent = sum(r.startswith("entity:") for r in reasons)
         entry = self.l0.entries.get(c.hit.doc_id) if self.l0 else None
         priority = max(-5.0, min(5.0, entry.priority)) if entry and entry.priority is not None else 0.0
+        others = entry.chunk_count - 1 if entry and entry.chunk_count else DEFAULT_OTHER_CHUNKS
         return {
             "lexical": w.lexical * (c.lexical_score or 0.0) / best_lex,
-            "doc_support": min(w.doc_support_cap, w.doc_support * (len(group) - 1)),
+            "doc_support": w.doc_support * min(1.0, (len(group) - 1) / max(1, others)),
             "title_match": _title_bonus(match, w.title),
             "keyword_match": min(w.term_cap, w.keyword * n_kw),
             "entity_match": min(w.term_cap, w.entity * n_ent),

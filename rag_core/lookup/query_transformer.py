@@ -6,6 +6,10 @@ noise and lifts alert and metric names; L0 matches the informative text and the 
 (exact, fuzzy and partial name matches, keywords, entities, named categories); the filter
 policy below picks at most one category filter.
 
+Dense views: a query of several clauses (a symptom list, a log line with its context, "X, but
+Y") also gets each clause as a view of its own (:func:`clause_views`); the query vector averages
+them with the whole query (:mod:`rag_core.lookup.query_vector`).
+
 Category filter policy (the filter is never a hard restriction: the retriever runs the
 unfiltered search beside a filtered one and fuses both):
 
@@ -19,12 +23,29 @@ unfiltered search beside a filtered one and fuses both):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.pasted import PastedQuery, analyze_pasted, split_camel_words
 from rag_core.text import lexical_tokens, normalize
+
+# Clause boundaries: sentence punctuation, a full stop or comma before a space (English; a
+# Chinese comma joins parts of one statement more often than two observations: splitting there
+# cost on the Chinese suite), dashes between words, and the conjunctions that join two
+# observations ("... but ...", "... yet ...", "... and ...").
+_CLAUSE_BREAK = re.compile(r"[;；。！？!?\n]|[.,]\s|\s--?\s|\b(?:but|yet|and)\b", re.IGNORECASE)
+MAX_VIEWS = 4
+_MIN_CLAUSE_CHARS = 8  # shorter pieces carry no meaning of their own ("pod", "is 0")
+
+
+def clause_views(text: str, limit: int = MAX_VIEWS) -> list[str]:
+    """The first ``limit`` clauses of ``text`` long enough to mean something on their own;
+    ``[]`` when there are fewer than two (the whole query is then its only view)."""
+    pieces = (p.strip() for p in _CLAUSE_BREAK.split(text) if p)
+    kept = [p for p in pieces if len(p) >= _MIN_CLAUSE_CHARS]
+    return kept[:limit] if len(kept) > 1 else []
 
 
 @dataclass
@@ -38,7 +59,8 @@ class TransformedQuery:
     ``lexical_terms`` feed the stores' full-text channel: the rewritten text's tokens plus the
     pasted label values and lifted names. ``category_filter`` (None = unfiltered only) and
     ``filter_reason`` follow the module's policy; ``proposed_filter`` is what the policy chose
-    even when the caller disabled the L0 filter (``filter_reason="disabled"``).
+    even when the caller disabled the L0 filter (``filter_reason="disabled"``). ``views``: the
+    rewritten text's clauses (:func:`clause_views`), embedded beside it.
     """
 
     original: str
@@ -50,11 +72,13 @@ class TransformedQuery:
     filter_reason: str = "no_signal"
     proposed_filter: str | None = None
     pasted: PastedQuery | None = None
+    views: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         return {
             "original_chars": len(self.original),
             "rewritten": self.rewritten[:200],
+            "views": [v[:100] for v in self.views],
             "truncated": self.truncated,
             "category_filter": self.category_filter,
             "filter_reason": self.filter_reason,
@@ -126,4 +150,5 @@ class KnowledgeQueryTransformer:
             filter_reason=reason if use_l0_filter else "disabled",
             proposed_filter=proposed,
             pasted=pasted,
+            views=clause_views(dense),
         )

@@ -31,6 +31,7 @@ from rag_core.lookup.postprocessor import (
     l0_fallback_blocks,
 )
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, TransformedQuery
+from rag_core.lookup.query_vector import query_vector
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
 from rag_core.lookup.session import SessionState
 from rag_core.lookup.trace_row import build_trace_row
@@ -282,7 +283,7 @@ class LookupKnowledgeTool:
             return RetrievalOutcome([], [], "l1_disabled"), SidecarStatus(status="disabled")
         try:
             with _timed(timings, "embed_ms"):
-                vector = self.embedder.embed_query(tq.rewritten)
+                vector = query_vector(self.embedder, tq)
         except Exception as exc:
             return RetrievalOutcome([], [], None, f"embedding failed: {exc}"), SidecarStatus(status="disabled")
         mismatch = self._index_model_error()

@@ -93,7 +93,7 @@ def record_fixtures(
             "metric": "COSINE",
             "top_k": settings.top_k,
             "pg_index": "hnsw(vector_cosine_ops)",
-            "lexical": "bm25" if store == "milvus" else "ts_rank_cd",
+            "lexical": "bm25",
         },
         "git_commit": git_commit(),
         "recorded_at": datetime.now(UTC).isoformat(),

@@ -1,0 +1,120 @@
+"""Clause views of a query, the query vector built from them, and length-normalised document
+support in the rerank (issue 10). Unit tests with small fakes; the golden suites measure the
+effect on retrieval."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rag_core.l0 import L0Entry, L0Hints, L0Index
+from rag_core.lookup.postprocessor import DEFAULT_OTHER_CHUNKS, KnowledgeEvidencePostProcessor, RerankWeights
+from rag_core.lookup.query_transformer import MAX_VIEWS, KnowledgeQueryTransformer, clause_views
+from rag_core.lookup.query_vector import VIEW_WEIGHT, query_vector
+from rag_core.lookup.retriever import Candidate
+from rag_core.models import StoreHit
+
+
+def test_a_query_of_several_observations_gets_one_view_per_clause():
+    views = clause_views("scaled a deployment to 6 replicas, no new pods showed up, yet kubectl responds instantly")
+    assert views == ["scaled a deployment to 6 replicas", "no new pods showed up", "kubectl responds instantly"]
+
+
+def test_a_single_clause_or_short_pieces_give_no_views():
+    assert clause_views("KubePodCrashLooping in namespace shop") == []
+    assert clause_views("disk full, help") == []  # "help" is too short to stand alone: one clause left
+    assert clause_views("a, b, c; d") == []
+
+
+def test_a_chinese_comma_does_not_split_but_a_full_stop_does():
+    assert clause_views("节点上的容器组个数已经逼近单机允许的上限，想把上限调高") == []
+    assert len(clause_views("节点上的容器组个数已经逼近单机允许的上限。想把这个上限调高该改哪项配置？")) == 2
+
+
+def test_views_are_capped():
+    text = "; ".join(f"observation number {i}" for i in range(10))
+    assert clause_views(text) == [f"observation number {i}" for i in range(MAX_VIEWS)]
+
+
+def test_the_transformer_puts_the_views_of_the_rewritten_text_in_the_query():
+    tq = KnowledgeQueryTransformer(None).transform("the disk is nearly full. pods get evicted from the node")
+    assert tq.views == ["the disk is nearly full", "pods get evicted from the node"]
+    assert tq.summary()["views"] == tq.views
+
+
+class _AxisEmbedder:
+    """Maps each known text to a fixed unit vector; counts calls."""
+
+    def __init__(self, table: dict[str, np.ndarray]) -> None:
+        self.table = table
+        self.calls: list[list[str]] = []
+
+    def embed_query(self, text: str) -> np.ndarray:
+        self.calls.append([text])
+        return self.table[text]
+
+    def embed_queries(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        return np.stack([self.table[t] for t in texts])
+
+
+def _unit(*xs: float) -> np.ndarray:
+    v = np.array(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def test_query_vector_mixes_the_whole_query_with_the_mean_of_its_clauses_in_one_batch():
+    text = "the disk is nearly full. pods get evicted from the node"
+    tq = KnowledgeQueryTransformer(None).transform(text)
+    emb = _AxisEmbedder({text: _unit(1, 0, 0), tq.views[0]: _unit(0, 1, 0), tq.views[1]: _unit(0, 0, 1)})
+    vec = query_vector(emb, tq)  # type: ignore[arg-type]
+    expected = _unit(1 - VIEW_WEIGHT, VIEW_WEIGHT / 2, VIEW_WEIGHT / 2)
+    assert np.allclose(vec, expected, atol=1e-6)
+    assert vec.dtype == np.float32 and np.linalg.norm(vec) == pytest.approx(1.0)
+    assert emb.calls == [[text, *tq.views]]
+
+
+def test_query_vector_of_a_one_clause_query_is_its_embedding():
+    tq = KnowledgeQueryTransformer(None).transform("KubePodCrashLooping")
+    emb = _AxisEmbedder({tq.rewritten: _unit(0, 1, 0)})
+    assert np.array_equal(query_vector(emb, tq), _unit(0, 1, 0))  # type: ignore[arg-type]
+    assert emb.calls == [[tq.rewritten]]
+
+
+def _cand(doc: str, n: int, similarity: float = 0.8) -> Candidate:
+    hit = StoreHit(f"{doc}#{n}", doc, doc, doc, "k8s", "text", similarity, "cosine", similarity)
+    return Candidate(hit=hit, rrf=0.01, channels={"dense"})
+
+
+def _support(l0: L0Index | None, candidates: list[Candidate]) -> dict[str, float]:
+    pp = KnowledgeEvidencePostProcessor(l0, 0.0, 10)
+    _, entries = pp.process(candidates, L0Hints())
+    return {e.doc_id: e.contributions.get("doc_support", 0.0) for e in entries}
+
+
+def test_document_support_is_the_share_of_the_documents_other_chunks_found():
+    l0 = L0Index(
+        [
+            L0Entry("short.md", "Short", "k8s", ["Short"], chunk_count=2),
+            L0Entry("long.md", "Long", "k8s", ["Long"], chunk_count=9),
+        ]
+    )
+    cands = [_cand("short.md", 0), _cand("short.md", 1), _cand("long.md", 0), _cand("long.md", 1), _cand("long.md", 2)]
+    support = _support(l0, cands)
+    w = RerankWeights().doc_support
+    assert support["short.md"] == pytest.approx(w)  # its one other chunk was found
+    assert support["long.md"] == pytest.approx(round(w * 2 / 8, 4))  # two of its eight others
+
+
+def test_without_chunk_counts_support_assumes_the_default_document_length():
+    cands = [_cand("a.md", i) for i in range(3)]
+    w = RerankWeights().doc_support
+    assert _support(None, cands)["a.md"] == pytest.approx(round(w * 2 / DEFAULT_OTHER_CHUNKS, 4))
+
+
+def test_chunk_counts_survive_save_and_an_older_index_loads_without_them(tmp_path):
+    path = tmp_path / "l0.json"
+    L0Index([L0Entry("a.md", "A", "k8s", ["A"], chunk_count=4)]).save(path)
+    assert L0Index.load(path).entries["a.md"].chunk_count == 4
+    path.write_text('[{"doc_id": "b.md", "title": "B", "category": "", "names": ["B"]}]')
+    assert L0Index.load(path).entries["b.md"].chunk_count is None
