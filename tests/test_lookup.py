@@ -255,6 +255,7 @@ def test_rerank_trace_explains_each_block(make_tool):
         assert entry.doc_id == block.doc_id and entry.rank_after == block.rank
         assert entry.final_score == pytest.approx(entry.base_score + sum(entry.contributions.values()), abs=1e-3)
     assert "title_match" in r.rerank_trace[0].contributions
+    assert "titleMatch" in r.to_json()["rerankTrace"][0]["contributions"]
 
 
 def test_relevance_levels(make_tool):
@@ -368,3 +369,28 @@ def test_l0_index_persisted_by_ingest(sample_kb):
 def test_query_vector_is_normalised(embedder):
     v = embedder.embed_query("hello")
     assert v.dtype == np.float32 and abs(np.linalg.norm(v) - 1) < 1e-4
+
+
+def _snake_keys(value: object, where: str = "$") -> list[str]:
+    """Every dict key at any depth of ``value`` that is not camelCase (has an underscore)."""
+    if isinstance(value, dict):
+        bad = [f"{where}.{k}" for k in value if "_" in str(k)]
+        return bad + [b for k, v in value.items() for b in _snake_keys(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [b for i, v in enumerate(value) for b in _snake_keys(v, f"{where}[{i}]")]
+    return []
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "RedisMemoryHigh fired on redis-main",  # L0 name match, filtered + unfiltered attempts
+        "customers are asking how to get their money back",  # L1 only
+        "[FIRING:1] KubePodCrashLooping namespace=shop pod=cart-7d9f6",  # pasted alert
+        "磁盘空间不足怎么办",  # Chinese
+    ],
+)
+def test_the_agent_facing_json_has_no_snake_case_key_at_any_depth(make_tool, query):
+    payload = make_tool().lookup(query).to_json()
+    assert payload["rerankTrace"] and payload["retrievalTrace"]["attempts"]
+    assert _snake_keys(payload) == []

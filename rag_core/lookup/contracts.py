@@ -9,7 +9,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import Field, computed_field
+from pydantic import Field, computed_field, field_serializer
+from pydantic.alias_generators import to_camel
 
 from rag_core.l0 import L0Hints
 from rag_core.models import CamelModel
@@ -100,7 +101,9 @@ class RetrievalTrace(CamelModel):
 
 
 class RerankEntry(CamelModel):
-    """Why a block got its rank: ``finalScore = baseScore + sum(contributions)``."""
+    """Why a block got its rank: ``finalScore = baseScore + sum(contributions)``. Contribution
+    names are snake_case in Python (``title_match``) and camelCase in JSON (``titleMatch``),
+    like every other key of the result."""
 
     doc_id: str
     base_score: float
@@ -108,6 +111,10 @@ class RerankEntry(CamelModel):
     final_score: float
     rank_before: int
     rank_after: int
+
+    @field_serializer("contributions")
+    def _camel_contributions(self, contributions: dict[str, float]) -> dict[str, float]:
+        return {to_camel(name): value for name, value in contributions.items()}
 
 
 class LookupResult(CamelModel):
