@@ -12,6 +12,7 @@ from rag_core.lookup.postprocessor import DEFAULT_OTHER_CHUNKS, KnowledgeEvidenc
 from rag_core.lookup.query_transformer import MAX_VIEWS, KnowledgeQueryTransformer, clause_views
 from rag_core.lookup.query_vector import VIEW_WEIGHT, query_vector
 from rag_core.lookup.retriever import Candidate
+from rag_core.lookup.title_similarity import TitleSimilarity
 from rag_core.models import StoreHit
 
 
@@ -118,3 +119,44 @@ def test_chunk_counts_survive_save_and_an_older_index_loads_without_them(tmp_pat
     assert L0Index.load(path).entries["a.md"].chunk_count == 4
     path.write_text('[{"doc_id": "b.md", "title": "B", "category": "", "names": ["B"]}]')
     assert L0Index.load(path).entries["b.md"].chunk_count is None
+
+
+class _TitleEmbedder:
+    """Passage side for titles: one fixed vector per known title text; counts the texts embedded."""
+
+    fingerprint = "fake-model"
+
+    def __init__(self, table: dict[str, np.ndarray], fail: bool = False) -> None:
+        self.table, self.fail = table, fail
+        self.embedded: list[str] = []
+
+    def embed_passages(self, texts: list[str], ids: list[str] | None = None) -> np.ndarray:
+        if self.fail:
+            raise RuntimeError("endpoint down")
+        self.embedded += texts
+        return np.stack([self.table[t] for t in texts])
+
+
+def test_title_similarity_embeds_each_title_once_with_camel_case_written_out():
+    emb = _TitleEmbedder({"Kube Controller Manager Down": _unit(1, 0, 0), "Kubelet Too Many Pods": _unit(0, 1, 0)})
+    titles = TitleSimilarity(emb)  # type: ignore[arg-type]
+    docs = {"a.md": "KubeControllerManagerDown", "b.md": "Kubelet Too Many Pods"}
+    first = titles.similarities(_unit(1, 1, 0), docs)
+    assert first == pytest.approx({"a.md": 0.7071, "b.md": 0.7071}, abs=1e-4)
+    assert titles.similarities(_unit(0, 1, 0), docs) == pytest.approx({"a.md": 0.0, "b.md": 1.0}, abs=1e-6)
+    assert sorted(emb.embedded) == ["Kube Controller Manager Down", "Kubelet Too Many Pods"]  # cached
+
+
+def test_title_similarity_gives_nothing_rather_than_failing_the_lookup():
+    titles = TitleSimilarity(_TitleEmbedder({}, fail=True))  # type: ignore[arg-type]
+    assert titles.similarities(_unit(1, 0, 0), {"a.md": "A"}) == {}
+
+
+def test_the_closest_title_gets_the_whole_title_similarity_weight():
+    cands = [_cand("near.md", 0), _cand("far.md", 0), _cand("middle.md", 0)]
+    pp = KnowledgeEvidencePostProcessor(None, 0.0, 10)
+    _, entries = pp.process(cands, L0Hints(), {"near.md": 0.9, "far.md": 0.5, "middle.md": 0.7, "other.md": 1.0})
+    got = {e.doc_id: e.contributions.get("title_similarity", 0.0) for e in entries}
+    w = RerankWeights().title_similarity
+    assert got == pytest.approx({"near.md": w, "middle.md": w / 2, "far.md": 0.0})
+    assert entries[0].doc_id == "near.md"  # equal otherwise: the title decides

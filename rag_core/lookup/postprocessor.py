@@ -11,7 +11,7 @@ Every block gets a ``RerankEntry`` saying how its final score was built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -43,7 +43,9 @@ class RerankWeights:
     match (``title~partial:s``) gets ``title`` times its coverage s. ``keyword``/``entity``: per
     L0 keyword/entity match of that document, up to ``term_cap``. ``domain``: the block's
     category is an L0 domain hint. ``priority``: times the document's frontmatter ``priority``,
-    clamped to [-5, 5]. ``filtered_attempt``: found by the category-filtered attempt; kept small
+    clamped to [-5, 5]. ``title_similarity``: times the cosine of the query vector and the
+    document's title (:mod:`rag_core.lookup.title_similarity`), min-max normalised over the
+    documents of the result set. ``filtered_attempt``: found by the category-filtered attempt; kept small
     so an in-domain hit never beats a clearly stronger unfiltered one.
     """
 
@@ -56,6 +58,7 @@ class RerankWeights:
     term_cap: float = 0.10
     domain: float = 0.03
     priority: float = 0.01
+    title_similarity: float = 0.20
     filtered_attempt: float = 0.02
 
 
@@ -90,8 +93,11 @@ class KnowledgeEvidencePostProcessor:
         self,
         candidates: list[Candidate],
         hints: L0Hints,
+        title_similarity: Mapping[str, float] | None = None,
     ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
-        """Blocks best first (ranks from 1) and their rerank entries, same order."""
+        """Blocks best first (ranks from 1) and their rerank entries, same order.
+        ``title_similarity``: doc id -> cosine of the query and the document's title (a doc
+        missing from it gets no ``title_similarity`` contribution)."""
         # A document the query names by its whole name (L0 exact or fuzzy) that L1 also found is
         # evidence even when the embedding scores it low (an English-only model on a Chinese
         # query naming the document by its alias): the name match vouches for it.
@@ -104,9 +110,11 @@ class KnowledgeEvidencePostProcessor:
         per_doc: dict[str, list[Candidate]] = {}
         for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
             per_doc.setdefault(c.hit.doc_id, []).append(c)
+        titles = _min_max({d: v for d, v in (title_similarity or {}).items() if d in per_doc})
         scored = []
         for before, group in enumerate(per_doc.values(), start=1):
-            scores = [(self._contributions(c, group, hints, best_lex), c) for c in group]
+            title = self.weights.title_similarity * titles.get(group[0].hit.doc_id, 0.0)
+            scores = [({**self._contributions(c, group, hints, best_lex), "title_similarity": title}, c) for c in group]
             contrib, best = max(scores, key=lambda s: (base[id(s[1])] + sum(s[0].values()), s[1].rrf))
             reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
             scored.append((base[id(best)] + sum(contrib.values()), before, best, contrib, reasons))
@@ -177,6 +185,14 @@ class KnowledgeEvidencePostProcessor:
             "priority": w.priority * priority,
             "filtered_attempt": w.filtered_attempt if c.filtered else 0.0,
         }
+
+
+def _min_max(values: Mapping[str, float]) -> dict[str, float]:
+    """``values`` scaled to [0, 1] (all 0 when they are equal or fewer than two)."""
+    if len(values) < 2:
+        return {k: 0.0 for k in values}
+    lo, hi = min(values.values()), max(values.values())
+    return {k: (v - lo) / (hi - lo) if hi > lo else 0.0 for k, v in values.items()}
 
 
 def keep_named(ranked: list[T], named: set[str], limit: int, key: Callable[[T], str]) -> list[T]:

@@ -64,12 +64,14 @@ class Candidate:
 
 @dataclass
 class RetrievalOutcome:
-    """All candidates (best first by RRF), the attempts made and why attempt 2 ran."""
+    """All candidates (best first by RRF), the attempts made, why attempt 2 ran, and the
+    ``(dimension,)`` query vector they searched with (None when no search ran)."""
 
     candidates: list[Candidate]
     attempts: list[RetrievalAttempt]
     fallback_reason: str | None = None
     error: str | None = None
+    query_vector: np.ndarray | None = None  # the vector the attempts searched with
 
 
 Ranked = tuple[int, str, bool, list[StoreHit]]  # (attempt, channel, filtered, hits best first)
@@ -211,7 +213,7 @@ class KnowledgeDocumentRetriever:
         ranked = sorted(fuse_lists(lists).values(), key=lambda c: (-c.rrf, -c.similarity, c.hit.chunk_id))
         failed = [a for a in attempts if a.error and not any(x == a.attempt for x, *_ in lists)]
         error = failed[-1].error if len(failed) == len(attempts) else None
-        return RetrievalOutcome(ranked, attempts, fallback, error)
+        return RetrievalOutcome(ranked, attempts, fallback, error, query_vector=vector)
 
 
 # Stores that have answered once in this process. A store connects and loads its collection

@@ -34,6 +34,7 @@ from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, Transfo
 from rag_core.lookup.query_vector import query_vector
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
 from rag_core.lookup.session import SessionState
+from rag_core.lookup.title_similarity import TitleSimilarity
 from rag_core.lookup.trace_row import build_trace_row
 from rag_core.settings import RagSettings
 
@@ -114,6 +115,7 @@ class LookupKnowledgeTool:
         self._l0_mtime: int | None = None
         self._recorder = recorder
         self._weights = weights
+        self._titles: TitleSimilarity | None = None
         self._init_lock = threading.Lock()
         self._model_checks: dict[int, tuple[float, str | None]] = {}
         self.health: HealthReport | None = None  # the last check_health() / warm_up() verdict
@@ -226,11 +228,13 @@ class LookupKnowledgeTool:
         if self.settings.l1_enabled and not outcome.error:
             # A damaged or vanished index is an error in the trace, never "found nothing".
             outcome.error = self._index_problem(outcome)
+        with _timed(timings, "titles_ms"):
+            titles = self._title_similarities(outcome)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(
                 self.l0, self.settings.min_block_similarity, self.settings.max_evidence_blocks, self._weights
             )
-            blocks, rerank = post.process(outcome.candidates, tq.hints)
+            blocks, rerank = post.process(outcome.candidates, tq.hints, titles)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
             # L0 matches are offered whenever L1 gave no usable evidence: when it failed, was
             # disabled, or found only candidates below the minimum block similarity.
@@ -277,6 +281,19 @@ class LookupKnowledgeTool:
             query, session_id, blocks, pack, trace, rerank, tq.hints, domains, message, status
         )
         return result, tq, outcome.candidates
+
+    def _title_similarities(self, outcome: RetrievalOutcome) -> dict[str, float]:
+        """Doc id -> cosine of the query vector and the candidate document's title ({} when L1
+        found nothing)."""
+        if outcome.query_vector is None or not outcome.candidates:
+            return {}
+        embedder = self.embedder
+        with self._init_lock:
+            if self._titles is None:
+                self._titles = TitleSimilarity(embedder)
+            similarity = self._titles
+        titles = {c.hit.doc_id: c.hit.title for c in outcome.candidates}
+        return similarity.similarities(outcome.query_vector, titles)
 
     def _retrieve(self, tq: TransformedQuery, timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
         if not self.settings.l1_enabled:
