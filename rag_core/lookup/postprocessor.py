@@ -1,11 +1,11 @@
 """KnowledgeEvidencePostProcessor: candidates -> ranked, deduplicated evidence blocks.
 
 Steps: drop candidates below ``min_block_similarity`` (unless L0 matched their document by its
-whole name); score every candidate with the
-rule-based rerank (``RerankWeights``); collapse candidates of one source document into one
-block (best-scoring chunk first, then up to two more of its chunks, hit reasons of all of
-them); keep the top ``max_evidence_blocks`` (a document the query names by its whole name
-keeps a place among them: :func:`keep_named`).
+whole name); score every candidate with the rule-based rerank (``RerankWeights``; the
+document-level title similarity comes from :mod:`rag_core.lookup.title_similarity`); collapse
+candidates of one source document into one block (best-scoring chunk first, then up to two
+more of its chunks, hit reasons of all of them); keep the top ``max_evidence_blocks`` (a
+document the query names by its whole name keeps a place among them: :func:`keep_named`).
 Every block gets a ``RerankEntry`` saying how its final score was built.
 """
 
@@ -45,8 +45,8 @@ class RerankWeights:
     category is an L0 domain hint. ``priority``: times the document's frontmatter ``priority``,
     clamped to [-5, 5]. ``title_similarity``: times the cosine of the query vector and the
     document's title (:mod:`rag_core.lookup.title_similarity`), min-max normalised over the
-    documents of the result set. ``filtered_attempt``: found by the category-filtered attempt; kept small
-    so an in-domain hit never beats a clearly stronger unfiltered one.
+    documents of the result set. ``filtered_attempt``: found by the category-filtered attempt;
+    kept small so an in-domain hit never beats a clearly stronger unfiltered one.
     """
 
     dense: float = 1.0
