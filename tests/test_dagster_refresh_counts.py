@@ -53,7 +53,7 @@ class Counts:
 
 
 class CountingEmbedder:
-    """The real embedder; every passage it embeds is counted."""
+    """The real embedder; every chunk passage it embeds is counted."""
 
     def __init__(self, inner, counts: Counts) -> None:
         self.inner, self.counts = inner, counts
@@ -62,7 +62,11 @@ class CountingEmbedder:
         return getattr(self.inner, attr)
 
     def embed_passages(self, texts, ids=None):
-        self.counts.embedded.update(texts)
+        from rag_core.lookup.title_similarity import TITLE_LABEL
+
+        # Lookups of the evaluation embed document titles (the rerank's title similarity): not chunks.
+        if not (ids and all(str(i).startswith(TITLE_LABEL) for i in ids)):
+            self.counts.embedded.update(texts)
         return self.inner.embed_passages(texts, ids)
 
 

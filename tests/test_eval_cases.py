@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
+from conftest import need_shared
 
 SHARED_GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 REPO_GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -26,7 +27,7 @@ def _error(path: Path) -> str:
 
 
 def test_shared_visible_cases_load_as_they_are():
-    cases = load_cases(SHARED_GOLDEN / "runbooks-visible.yaml")
+    cases = load_cases(need_shared(SHARED_GOLDEN / "runbooks-visible.yaml"))
     assert len(cases) == 16
     assert {c.scenario for c in cases} == {"chat", "aiops_alert"}
     first = cases[0]
