@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import need_shared
 
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
-from conftest import need_shared
 
 SHARED_GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 REPO_GOLDEN = Path(__file__).resolve().parents[1] / "golden"
