@@ -20,6 +20,7 @@ from rag_core.lookup.contracts import EvidenceBlock, RerankEntry
 from rag_core.lookup.retriever import Candidate
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 # Other chunks a document is assumed to have when the L0 index does not record its chunk count.
@@ -162,9 +163,8 @@ class KnowledgeEvidencePostProcessor:
         combination of comparable scores (Bruch, Gai & Ingber 2023, "An Analysis of Fusion
         Functions for Hybrid Retrieval", ACM TOIS 42(1)). Keyed by ``id(candidate)``.
         """
-        lo = min(c.similarity for c in kept)
-        span = (max(c.similarity for c in kept) - lo) or 1.0
-        return {id(c): self.weights.dense * (c.similarity - lo) / span for c in kept}
+        scaled = _min_max({id(c): c.similarity for c in kept})
+        return {key: self.weights.dense * value for key, value in scaled.items()}
 
     def _contributions(self, c: Candidate, group: list[Candidate], hints: L0Hints, best_lex: float) -> dict[str, float]:
         w = self.weights
@@ -187,7 +187,7 @@ class KnowledgeEvidencePostProcessor:
         }
 
 
-def _min_max(values: Mapping[str, float]) -> dict[str, float]:
+def _min_max(values: Mapping[K, float]) -> dict[K, float]:
     """``values`` scaled to [0, 1] (all 0 when they are equal or fewer than two)."""
     if len(values) < 2:
         return {k: 0.0 for k in values}
