@@ -27,6 +27,25 @@ def make_embedder(settings: RagSettings) -> Embedder:
     return make(settings)
 
 
+def make_ensemble_embedder(settings: RagSettings) -> Embedder | None:
+    """The second model of the rerank (``RAG_ENSEMBLE_BACKEND``, its default model), or None
+    when it is off (``none``) or the main backend itself.
+
+    Raises EmbedderLoadError (naming the setting) when it cannot load.
+    """
+    backend = settings.ensemble_backend
+    if backend == "none" or backend == settings.embedding_backend:
+        return None
+    from rag_core.embedding import EmbedderLoadError
+    from rag_core.embedding import make_embedder as make
+
+    second = settings.model_copy(update={"embedding_backend": backend, "embedding_model": ""})
+    try:
+        return make(second)
+    except EmbedderLoadError as exc:
+        raise EmbedderLoadError(f"RAG_ENSEMBLE_BACKEND={backend}: {exc}") from exc
+
+
 def make_main_store(settings: RagSettings) -> MilvusStore:
     """The Milvus store: ``RAG_MILVUS_URI``, else the embedded server of the data dir (or the
     in-process file with ``RAG_MILVUS_MODE=file``)."""

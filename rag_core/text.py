@@ -9,6 +9,12 @@ jieba's words of three or more characters (:func:`lexical_tokens`): bigrams matc
 that segment differently (Lucene's CJKAnalyzer does the same; Kwok 1997, "Comparing
 representations in Chinese information retrieval", SIGIR), the long words keep exact phrases.
 The L0 index keeps jieba's words, since it matches whole names and keywords.
+
+The lexical channel also drops URLs (a link target is an address, not content: the path
+``k8s.io/apiserver/pkg/endpoints/...`` made a certificate runbook match "apiserver ... request")
+and adds the acronym of every name of three or more words (``kube-controller-manager`` ->
+``kcm``, ``HorizontalPodAutoscaler`` -> ``hpa``, ``kube-state-metrics`` -> ``ksm``), the
+way operators abbreviate components in chat; the same analysis runs on queries and chunks.
 """
 
 from __future__ import annotations
@@ -25,13 +31,18 @@ import Stemmer
 jieba.setLogLevel(logging.WARNING)
 
 # Bumped whenever lexical_string changes; part of every chunk's content hash, so the next
-# ingest rewrites the stores' lexical columns (2: Chinese as character bigrams).
-LEXICAL_ANALYZER_VERSION = 2
+# ingest rewrites the stores' lexical columns (2: Chinese as character bigrams; 3: URLs dropped,
+# acronyms of names of three or more words added).
+LEXICAL_ANALYZER_VERSION = 3
 
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(rf"[{_CJK}]+|[A-Za-z0-9]+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _IS_CJK = re.compile(rf"[{_CJK}]")
+_URL = re.compile(r"\b(?:https?|ftp)://[^\s)\]>\"'`]+")
+# Three or more words joined by hyphens or underscores: ``kube-controller-manager``.
+_COMPOUND = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]+(?:[-_][A-Za-z]+){2,}(?![A-Za-z0-9])")
+_MIN_ACRONYM_WORDS = 3  # two-letter acronyms ("kp" for kube-proxy) collide with too much
 
 # Function words that carry no retrieval signal; small on purpose (BM25's IDF does the rest).
 STOPWORDS = frozenset(
@@ -77,18 +88,22 @@ def _cjk_bigrams(run: str) -> tuple[str, ...]:
     return bigrams + tuple(w for w in _cjk_words(run) if len(w) > 2)
 
 
-def tokenize(text: str, *, keep_stopwords: bool = False, cjk_bigrams: bool = False) -> list[str]:
+def tokenize(
+    text: str, *, keep_stopwords: bool = False, cjk_bigrams: bool = False, acronyms: bool = False
+) -> list[str]:
     """Lower-case retrieval tokens of ``text`` in order (duplicates kept).
 
     English words are Snowball-stemmed; a CamelCase or mixed word yields its stemmed parts
     and, when it has more than one part, the joined lower-case word unstemmed (the exact
     alert name). Chinese runs give jieba's words, or with ``cjk_bigrams`` overlapping
     character bigrams plus jieba's words of three or more characters. Stop words are dropped
-    unless ``keep_stopwords``.
+    unless ``keep_stopwords``. ``acronyms`` adds :func:`acronym` of every CamelCase name and
+    every hyphen- or underscore-joined name (after the name's own tokens).
     """
     out: list[str] = []
     cjk = _cjk_bigrams if cjk_bigrams else _cjk_words
-    for run in _RUN.findall(normalize(text)):
+    text = normalize(text)
+    for run in _RUN.findall(text):
         if _IS_CJK.match(run):
             out.extend(w for w in cjk(run) if keep_stopwords or w not in STOPWORDS)
             continue
@@ -96,7 +111,20 @@ def tokenize(text: str, *, keep_stopwords: bool = False, cjk_bigrams: bool = Fal
         out.extend(stem(p) for p in parts if keep_stopwords or p not in STOPWORDS)
         if len(parts) > 1:
             out.append(run.lower())
+            if acronyms:
+                out.extend(acronym(parts))
+    if acronyms:
+        for name in _COMPOUND.findall(text):
+            out.extend(acronym(re.split(r"[-_]", name.lower())))
     return out
+
+
+def acronym(words: list[str]) -> list[str]:
+    """``["kube", "controller", "manager"]`` -> ``["kcm"]``: the lower-case initials of a name
+    of at least three alphabetic words; ``[]`` otherwise (fewer words, or a number among them)."""
+    if len(words) < _MIN_ACRONYM_WORDS or not all(w.isalpha() for w in words):
+        return []
+    return ["".join(w[0] for w in words).lower()]
 
 
 def is_cjk(text: str) -> bool:
@@ -117,8 +145,9 @@ def lexical_terms(tokens: list[str]) -> list[str]:
 
 def lexical_tokens(text: str) -> list[str]:
     """Store-ready lexical (BM25) tokens of ``text``: :func:`lexical_terms` of
-    :func:`tokenize` with Chinese as character bigrams (module docstring)."""
-    return lexical_terms(tokenize(text, cjk_bigrams=True))
+    :func:`tokenize` with Chinese as character bigrams and acronyms, URLs left out (module
+    docstring)."""
+    return lexical_terms(tokenize(_URL.sub(" ", text), cjk_bigrams=True, acronyms=True))
 
 
 def lexical_string(text: str) -> str:

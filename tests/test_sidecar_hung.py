@@ -115,7 +115,15 @@ def test_breaker_opens_on_failure_and_lets_one_probe_through():
 
 def test_hung_sidecar_is_dialled_once_then_skipped_and_traces_are_spooled(tmp_path, hung):
     dsn = f"postgresql://rag:secret@127.0.0.1:{hung.port}/rag"
-    settings = RagSettings(data_dir=tmp_path, pg_dsn=dsn, sidecar_enabled=True, pg_connect_timeout_s=2, _env_file=None)
+    # No second model beside the fake one: loading it would outlast the breaker's retry window.
+    settings = RagSettings(
+        data_dir=tmp_path,
+        pg_dsn=dsn,
+        sidecar_enabled=True,
+        pg_connect_timeout_s=2,
+        ensemble_backend="none",
+        _env_file=None,
+    )
     recorder = ToolInvocationRecorder(lambda: TraceStore(dsn, connect_timeout=2), settings.trace_spool_path)
     tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(), store=main_store(), recorder=recorder)
     first = tool.lookup("redis memory text 1")
@@ -155,7 +163,12 @@ def test_sidecar_work_in_flight_is_bounded(tmp_path):
             pass
 
     settings = RagSettings(
-        data_dir=tmp_path, sidecar_enabled=True, sidecar_queue_max=2, trace_enabled=False, _env_file=None
+        data_dir=tmp_path,
+        sidecar_enabled=True,
+        sidecar_queue_max=2,
+        trace_enabled=False,
+        ensemble_backend="none",
+        _env_file=None,
     )
     tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(), store=main_store(), sidecar=Blocking())
     vec = HashEmbedder().embed_query("q")

@@ -2,7 +2,7 @@
 
 from rag_core.l0 import L0Index, compact
 from rag_core.models import KnowledgeDocument
-from rag_core.text import lexical_string, lexical_terms, lexical_tokens, tokenize
+from rag_core.text import acronym, lexical_string, lexical_terms, lexical_tokens, tokenize
 
 
 def doc(doc_id, title, category="", h1=None, keywords=(), entities=(), aliases=(), body="text"):
@@ -52,6 +52,24 @@ def test_lexical_tokens_index_chinese_as_bigrams_and_long_words():
 def test_lexical_tokens_of_one_character_run_and_stopword_bigrams():
     assert lexical_tokens("卷") == lexical_terms(["卷"])
     assert lexical_terms(["怎么"])[0] not in lexical_tokens("怎么")
+
+
+def test_lexical_tokens_add_the_acronym_of_a_name_of_three_or_more_words():
+    chunk = set(lexical_tokens("Check the kube-controller-manager pods and the HorizontalPodAutoscaler."))
+    assert {"kcm", "hpa"} <= chunk
+    assert "kcm" in lexical_tokens("kcm 挂了")  # the query side: the abbreviation as typed
+    assert "kp" not in lexical_tokens("kube-proxy")  # two words: too ambiguous to abbreviate
+    assert acronym(["kube", "state", "metrics"]) == ["ksm"]
+    assert acronym(["node", "2", "pool"]) == [] and acronym(["ab", "cd"]) == []
+    assert "kcm" not in tokenize("kube-controller-manager")  # L0 matches names, not acronyms
+
+
+def test_lexical_tokens_leave_urls_out_but_keep_the_link_text():
+    text = "See [the authentication filter](https://github.com/kubernetes/apiserver/pkg/endpoints/request.go#L73)."
+    tokens = lexical_tokens(text)
+    assert {"authent", "filter"} <= set(tokens)
+    assert not {"github", "apiserv", "endpoint", "request"} & set(tokens)
+    assert lexical_tokens("curl http://10.0.0.1:9090/api/v1/alerts fails") == lexical_tokens("curl fails")
 
 
 def test_content_hash_changes_with_the_lexical_analyzer(monkeypatch):

@@ -2,7 +2,8 @@
 
 Steps: drop candidates below ``min_block_similarity`` (unless L0 matched their document by its
 whole name); score every candidate with the rule-based rerank (``RerankWeights``; the
-document-level title similarity comes from :mod:`rag_core.lookup.title_similarity`); collapse
+document-level title similarity comes from :mod:`rag_core.lookup.title_similarity`, the second
+model's chunk similarity from :mod:`rag_core.lookup.ensemble`); collapse
 candidates of one source document into one block (best-scoring chunk first, then up to two
 more of its chunks, hit reasons of all of them); keep the top ``max_evidence_blocks`` (a
 document the query names by its whole name keeps a place among them: :func:`keep_named`).
@@ -32,6 +33,12 @@ class RerankWeights:
     """Additive rerank signals on top of the base score: ``dense`` times the candidate's cosine
     similarity min-max normalised over the candidates (see ``_base_scores``).
 
+    ``ensemble_dense``: times the second embedding model's cosine of query and chunk, min-max
+    normalised over the candidates (:mod:`rag_core.lookup.ensemble`); 0.8 / 0.2 was the best
+    split of the dense weight across the golden suites and the cross-lingual known-item sets
+    (0.7 and 0.85 each lost a Chinese case; closing note of issue 10). Without the second
+    model, ``dense + ensemble_dense`` weighs the main model alone, as before.
+
     Weights were chosen on the golden suites (golden/suites.yaml) with multilingual-e5-small,
     checked not to hurt MiniLM, in sweeps of lexical 0.2-1.0, top_k 10-40, doc support and title
     weights (closing notes of issue 10). ``lexical``: times the candidate's BM25 score divided
@@ -50,7 +57,8 @@ class RerankWeights:
     kept small so an in-domain hit never beats a clearly stronger unfiltered one.
     """
 
-    dense: float = 1.0
+    dense: float = 0.8
+    ensemble_dense: float = 0.2
     lexical: float = 0.40
     doc_support: float = 0.20
     title: float = 0.30
@@ -95,10 +103,13 @@ class KnowledgeEvidencePostProcessor:
         candidates: list[Candidate],
         hints: L0Hints,
         title_similarity: Mapping[str, float] | None = None,
+        ensemble_similarity: Mapping[str, float] | None = None,
     ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
         """Blocks best first (ranks from 1) and their rerank entries, same order.
         ``title_similarity``: doc id -> cosine of the query and the document's title (a doc
-        missing from it gets no ``title_similarity`` contribution)."""
+        missing from it gets no ``title_similarity`` contribution). ``ensemble_similarity``:
+        chunk id -> the second model's cosine of query and chunk (empty or None: no second
+        model, the main model's similarity gets the whole dense weight)."""
         # A document the query names by its whole name (L0 exact or fuzzy) that L1 also found is
         # evidence even when the embedding scores it low (an English-only model on a Chinese
         # query naming the document by its alias): the name match vouches for it.
@@ -107,7 +118,8 @@ class KnowledgeEvidencePostProcessor:
         if not kept:
             return [], []
         best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
-        base = self._base_scores(kept)
+        ensemble = self._ensemble_scores(kept, ensemble_similarity or {})
+        base = self._base_scores(kept, with_ensemble=bool(ensemble))
         per_doc: dict[str, list[Candidate]] = {}
         for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
             per_doc.setdefault(c.hit.doc_id, []).append(c)
@@ -115,7 +127,17 @@ class KnowledgeEvidencePostProcessor:
         scored = []
         for before, group in enumerate(per_doc.values(), start=1):
             title = self.weights.title_similarity * titles.get(group[0].hit.doc_id, 0.0)
-            scores = [({**self._contributions(c, group, hints, best_lex), "title_similarity": title}, c) for c in group]
+            scores = [
+                (
+                    {
+                        **self._contributions(c, group, hints, best_lex),
+                        "ensemble_dense": ensemble.get(id(c), 0.0),
+                        "title_similarity": title,
+                    },
+                    c,
+                )
+                for c in group
+            ]
             contrib, best = max(scores, key=lambda s: (base[id(s[1])] + sum(s[0].values()), s[1].rrf))
             reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
             scored.append((base[id(best)] + sum(contrib.values()), before, best, contrib, reasons))
@@ -154,8 +176,17 @@ class KnowledgeEvidencePostProcessor:
             )
         return blocks, entries
 
-    def _base_scores(self, kept: list[Candidate]) -> dict[int, float]:
-        """``dense`` times the candidate's similarity min-max normalised over ``kept``.
+    def _ensemble_scores(self, kept: list[Candidate], similarity: Mapping[str, float]) -> dict[int, float]:
+        """``ensemble_dense`` times the second model's similarity min-max normalised over
+        ``kept``, keyed by ``id(candidate)``; ``{}`` unless every candidate has one."""
+        if not similarity or any(c.hit.chunk_id not in similarity for c in kept):
+            return {}
+        scaled = _min_max({id(c): similarity[c.hit.chunk_id] for c in kept})
+        return {key: self.weights.ensemble_dense * value for key, value in scaled.items()}
+
+    def _base_scores(self, kept: list[Candidate], with_ensemble: bool) -> dict[int, float]:
+        """``dense`` times the candidate's similarity min-max normalised over ``kept`` (``dense
+        + ensemble_dense`` when the second model is missing: ``with_ensemble`` False).
 
         Raw cosines sit in model-specific ranges (MiniLM spreads related chunks over 0.3-0.8,
         e5 packs everything into 0.80-0.90), so fixed additive bonuses meant different things
@@ -164,7 +195,8 @@ class KnowledgeEvidencePostProcessor:
         Functions for Hybrid Retrieval", ACM TOIS 42(1)). Keyed by ``id(candidate)``.
         """
         scaled = _min_max({id(c): c.similarity for c in kept})
-        return {key: self.weights.dense * value for key, value in scaled.items()}
+        weight = self.weights.dense + (0.0 if with_ensemble else self.weights.ensemble_dense)
+        return {key: weight * value for key, value in scaled.items()}
 
     def _contributions(self, c: Candidate, group: list[Candidate], hints: L0Hints, best_lex: float) -> dict[str, float]:
         w = self.weights

@@ -14,13 +14,12 @@ pairs) the Chinese suite's MRR fell from 0.842 to 0.775.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
 
 from rag_core.embedding.base import Embedder, Vector
+from rag_core.lookup.passage_vectors import PassageVectors
 from rag_core.lookup.pasted import split_camel_words
 
 log = logging.getLogger(__name__)
@@ -33,39 +32,19 @@ TITLE_LABEL = "title: "
 class TitleSimilarity:
     """``similarities(query_vector, titles)`` -> doc id -> cosine in [-1, 1]. Thread-safe.
 
-    ``titles`` maps doc id -> title. Titles not seen before are embedded in one batch; the
-    cache (least recently used out, ``max_titles`` entries) is keyed by the model fingerprint
-    and the title, so a model change never mixes vectors. An embedding failure is logged and
+    ``titles`` maps doc id -> title. Title vectors come from a :class:`PassageVectors` cache
+    (``max_titles`` entries, keyed by the model fingerprint). An embedding failure is logged and
     gives ``{}`` (the rerank then goes without the signal); it never raises.
     """
 
     def __init__(self, embedder: Embedder, max_titles: int = CACHE_TITLES) -> None:
-        self._embedder = embedder
-        self._max = max_titles
-        self._cache: OrderedDict[tuple[str, str], Vector] = OrderedDict()
-        self._lock = threading.Lock()
+        self._vectors = PassageVectors(embedder, max_titles, TITLE_LABEL)
 
     def similarities(self, query_vector: Vector, titles: Mapping[str, str]) -> dict[str, float]:
         texts = {doc_id: split_camel_words(title) for doc_id, title in titles.items() if title.strip()}
         try:
-            vectors = self._vectors(sorted(set(texts.values())))
+            vectors = self._vectors.vectors(list(texts.values()))
         except Exception as exc:  # a missing signal must not cost the lookup
             log.warning("title similarity skipped: %s: %s", type(exc).__name__, exc)
             return {}
         return {doc_id: float(np.dot(vectors[text], query_vector)) for doc_id, text in texts.items()}
-
-    def _vectors(self, texts: list[str]) -> dict[str, Vector]:
-        model = self._embedder.fingerprint
-        with self._lock:
-            found = {t: self._cache[(model, t)] for t in texts if (model, t) in self._cache}
-            for t in found:
-                self._cache.move_to_end((model, t))
-        missing = [t for t in texts if t not in found]
-        if missing:
-            rows = self._embedder.embed_passages(missing, [f"{TITLE_LABEL}{t}" for t in missing])
-            with self._lock:
-                for text, row in zip(missing, rows, strict=True):
-                    self._cache[(model, text)] = found[text] = row
-                while len(self._cache) > self._max:
-                    self._cache.popitem(last=False)
-        return found

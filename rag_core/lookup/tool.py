@@ -24,6 +24,7 @@ from rag_core.lookup.contracts import (
     RetrievalTrace,
     SidecarStatus,
 )
+from rag_core.lookup.ensemble import EnsembleSimilarity
 from rag_core.lookup.packer import KnowledgeContextPacker
 from rag_core.lookup.postprocessor import (
     KnowledgeEvidencePostProcessor,
@@ -92,7 +93,9 @@ class LookupKnowledgeTool:
     instances): ``embedder`` (``rag_core.embedding.make_embedder``), ``store`` (MilvusStore),
     ``sidecar`` (PgVectorStore, only when ``settings.sidecar_enabled``), ``l0`` (loaded from
     the data dir; None when missing), ``recorder`` (ToolInvocationRecorder on PostgreSQL with
-    a local spool). Safe to call from several threads.
+    a local spool), ``ensemble_embedder`` (the rerank's second model,
+    ``components.make_ensemble_embedder``; one that cannot load is logged once and the rerank
+    goes without it). Safe to call from several threads.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class LookupKnowledgeTool:
         l0: L0Index | None = None,
         recorder: ToolInvocationRecorder | None = None,
         weights: RerankWeights = RerankWeights(),
+        ensemble_embedder: Embedder | None = None,
     ) -> None:
         self.settings = settings or RagSettings()
         self._embedder = embedder
@@ -116,6 +120,10 @@ class LookupKnowledgeTool:
         self._recorder = recorder
         self._weights = weights
         self._titles: TitleSimilarity | None = None
+        self._ensemble: EnsembleSimilarity | None = (
+            EnsembleSimilarity(ensemble_embedder) if ensemble_embedder is not None else None
+        )
+        self._ensemble_loaded = ensemble_embedder is not None
         self._init_lock = threading.Lock()
         self._model_checks: dict[int, tuple[float, str | None]] = {}
         self.health: HealthReport | None = None  # the last check_health() / warm_up() verdict
@@ -155,6 +163,19 @@ class LookupKnowledgeTool:
             if self._embedder is None:
                 self._embedder = components.make_embedder(self.settings)
             return self._embedder
+
+    @property
+    def ensemble(self) -> EnsembleSimilarity | None:
+        """The rerank's second-model similarity (None when off or when its model cannot load)."""
+        with self._init_lock:
+            if not self._ensemble_loaded:
+                self._ensemble_loaded = True
+                try:
+                    second = components.make_ensemble_embedder(self.settings)
+                    self._ensemble = EnsembleSimilarity(second) if second is not None else None
+                except Exception as exc:  # the rerank goes on with the main model alone
+                    log.warning("ensemble similarity off: %s", exc)
+            return self._ensemble
 
     @property
     def store(self) -> VectorStore:
@@ -230,11 +251,13 @@ class LookupKnowledgeTool:
             outcome.error = self._index_problem(outcome)
         with _timed(timings, "titles_ms"):
             titles = self._title_similarities(outcome)
+        with _timed(timings, "ensemble_ms"):
+            ensemble = self._ensemble_similarities(tq, outcome)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(
                 self.l0, self.settings.min_block_similarity, self.settings.max_evidence_blocks, self._weights
             )
-            blocks, rerank = post.process(outcome.candidates, tq.hints, titles)
+            blocks, rerank = post.process(outcome.candidates, tq.hints, titles, ensemble)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
             # L0 matches are offered whenever L1 gave no usable evidence: when it failed, was
             # disabled, or found only candidates below the minimum block similarity.
@@ -294,6 +317,14 @@ class LookupKnowledgeTool:
             similarity = self._titles
         titles = {c.hit.doc_id: c.hit.title for c in outcome.candidates}
         return similarity.similarities(outcome.query_vector, titles)
+
+    def _ensemble_similarities(self, tq: TransformedQuery, outcome: RetrievalOutcome) -> dict[str, float]:
+        """Chunk id -> the second model's cosine of query and chunk ({} when L1 found nothing or
+        the second model is off)."""
+        if not outcome.candidates:
+            return {}
+        ensemble = self.ensemble
+        return ensemble.similarities(tq, outcome.candidates) if ensemble is not None else {}
 
     def _retrieve(self, tq: TransformedQuery, timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
         if not self.settings.l1_enabled:
@@ -446,6 +477,8 @@ class LookupKnowledgeTool:
         """
         try:
             self.embedder.embed_query("warm up")
+            if self.ensemble is not None:  # USE's first query also pays its set-up (about 2 s)
+                self.ensemble.embedder.embed_query("warm up")
             _ = self.l0
             self.store.count()
         except Exception as exc:
