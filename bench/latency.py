@@ -10,7 +10,11 @@ is the result's longest L1 attempt (``common.STORE_MS_MEANS``). Derived stages:
   relevance assessment, session update, retrieval trace);
 * ``trace_handoff`` = end to end minus ``latency_ms`` (building the trace row and handing it
   to the recorder);
-* ``pipeline_overhead`` = end to end minus query embedding minus ``store``.
+* ``pipeline_overhead`` = end to end minus query embedding, the second model (``ensemble``:
+  its query and, on a chunk's first appearance, chunk embeddings) and ``store``.
+
+The ``milvus-single-model`` path is the Milvus path with the rerank's second model turned off
+(``ensemble_backend="none"``), interleaved with the others: the ensemble's cost side by side.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ STAGES = (
     "e2e",
     "l0",
     "embed",
+    "ensemble",
+    "titles",
     "search",
     "store",
     "fusion",
@@ -37,11 +43,16 @@ STAGES = (
 )
 
 
-def build_tool(settings, store, embedder, recorder=None):
-    """A LookupKnowledgeTool on ``store`` (no sidecar) handing trace rows to ``recorder``."""
+SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second model
+
+
+def build_tool(settings, store, embedder, recorder=None, single_model=False):
+    """A LookupKnowledgeTool on ``store`` (no sidecar) handing trace rows to ``recorder``;
+    ``single_model`` turns the rerank's second model off."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-    quiet = settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": recorder is not None})
+    update = {"sidecar_enabled": False, "trace_enabled": recorder is not None}
+    quiet = settings.model_copy(update={**update, **({"ensemble_backend": "none"} if single_model else {})})
     return LookupKnowledgeTool(quiet, store=store, embedder=embedder, recorder=recorder)
 
 
@@ -56,11 +67,13 @@ def open_store(ctx: BenchContext, path: str):
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
     stage = row["retrieval_details"]["stage_ms"]
     inner = float(row["latency_ms"])
-    search, embed = stage.get("search_ms", 0.0), stage.get("embed_ms", 0.0)
+    search, embed, ensemble = stage.get("search_ms", 0.0), stage.get("embed_ms", 0.0), stage.get("ensemble_ms", 0.0)
     return {
         "e2e": e2e_ms,
         "l0": stage.get("l0_ms", 0.0),
         "embed": embed,
+        "ensemble": ensemble,
+        "titles": stage.get("titles_ms", 0.0),
         "search": search,
         "store": store,
         "fusion": max(0.0, search - store),
@@ -68,7 +81,7 @@ def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
         "pack": stage.get("pack_ms", 0.0),
         "assemble": max(0.0, inner - sum(stage.values())),
         "trace_handoff": max(0.0, e2e_ms - inner),
-        "pipeline_overhead": max(0.0, e2e_ms - embed - store),
+        "pipeline_overhead": max(0.0, e2e_ms - embed - ensemble - store),
         "attempts": len(row["retrieval_details"]["attempts"]),
         "filtered": bool(
             row["retrieval_details"]["attempts"] and row["retrieval_details"]["attempts"][0].get("filter")
@@ -83,9 +96,10 @@ class _Path:
 
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
-        self.store = open_store(ctx, path)
+        self.store = open_store(ctx, path.removesuffix(SINGLE_MODEL))
         self.recorder = CapturingRecorder()
-        self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder)
+        single = path.endswith(SINGLE_MODEL)
+        self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder, single)
         self._rows = 0
 
     def lookup(self, session_id: str, query: str) -> Any:
@@ -181,7 +195,9 @@ def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
 
 
 def run(
-    ctx: BenchContext, paths: tuple[str, ...] = ("milvus", "pgvector"), rounds: int | None = None
+    ctx: BenchContext,
+    paths: tuple[str, ...] = ("milvus", f"milvus{SINGLE_MODEL}", "pgvector"),
+    rounds: int | None = None,
 ) -> dict[str, Any]:
     """Both paths' lookups are interleaved (query by query), so they see the same machine load."""
     rounds = rounds or (1 if ctx.quick else 3)

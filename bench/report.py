@@ -19,6 +19,8 @@ STAGE_LABELS = {
     "e2e": "end to end (`lookup` call)",
     "l0": "L0 hints (query transform)",
     "embed": "query embedding",
+    "ensemble": "second model (query + chunks on first sight)",
+    "titles": "title similarity",
     "search": "L1 retrieval (attempts, store calls + fusion)",
     "store": "  store calls (wall time: the longest L1 attempt)",
     "store_dense": "  store: dense search",  # results before the wall-time store figure
@@ -28,7 +30,7 @@ STAGE_LABELS = {
     "pack": "context packing",
     "assemble": "result assembly (relevance, session, trace object)",
     "trace_handoff": "trace hand-off (row build + recorder)",
-    "pipeline_overhead": "**pipeline overhead** (all but embedding and store search)",
+    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model and store search)",
 }
 
 
@@ -272,7 +274,7 @@ def _error_md(title: str, section: dict | None) -> list[str]:
 def _latency_md(lat: dict | None) -> list[str]:
     if not lat or "paths" not in lat:
         return _error_md("Lookup latency", lat)
-    paths = [p for p in ("milvus", "pgvector") if _ok(lat["paths"].get(p))]
+    paths = [p for p in ("milvus", "milvus-single-model", "pgvector") if _ok(lat["paths"].get(p))]
     out = ["", "## Lookup latency (runbook corpus, warm)", ""]
     header = ["stage"]
     for p in paths:

@@ -1,0 +1,159 @@
+"""Retrieval quality on the in-memory floor, variants side by side: the golden suites and
+cross-lingual known-item sets built at run time from the two runbook corpora.
+
+The real lookup pipeline (query transform, L0, dense + BM25 channels, RRF, rerank) runs on an
+``InMemoryStore`` (exact NumPy cosine, the stores' BM25), which gives the Milvus figures of the
+suites exactly in seconds, so a ranking change can be measured on more cases than the visible
+golden sets before the real stores are re-recorded (``rag eval suites``).
+
+The known-item sets (``--crosslingual``) take the alerts present in both corpora
+(``kubernetes/KubeletTooManyPods.md`` in English and in Chinese): the Chinese runbook's first
+"含义" or "影响" section is a query for the English runbook, the English "Meaning" or "Impact"
+section one for the Chinese runbook (the alert's own name removed). A translation shares no
+words with its target, so these sets measure the semantic channels on paraphrases, the weak
+spot of vague symptoms and pure-Chinese questions; they are built at run time and never stored.
+
+Variants (``--variants``) are named settings overrides, e.g. ``single-model`` (the rerank
+without its second model). Run: ``python -m bench.quality_floor [--crosslingual] [--variants
+default,single-model] [--suite runbooks-zh]``; vectors are cached under ``--data`` between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench.common import SHARED, log, parse_command_line  # noqa: E402
+from rag_core.evaluation.cases import GoldenCase  # noqa: E402
+from rag_core.evaluation.metrics import first_hit_rank, normalize_doc_id  # noqa: E402
+from rag_core.evaluation.suites import GoldenSuite, load_suites  # noqa: E402
+from rag_core.markdown import md_table  # noqa: E402
+from rag_core.settings import RagSettings  # noqa: E402
+
+EN = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
+ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "single-model": {"ensemble_backend": "none"},
+}
+# (name, query language's corpus, its section heading, target corpus)
+KNOWN_ITEM_SETS = (
+    ("xl-zh-meaning->en", ZH, "含义", EN),
+    ("xl-zh-impact->en", ZH, "影响", EN),
+    ("xl-en-meaning->zh", EN, "Meaning", ZH),
+    ("xl-en-impact->zh", EN, "Impact", ZH),
+)
+QUERY_CHARS = 200
+_SECTION = re.compile(r"^## (.+?)\n(.*?)(?=^## |\Z)", re.S | re.M)
+_DROP = re.compile(r"\A---\n.*?\n---\n|<details>.*?</details>|```.*?```", re.S)
+_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
+
+
+def first_section(path: Path, heading: str) -> str:
+    """The text of the first ``## `` section of ``path`` whose heading contains ``heading``,
+    without front matter, folded details, code and link targets, on one line ('' when absent)."""
+    text = _DROP.sub("", path.read_text(encoding="utf-8"))
+    for m in _SECTION.finditer(text):
+        if heading in m.group(1):
+            lines = (ln.strip(" ->*") for ln in _LINK.sub(r"\1", m.group(2)).splitlines())
+            return " ".join(ln for ln in lines if ln)
+    return ""
+
+
+def known_item_cases(source: Path, heading: str, target: Path) -> list[GoldenCase]:
+    """One case per runbook present under both roots: the ``heading`` section of ``source``'s
+    copy (first ``QUERY_CHARS`` characters, the alert name removed) expects ``target``'s copy."""
+    docs = {p.relative_to(source).as_posix() for p in source.rglob("*.md")}
+    shared = sorted(d for d in docs if (target / d).is_file() and not d.endswith("_index.md"))
+    cases = []
+    for doc in shared:
+        query = first_section(source / doc, heading)[:QUERY_CHARS]
+        query = re.sub(re.escape(Path(doc).stem), "", query, flags=re.I).strip()
+        if query:
+            case_id = f"{heading}-{Path(doc).stem}"
+            cases.append(GoldenCase(id=case_id, scenario="chat", query=query, expected_docs=[doc]))
+    return cases
+
+
+def case_sets(suite_filter: Sequence[str], crosslingual: bool) -> Iterator[tuple[str, Path, list[GoldenCase]]]:
+    """(name, knowledge dir, cases) of every golden suite that can run, then the known-item sets."""
+    from rag_core.evaluation.cases import load_cases
+
+    suites: list[GoldenSuite] = load_suites()
+    for suite in suites:
+        if (suite_filter and suite.name not in suite_filter) or suite.missing():
+            continue
+        yield suite.name, suite.knowledge_dir, load_cases(suite.cases)
+    if crosslingual and EN.is_dir() and ZH.is_dir():
+        for name, source, heading, target in KNOWN_ITEM_SETS:
+            if not suite_filter or name in suite_filter:
+                yield name, target, known_item_cases(source, heading, target)
+
+
+def evaluate_set(settings: RagSettings, cases: Sequence[GoldenCase]) -> dict[str, float]:
+    """recall@5 and MRR of ``cases`` through the real lookup pipeline on an in-memory index of
+    ``settings.knowledge_dir`` (vectors from the embedding cache of ``settings.data_dir``)."""
+    from rag_core.embedding import make_embedder
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.l0 import L0Index
+    from rag_core.lookup.tool import LookupKnowledgeTool
+    from rag_core.stores.memory import InMemoryStore
+
+    embedder = make_embedder(settings)
+    store = InMemoryStore()
+    ingest(settings, embedder, [store], progress=False)
+    tool = LookupKnowledgeTool(settings, store=store, embedder=embedder, l0=L0Index.load(settings.l0_index_path))
+    hits, rr = 0, 0.0
+    for case in cases:
+        result, candidates = tool.lookup_with_candidates(case.query)
+        ranking = [b.doc_id for b in result.evidence_blocks] + [c.hit.doc_id for c in candidates]
+        rank = first_hit_rank(list(dict.fromkeys(normalize_doc_id(d) for d in ranking)), case.expected_docs)
+        hits += rank is not None and rank <= 5
+        rr += 1.0 / rank if rank else 0.0
+    tool.close()
+    return {"recall@5": hits / len(cases), "mrr": rr / len(cases)}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_command_line(
+        __doc__,
+        {
+            "--variants": {"default": "default,single-model", "help": f"comma-separated, of: {', '.join(VARIANTS)}"},
+            "--suite": {"action": "append", "default": [], "help": "only these sets (repeatable)"},
+            "--crosslingual": {"action": "store_true", "help": "add the cross-lingual known-item sets"},
+            "--data": {"type": Path, "default": None, "help": "data dir (embedding cache) kept between runs"},
+        },
+        argv,
+    )
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    with tempfile.TemporaryDirectory(prefix="rag-floor-") as tmp:
+        data = args.data or Path(tmp)
+        base = RagSettings(data_dir=data, trace_enabled=False, sidecar_enabled=False, _env_file=None)
+        rows = []
+        for name, knowledge, cases in case_sets(args.suite, args.crosslingual):
+            row = [f"{name} ({len(cases)})"]
+            # One data dir per corpus: its embedding cache serves every set and variant on it.
+            corpus = data / hashlib.sha1(str(knowledge).encode()).hexdigest()[:12]
+            for variant in variants:
+                log(f"quality floor: {name}, {variant}")
+                update = {"data_dir": corpus, "knowledge_dir": knowledge, **VARIANTS[variant]}
+                settings = base.model_copy(update=update)
+                corpus.mkdir(parents=True, exist_ok=True)
+                figures = evaluate_set(settings, cases)
+                row.append(f"{figures['recall@5']:.3f} / {figures['mrr']:.3f}")
+            rows.append(row)
+    print(md_table(["case set", *[f"{v} R@5 / MRR" for v in variants]], rows))
+
+
+if __name__ == "__main__":
+    main()
