@@ -148,3 +148,6 @@ def test_run_suite_ingests_records_and_evaluates(tmp_path, embedder):
     assert outcome.current_files.markdown_path == Path(outcome.report_dir or "") / "current.md"
     assert outcome.current_files.markdown_path.is_file() and outcome.comparison_files.json_path.is_file()
     assert (tmp_path / "data" / "suites" / "tiny" / "fixtures" / "milvus" / "s-1.json").is_file()
+    # The report says which models ranked: the main one and the rerank's second one.
+    assert report.manifest is not None and report.manifest.ensemble_model_id == "use-multilingual-v3"
+    assert "+ `use-multilingual-v3` (rerank)" in outcome.current_files.markdown_path.read_text()

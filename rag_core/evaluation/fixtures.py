@@ -186,6 +186,7 @@ class FixtureManifest(VersionedFile):
     store: str
     corpus_hash: str | None = None
     model_id: str | None = None
+    ensemble_model_id: str | None = None  # the rerank's second model (None: off, or older fixtures)
     index_params: dict[str, Any] = Field(default_factory=dict)
     git_commit: str | None = None
     recorded_at: str | None = None

@@ -273,10 +273,11 @@ def _manifest_lines(report: EvaluationReport, label: str = "") -> list[str]:
     if m is None:
         return [*lines, bullet("manifest", f"missing (fixtures in `{report.fixtures_dir}`)")]
     index = f" · index `{json.dumps(m.index_params, sort_keys=True)}`" if m.index_params else ""
+    second = f" + `{m.ensemble_model_id}` (rerank)" if m.ensemble_model_id else ""
     return [
         *lines,
         bullet("recorded", f"{m.recorded_at or 'unknown'} at commit `{m.git_commit or 'unknown'}`"),
-        bullet("corpus", f"`{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`{index}"),
+        bullet("corpus", f"`{_short_hash(m.corpus_hash)}` · model `{m.model_id or 'unknown'}`{second}{index}"),
         bullet("cases", f"`{m.cases_file or 'unknown'}` · fixtures `{report.fixtures_dir}`"),
     ]
 

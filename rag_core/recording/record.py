@@ -106,6 +106,7 @@ def record_fixtures(
         tool.store.ensure_schema(tool.embedder.dimension)
         manifest["model"] = tool.embedder.identity().to_dict()
         manifest["model_id"] = tool.embedder.model_id
+        manifest["ensemble_model_id"] = tool.ensemble.embedder.model_id if tool.ensemble is not None else None
         if tool.store.count() == 0:
             raise RuntimeError(f"the {store} index is empty: run `rag ingest` first")
     except Exception as exc:
