@@ -2,8 +2,8 @@
 candidate chunk, one more rerank signal (``RerankWeights.ensemble_dense``).
 
 Two bi-encoders trained differently make different mistakes: multilingual-e5-small (contrastive
-web pairs) ranks hard English best, USE multilingual v3 (trained on translation pairs) ranks
-Chinese paraphrases and cross-lingual matches best. Averaging their normalised scores is the
+web pairs) ranks hard English and the Chinese suite best, USE multilingual v3 (trained on
+translation pairs) ranks cross-lingual paraphrases best. Averaging their normalised scores is the
 classic ensemble of rankers (fusion of independent evidence; Fox & Shaw 1994, "Combination of
 multiple searches", CombSUM). Measured on the golden suites and on 183 cross-lingual known-item
 queries built from the two runbook corpora (closing note of issue 10): the second model only
