@@ -52,7 +52,9 @@ def build_tool(settings, store, embedder, recorder=None, single_model=False):
     from rag_core.lookup.tool import LookupKnowledgeTool
 
     update = {"sidecar_enabled": False, "trace_enabled": recorder is not None}
-    quiet = settings.model_copy(update={**update, **({"ensemble_backend": "none"} if single_model else {})})
+    if single_model:
+        update["ensemble_backend"] = "none"
+    quiet = settings.model_copy(update=update)
     return LookupKnowledgeTool(quiet, store=store, embedder=embedder, recorder=recorder)
 
 

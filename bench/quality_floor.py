@@ -34,7 +34,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bench.common import SHARED, log, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
 from rag_core.evaluation.metrics import first_hit_rank, normalize_doc_id  # noqa: E402
-from rag_core.evaluation.suites import GoldenSuite, load_suites  # noqa: E402
+from rag_core.evaluation.suites import load_suites  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import RagSettings  # noqa: E402
 
@@ -88,8 +88,7 @@ def case_sets(suite_filter: Sequence[str], crosslingual: bool) -> Iterator[tuple
     """(name, knowledge dir, cases) of every golden suite that can run, then the known-item sets."""
     from rag_core.evaluation.cases import load_cases
 
-    suites: list[GoldenSuite] = load_suites()
-    for suite in suites:
+    for suite in load_suites():
         if (suite_filter and suite.name not in suite_filter) or suite.missing():
             continue
         yield suite.name, suite.knowledge_dir, load_cases(suite.cases)

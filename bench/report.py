@@ -11,7 +11,7 @@ from bench.engine import GOALS as ENGINE_GOALS
 from bench.evaluation import TARGET_CASES_PER_S
 from bench.harness import Column, Goal, Missing, Reading, Results, as_percent, as_times, evaluate, render, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
-from bench.latency import TARGET_OVERHEAD
+from bench.latency import SINGLE_MODEL, TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
 from rag_core.markdown import md_table
 
@@ -274,7 +274,7 @@ def _error_md(title: str, section: dict | None) -> list[str]:
 def _latency_md(lat: dict | None) -> list[str]:
     if not lat or "paths" not in lat:
         return _error_md("Lookup latency", lat)
-    paths = [p for p in ("milvus", "milvus-single-model", "pgvector") if _ok(lat["paths"].get(p))]
+    paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if _ok(lat["paths"].get(p))]
     out = ["", "## Lookup latency (runbook corpus, warm)", ""]
     header = ["stage"]
     for p in paths:

@@ -65,6 +65,12 @@ class KnowledgeDocument:
     warnings: tuple[DocumentIssue, ...] = ()
 
 
+def embed_text(breadcrumb: str, text: str) -> str:
+    """What a chunk is embedded as: its breadcrumb (which starts with the title) as a header,
+    a blank line, then its text."""
+    return f"{breadcrumb}\n\n{text}"
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A heading-delimited piece of one document.
@@ -90,8 +96,8 @@ class Chunk:
 
     @property
     def embed_text(self) -> str:
-        """Text given to the embedding model: title and breadcrumb as a header, then the text."""
-        return f"{self.breadcrumb}\n\n{self.text}"
+        """Text given to the embedding model: :func:`embed_text` of its breadcrumb and text."""
+        return embed_text(self.breadcrumb, self.text)
 
 
 @dataclass(frozen=True)

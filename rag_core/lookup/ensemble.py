@@ -24,6 +24,7 @@ from rag_core.lookup.passage_vectors import PassageVectors
 from rag_core.lookup.query_transformer import TransformedQuery
 from rag_core.lookup.query_vector import query_vector
 from rag_core.lookup.retriever import Candidate
+from rag_core.models import embed_text
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,7 @@ class EnsembleSimilarity:
     def similarities(self, tq: TransformedQuery, candidates: Sequence[Candidate]) -> dict[str, float]:
         if not candidates:
             return {}
-        # The text the main model embedded for the chunk (Chunk.embed_text).
-        texts = {c.hit.chunk_id: f"{c.hit.breadcrumb}\n\n{c.hit.text}" for c in candidates}
+        texts = {c.hit.chunk_id: embed_text(c.hit.breadcrumb, c.hit.text) for c in candidates}
         try:
             query = query_vector(self.embedder, tq)
             vectors = self._vectors.vectors(list(texts.values()))
