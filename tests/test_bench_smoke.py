@@ -277,3 +277,14 @@ def test_known_item_cases_pair_the_same_runbook_across_the_two_corpora(tmp_path)
     assert [(c.query, c.expected_docs) for c in cases] == [("：组件 失联。", ["k8s/KubeFooDown.md"])]
     assert [c.query for c in known_item_cases(en, "Meaning", zh)] == ["The foo component is gone."]
     assert known_item_cases(en, "Impact", zh) == []  # no such section: no case
+
+
+def test_quality_floor_figures_count_misses_as_zero_and_read_ranks_per_distinct_doc():
+    from bench.quality_floor import doc_rank, figures
+    from rag_core.evaluation.cases import GoldenCase
+
+    case = GoldenCase(id="c", scenario="chat", query="q", expected_docs=["b.md"])
+    assert doc_rank(["a.md", "a.md", "./b.md", "c.md"], case) == 2  # chunks of one doc count once
+    assert doc_rank(["a.md"], case) is None
+    values = figures([1, 4, 12, None])
+    assert values == pytest.approx({"recall@5": 0.5, "recall@20": 0.75, "mrr": (1 + 1 / 4 + 1 / 12) / 4})

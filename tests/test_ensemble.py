@@ -18,6 +18,7 @@ from rag_core.lookup.retriever import Candidate
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.models import StoreHit
 from rag_core.settings import RagSettings
+from rag_core.text import script
 
 
 def _unit(*xs: float) -> np.ndarray:
@@ -77,6 +78,39 @@ def test_the_second_model_can_reorder_candidates_the_main_model_scores_alike():
     assert [e.doc_id for e in entries][:2] == ["second.md", "first.md"]
     assert by_doc["second.md"].contributions["ensemble_dense"] == pytest.approx(w.ensemble_dense)
     assert by_doc["first.md"].base_score == pytest.approx(w.dense)
+
+
+def test_a_query_in_another_script_than_its_candidates_leans_on_the_second_model():
+    # English chunks: the main model prefers main.md, the second model (translation-trained) second.md.
+    cands = [
+        _cand("main.md", 0.90, "Pods are evicted when the node runs out of memory."),
+        _cand("second.md", 0.86, "The scheduler cannot place new pods on any node."),
+        _cand("low.md", 0.50, "Certificates expire."),
+    ]
+    second = {"main.md#0": 0.60, "second.md#0": 0.90, "low.md#0": 0.10}
+    post = KnowledgeEvidencePostProcessor(None, 0.0, 10)
+    same_blocks, same = post.process(cands, L0Hints(), ensemble_similarity=second, query="new pods stay pending")
+    other_blocks, other = post.process(cands, L0Hints(), ensemble_similarity=second, query="新的容器组一直无法调度")
+    assert [e.doc_id for e in same][:2] == ["main.md", "second.md"]
+    assert [e.doc_id for e in other][:2] == ["second.md", "main.md"]
+    w = RerankWeights()
+    assert {e.doc_id: e for e in other}["second.md"].contributions["ensemble_dense"] == pytest.approx(
+        w.crosslingual_ensemble_dense
+    )
+    assert all("crosslingual_weights" in b.hit_reasons for b in other_blocks)
+    assert not any("crosslingual_weights" in b.hit_reasons for b in same_blocks)
+    # Without the second model there is nothing to lean on: the weights stay as they are.
+    alone, _ = post.process(cands, L0Hints(), query="新的容器组一直无法调度")
+    assert [b.doc_id for b in alone][0] == "main.md"
+    assert not any("crosslingual_weights" in b.hit_reasons for b in alone)
+
+
+def test_script_counts_a_latin_word_as_two_ideographs():
+    assert script("apiserver 老是回 429，一大片请求被拒") == "cjk"
+    assert script("the apiserver rejects 429 requests, see 请求被拒") == "latin"
+    assert script("kube-apiserver") == "latin"
+    assert script("429 / 503") is None
+    assert script("") is None
 
 
 def test_without_the_second_model_the_main_model_gets_the_whole_dense_weight():

@@ -257,7 +257,7 @@ class LookupKnowledgeTool:
             post = KnowledgeEvidencePostProcessor(
                 self.l0, self.settings.min_block_similarity, self.settings.max_evidence_blocks, self._weights
             )
-            blocks, rerank = post.process(outcome.candidates, tq.hints, titles, ensemble)
+            blocks, rerank = post.process(outcome.candidates, tq.hints, titles, ensemble, query)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
             # L0 matches are offered whenever L1 gave no usable evidence: when it failed, was
             # disabled, or found only candidates below the minimum block similarity.
