@@ -2,16 +2,12 @@
 benchmark at a tiny size (NumPy + the embedded Milvus server, synthetic vectors, no model, no PostgreSQL).
 Checks the shape of the results, not timings."""
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
-
-from bench import evaluation, report, scale  # noqa: E402
+from bench import evaluation, report, scale
 
 
 def test_evaluation_benchmark_reports_throughput(tmp_path):

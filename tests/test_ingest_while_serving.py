@@ -1,15 +1,10 @@
 """Ingest while the agent serves (issue 14 item 4): 8-thread lookups in this process while
 another process runs `rag ingest` of the runbook corpus on the same embedded Milvus server."""
 
-import sys
-from pathlib import Path
-
 import pytest
 from conftest import RUNBOOKS, make_settings, need_shared
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not an installed package
-
-from bench import serving  # noqa: E402
+from bench import serving
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
