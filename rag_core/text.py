@@ -136,8 +136,9 @@ def is_cjk(text: str) -> bool:
 def script(text: str) -> str | None:
     """``"cjk"`` or ``"latin"``: the script most of ``text``'s words are written in (None when
     it has neither). A Latin word counts as two ideographs, about the length of a Chinese word
-    (jieba's words on the Chinese runbook corpus average 1.8 ideographs), so "apiserver 老是回 429，一大片请求被拒" is
-    ``cjk`` and an English sentence naming one Chinese term stays ``latin``."""
+    (jieba's words on the Chinese runbook corpus average 1.8 ideographs), so
+    "apiserver 老是回 429，一大片请求被拒" is ``cjk`` and an English sentence naming one
+    Chinese term stays ``latin``."""
     ideographs = len(_IS_CJK.findall(text))
     latin = 2 * len(_LATIN_WORD.findall(text))
     if ideographs == latin == 0:

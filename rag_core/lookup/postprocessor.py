@@ -1,7 +1,8 @@
 """KnowledgeEvidencePostProcessor: candidates -> ranked, deduplicated evidence blocks.
 
 Steps: drop candidates below ``min_block_similarity`` (unless L0 matched their document by its
-whole name); score every candidate with the rule-based rerank (``RerankWeights``; the
+whole name); score every candidate with the rule-based rerank (``RerankWeights``, or their
+cross-lingual variant when the query and the candidates are written in different scripts; the
 document-level title similarity comes from :mod:`rag_core.lookup.title_similarity`, the second
 model's chunk similarity from :mod:`rag_core.lookup.ensemble`); collapse
 candidates of one source document into one block (best-scoring chunk first, then up to two
