@@ -88,6 +88,13 @@ def first_section(path: Path, heading: str) -> str:
     return ""
 
 
+def section_query(path: Path, heading: str) -> str:
+    """The first ``QUERY_CHARS`` characters of ``path``'s ``heading`` section without the
+    alert's own name (the file name), as a known-item query ('' when there is no such section)."""
+    query = first_section(path, heading)[:QUERY_CHARS]
+    return re.sub(re.escape(path.stem), "", query, flags=re.I).strip()
+
+
 def known_item_cases(source: Path, heading: str, target: Path) -> list[GoldenCase]:
     """One case per runbook present under both roots: the ``heading`` section of ``source``'s
     copy (first ``QUERY_CHARS`` characters, the alert name removed) expects ``target``'s copy."""
@@ -95,8 +102,7 @@ def known_item_cases(source: Path, heading: str, target: Path) -> list[GoldenCas
     shared = sorted(d for d in docs if (target / d).is_file() and not d.endswith("_index.md"))
     cases = []
     for doc in shared:
-        query = first_section(source / doc, heading)[:QUERY_CHARS]
-        query = re.sub(re.escape(Path(doc).stem), "", query, flags=re.I).strip()
+        query = section_query(source / doc, heading)
         if query:
             case_id = f"{heading}-{Path(doc).stem}"
             cases.append(GoldenCase(id=case_id, scenario="chat", query=query, expected_docs=[doc]))
@@ -115,8 +121,7 @@ def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenC
         text = path.read_text(encoding="utf-8")
         (dest / doc).parent.mkdir(parents=True, exist_ok=True)
         (dest / doc).write_text(without_section(text, heading), encoding="utf-8")
-        query = first_section(path, heading)[:QUERY_CHARS]
-        query = re.sub(re.escape(path.stem), "", query, flags=re.I).strip()
+        query = section_query(path, heading)
         if query and not doc.endswith("_index.md"):
             cases.append(GoldenCase(id=f"{heading}-{path.stem}", scenario="chat", query=query, expected_docs=[doc]))
     return cases
