@@ -145,10 +145,12 @@ class KnowledgeEvidencePostProcessor:
         if not kept:
             return [], []
         best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
-        crosslingual = bool(ensemble_similarity) and languages_differ(query, kept)
+        second = ensemble_similarity or {}
+        with_ensemble = bool(second) and all(c.hit.chunk_id in second for c in kept)
+        crosslingual = with_ensemble and languages_differ(query, kept)
         w = self.weights.crosslingual() if crosslingual else self.weights
-        ensemble = self._ensemble_scores(w, kept, ensemble_similarity or {})
-        base = self._base_scores(w, kept, with_ensemble=bool(ensemble))
+        ensemble = self._ensemble_scores(w, kept, second) if with_ensemble else {}
+        base = self._base_scores(w, kept, with_ensemble)
         per_doc: dict[str, list[Candidate]] = {}
         for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
             per_doc.setdefault(c.hit.doc_id, []).append(c)
@@ -209,10 +211,8 @@ class KnowledgeEvidencePostProcessor:
     def _ensemble_scores(
         self, w: RerankWeights, kept: list[Candidate], similarity: Mapping[str, float]
     ) -> dict[int, float]:
-        """``ensemble_dense`` times the second model's similarity min-max normalised over
-        ``kept``, keyed by ``id(candidate)``; ``{}`` unless every candidate has one."""
-        if not similarity or any(c.hit.chunk_id not in similarity for c in kept):
-            return {}
+        """``ensemble_dense`` times the second model's similarity (one for every candidate)
+        min-max normalised over ``kept``, keyed by ``id(candidate)``."""
         scaled = _min_max({id(c): similarity[c.hit.chunk_id] for c in kept})
         return {key: w.ensemble_dense * value for key, value in scaled.items()}
 
