@@ -11,7 +11,9 @@ is the result's longest L1 attempt (``common.STORE_MS_MEANS``). Derived stages:
 * ``trace_handoff`` = end to end minus ``latency_ms`` (building the trace row and handing it
   to the recorder);
 * ``pipeline_overhead`` = end to end minus query embedding, the second model (``ensemble``:
-  its query and, on a chunk's first appearance, chunk embeddings) and ``store``.
+  its query and, on a chunk's first appearance, chunk embeddings), ``store`` and
+  ``documents`` (the store query for the candidate documents' chunk vectors, and title
+  embeddings on a title's first appearance).
 
 The ``milvus-single-model`` path is the Milvus path with the rerank's second model turned off
 (``ensemble_backend="none"``), interleaved with the others: the ensemble's cost side by side.
@@ -31,7 +33,7 @@ STAGES = (
     "l0",
     "embed",
     "ensemble",
-    "titles",
+    "documents",
     "search",
     "store",
     "fusion",
@@ -70,12 +72,13 @@ def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
     stage = row["retrieval_details"]["stage_ms"]
     inner = float(row["latency_ms"])
     search, embed, ensemble = stage.get("search_ms", 0.0), stage.get("embed_ms", 0.0), stage.get("ensemble_ms", 0.0)
+    documents = stage.get("documents_ms", 0.0)
     return {
         "e2e": e2e_ms,
         "l0": stage.get("l0_ms", 0.0),
         "embed": embed,
         "ensemble": ensemble,
-        "titles": stage.get("titles_ms", 0.0),
+        "documents": documents,
         "search": search,
         "store": store,
         "fusion": max(0.0, search - store),
@@ -83,7 +86,7 @@ def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
         "pack": stage.get("pack_ms", 0.0),
         "assemble": max(0.0, inner - sum(stage.values())),
         "trace_handoff": max(0.0, e2e_ms - inner),
-        "pipeline_overhead": max(0.0, e2e_ms - embed - ensemble - store),
+        "pipeline_overhead": max(0.0, e2e_ms - embed - ensemble - store - documents),
         "attempts": len(row["retrieval_details"]["attempts"]),
         "filtered": bool(
             row["retrieval_details"]["attempts"] and row["retrieval_details"]["attempts"][0].get("filter")

@@ -20,7 +20,7 @@ STAGE_LABELS = {
     "l0": "L0 hints (query transform)",
     "embed": "query embedding",
     "ensemble": "second model (query + chunks on first sight)",
-    "titles": "title similarity",
+    "documents": "document similarity (title + centroid)",
     "search": "L1 retrieval (attempts, store calls + fusion)",
     "store": "  store calls (wall time: the longest L1 attempt)",
     "store_dense": "  store: dense search",  # results before the wall-time store figure
@@ -30,7 +30,7 @@ STAGE_LABELS = {
     "pack": "context packing",
     "assemble": "result assembly (relevance, session, trace object)",
     "trace_handoff": "trace hand-off (row build + recorder)",
-    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model and store search)",
+    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model, store search and document vectors)",
 }
 
 

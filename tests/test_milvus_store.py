@@ -72,6 +72,18 @@ def test_delete_by_document_and_chunk(store):
 
 
 @pytest.mark.integration
+def test_document_vectors_are_every_chunk_of_the_named_documents(store):
+    vecs = unit(4)
+    evil = 'b" or doc_id != "'
+    store.upsert([chunk(1, doc="a.md"), chunk(0, doc="a.md"), chunk(2, doc=evil), chunk(3, doc="c.md")], vecs)
+    found = store.document_vectors(["a.md", evil, "missing.md"])
+    assert set(found) == {"a.md", evil}
+    np.testing.assert_allclose(found["a.md"], vecs[[1, 0]], atol=1e-6)  # chunk-id order: c0, c1
+    np.testing.assert_allclose(found[evil], vecs[2:3], atol=1e-6)
+    assert store.document_vectors([]) == {}
+
+
+@pytest.mark.integration
 def test_category_filter_with_quotes_matches_only_itself(store):
     evil = 'x" or category != "'
     cats = ["plain", evil, 'back\\slash"', "x"]

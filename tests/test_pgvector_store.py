@@ -145,6 +145,16 @@ def test_upsert_update_delete_and_count(store):
     assert store.count() == 0
 
 
+def test_document_vectors_are_every_chunk_of_the_named_documents(store):
+    assert store.document_vectors(["doc-a.md"]) == {}  # no table yet
+    store.ensure_schema(DIM)
+    vecs = unit(3)
+    store.upsert([chunk(2), chunk(1), chunk(3, doc="doc-b.md")], vecs)
+    found = store.document_vectors(["doc-a.md", "missing.md"])
+    assert list(found) == ["doc-a.md"]
+    np.testing.assert_allclose(found["doc-a.md"], vecs[[1, 0]], atol=1e-6)  # chunk-id order
+
+
 @pytest.mark.parametrize(("bad", "kind"), [(np.nan, "non-finite"), (0.0, "all-zero")])
 def test_nan_or_zero_vectors_rejected_naming_the_chunk(store, bad, kind):
     store.ensure_schema(DIM)

@@ -152,11 +152,11 @@ def test_title_similarity_gives_nothing_rather_than_failing_the_lookup():
     assert titles.similarities(_unit(1, 0, 0), {"a.md": "A"}) == {}
 
 
-def test_the_closest_title_gets_the_whole_title_similarity_weight():
+def test_the_closest_document_gets_the_whole_document_similarity_weight():
     cands = [_cand("near.md", 0), _cand("far.md", 0), _cand("middle.md", 0)]
     pp = KnowledgeEvidencePostProcessor(None, 0.0, 10)
-    _, entries = pp.process(cands, L0Hints(), {"near.md": 0.9, "far.md": 0.5, "middle.md": 0.7, "other.md": 1.0})
-    got = {e.doc_id: e.contributions.get("title_similarity", 0.0) for e in entries}
-    w = RerankWeights().title_similarity
+    _, entries = pp.process(cands, L0Hints(), {"near.md": 1.8, "far.md": 1.0, "middle.md": 1.4, "other.md": 2.0})
+    got = {e.doc_id: e.contributions.get("document_similarity", 0.0) for e in entries}
+    w = RerankWeights().document_similarity
     assert got == pytest.approx({"near.md": w, "middle.md": w / 2, "far.md": 0.0})
-    assert entries[0].doc_id == "near.md"  # equal otherwise: the title decides
+    assert entries[0].doc_id == "near.md"  # equal otherwise: the document similarity decides

@@ -24,6 +24,7 @@ from rag_core.lookup.contracts import (
     RetrievalTrace,
     SidecarStatus,
 )
+from rag_core.lookup.document_similarity import DocumentSimilarity
 from rag_core.lookup.ensemble import EnsembleSimilarity
 from rag_core.lookup.packer import KnowledgeContextPacker
 from rag_core.lookup.postprocessor import (
@@ -35,7 +36,6 @@ from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, Transfo
 from rag_core.lookup.query_vector import query_vector
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
 from rag_core.lookup.session import SessionState
-from rag_core.lookup.title_similarity import TitleSimilarity
 from rag_core.lookup.trace_row import build_trace_row
 from rag_core.settings import RagSettings
 
@@ -119,7 +119,7 @@ class LookupKnowledgeTool:
         self._l0_mtime: int | None = None
         self._recorder = recorder
         self._weights = weights
-        self._titles: TitleSimilarity | None = None
+        self._documents: DocumentSimilarity | None = None
         self._ensemble: EnsembleSimilarity | None = (
             EnsembleSimilarity(ensemble_embedder) if ensemble_embedder is not None else None
         )
@@ -249,15 +249,15 @@ class LookupKnowledgeTool:
         if self.settings.l1_enabled and not outcome.error:
             # A damaged or vanished index is an error in the trace, never "found nothing".
             outcome.error = self._index_problem(outcome)
-        with _timed(timings, "titles_ms"):
-            titles = self._title_similarities(outcome)
+        with _timed(timings, "documents_ms"):
+            documents = self._document_similarities(outcome)
         with _timed(timings, "ensemble_ms"):
             ensemble = self._ensemble_similarities(tq, outcome)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(
                 self.l0, self.settings.min_block_similarity, self.settings.max_evidence_blocks, self._weights
             )
-            blocks, rerank = post.process(outcome.candidates, tq.hints, titles, ensemble, query)
+            blocks, rerank = post.process(outcome.candidates, tq.hints, documents, ensemble, query)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
             # L0 matches are offered whenever L1 gave no usable evidence: when it failed, was
             # disabled, or found only candidates below the minimum block similarity.
@@ -305,18 +305,18 @@ class LookupKnowledgeTool:
         )
         return result, tq, outcome.candidates
 
-    def _title_similarities(self, outcome: RetrievalOutcome) -> dict[str, float]:
-        """Doc id -> cosine of the query vector and the candidate document's title ({} when L1
-        found nothing)."""
+    def _document_similarities(self, outcome: RetrievalOutcome) -> dict[str, float]:
+        """Doc id -> cosine of the query vector and the candidate document's title plus its
+        cosine with the document's centroid ({} when L1 found nothing)."""
         if outcome.query_vector is None or not outcome.candidates:
             return {}
-        embedder = self.embedder
+        embedder, store = self.embedder, self.store
         with self._init_lock:
-            if self._titles is None:
-                self._titles = TitleSimilarity(embedder)
-            similarity = self._titles
+            if self._documents is None:
+                self._documents = DocumentSimilarity(embedder)
+            similarity = self._documents
         titles = {c.hit.doc_id: c.hit.title for c in outcome.candidates}
-        return similarity.similarities(outcome.query_vector, titles)
+        return similarity.similarities(store, outcome.query_vector, titles)
 
     def _ensemble_similarities(self, tq: TransformedQuery, outcome: RetrievalOutcome) -> dict[str, float]:
         """Chunk id -> the second model's cosine of query and chunk ({} when L1 found nothing or

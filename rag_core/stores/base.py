@@ -93,6 +93,10 @@ class VectorStore(Protocol):
     def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
         """The stored rows of ``chunk_ids`` (ids not stored are absent), for health checks."""
 
+    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> (n_chunks, dim) float32 vectors of every stored chunk of that document, in
+        chunk-id order (documents not stored are absent), for document-level similarity."""
+
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k chunks by cosine similarity, optionally only of one category; best first."""
 

@@ -17,7 +17,7 @@ import numpy as np
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.stores.base import DimensionMismatchError, StoredChunk, check_vectors, cosine_to_similarity
-from rag_core.stores.vectors import check_query_vector, finite_score
+from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
 from rag_core.text import lexical_string
 
 SCORE_LABEL = "memory_cosine_similarity[-1,1]"
@@ -88,6 +88,13 @@ class InMemoryStore:
             c.chunk_id: StoredChunk(c.chunk_id, c.doc_id, c.title, c.breadcrumb, c.category, c.text, c.content_hash, v)
             for c, v in found
         }
+
+    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> (n_chunks, dim) vectors of its chunks, in chunk-id order (absent docs left out)."""
+        wanted = set(doc_ids)
+        with self._lock:
+            rows = [(c.doc_id, cid, self._vectors[cid]) for cid, c in self._chunks.items() if c.doc_id in wanted]
+        return group_vectors(rows)
 
     def count(self) -> int:
         """Number of chunks."""

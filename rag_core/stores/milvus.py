@@ -32,7 +32,7 @@ from rag_core.stores.base import (
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.vectors import check_query_vector, finite_score
+from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
@@ -484,6 +484,18 @@ class MilvusStore:
             )
             for r in rows
         }
+
+    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> (n_chunks, dim) stored vectors, in chunk-id order (absent docs left out)."""
+        if not doc_ids or not self.exists():
+            return {}
+        self._ready()
+        expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
+        rows = self._call(
+            "query",
+            lambda c: c.query(self.collection, filter=expr, output_fields=["chunk_id", "doc_id", "vector"]),
+        )
+        return group_vectors((r["doc_id"], r["chunk_id"], r["vector"]) for r in rows)
 
     def count(self) -> int:
         if not self.exists():

@@ -44,7 +44,7 @@ from rag_core.stores.base import (
     cosine_to_similarity,
 )
 from rag_core.stores.pgserver import PgPool, one_row, resolve_dsn, store_error
-from rag_core.stores.vectors import check_query_vector, finite_score
+from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
 from rag_core.text import lexical_string, lexical_terms
 
 log = logging.getLogger(__name__)
@@ -355,6 +355,14 @@ class PgVectorStore:
             )
             for r in rows
         }
+
+    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> (n_chunks, dim) stored vectors, in chunk-id order (absent docs left out)."""
+        if not doc_ids or not self.exists():
+            return {}
+        statement = self._sql("SELECT doc_id, chunk_id, embedding FROM {t} WHERE doc_id = ANY(%s)")
+        rows = self._run("document vectors", lambda conn: conn.execute(statement, (list(doc_ids),)).fetchall())
+        return group_vectors((r[0], r[1], _as_array(r[2])) for r in rows)
 
     def count(self) -> int:
         """Number of stored chunks; 0 when the table does not exist."""
