@@ -93,3 +93,5 @@ def test_without_centroids_every_document_is_scored_by_its_title_alone(caplog):
     # the scores stay comparable.
     partial = similarity.similarities(_store({"a.md": [_unit(0, 1, 0)]}), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
     assert partial == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6)
+    # No store (it failed earlier in this lookup): not asked, titles alone.
+    assert similarity.similarities(None, _unit(1, 0, 0), {"a.md": "A"}) == pytest.approx({"a.md": 1.0})

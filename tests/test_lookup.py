@@ -54,7 +54,13 @@ class Faulty:
         return [] if self._maybe_fail(category) else self.inner.search(vector, top_k, category)
 
     def search_lexical(self, terms, vector, top_k, category=None):
+        if self.mode == "lexical_down":
+            raise StoreError("Milvus full-text search failed: timed out")
         return [] if self._maybe_fail(category) else self.inner.search_lexical(terms, vector, top_k, category)
+
+    def document_vectors(self, doc_ids):
+        self.calls.append(("document_vectors", tuple(doc_ids)))
+        return self.inner.document_vectors(doc_ids)
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
@@ -256,6 +262,19 @@ def test_rerank_trace_explains_each_block(make_tool):
         assert entry.final_score == pytest.approx(entry.base_score + sum(entry.contributions.values()), abs=1e-3)
     assert "title_match" in r.rerank_trace[0].contributions
     assert "titleMatch" in r.to_json()["rerankTrace"][0]["contributions"]
+
+
+def test_document_similarity_uses_the_stores_centroids_unless_the_store_failed_this_lookup(make_tool, store):
+    query = "the checkout page is slow and customers abandon their carts"
+    healthy = Faulty(store, "none")
+    r = make_tool(store_override=healthy).lookup(query)
+    asked = [c for c in healthy.calls if isinstance(c, tuple)]
+    assert len(asked) == 1 and {b.doc_id for b in r.evidence_blocks} <= set(asked[0][1])
+    assert max(e.contributions.get("document_similarity", 0.0) for e in r.rerank_trace) == pytest.approx(0.3)
+    failing = Faulty(store, "lexical_down")
+    r = make_tool(store_override=failing).lookup(query)
+    assert r.found and r.status == "ok"  # the dense channel still answered
+    assert not [c for c in failing.calls if isinstance(c, tuple)]  # not asked again
 
 
 def test_relevance_levels(make_tool):

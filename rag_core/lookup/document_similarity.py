@@ -17,8 +17,8 @@ raised runbooks-en-hard MRR from 0.785 to 0.810 and runbooks-zh from 0.855 to 0.
 title alone at 0.3 lost a Chinese case.
 
 Centroids come from the store that found the candidates (one query by document id per lookup),
-so they always match what is indexed. When a centroid is missing (the store failed, or a
-sidecar-only document), every document is scored by its title alone, so the scores stay
+so they always match what is indexed. When a centroid is missing (the store failed, now or
+earlier in the lookup, or a sidecar-only document), every document is scored by its title alone, so the scores stay
 comparable; any failure drops that part of the signal for that lookup, never the lookup.
 """
 
@@ -71,9 +71,12 @@ class DocumentSimilarity:
     def __init__(self, embedder: Embedder) -> None:
         self._titles = TitleSimilarity(embedder)
 
-    def similarities(self, store: VectorStore, query_vector: Vector, titles: Mapping[str, str]) -> dict[str, float]:
+    def similarities(
+        self, store: VectorStore | None, query_vector: Vector, titles: Mapping[str, str]
+    ) -> dict[str, float]:
+        """``store`` None (it failed during this lookup: do not wait on it twice): titles alone."""
         by_title = self._titles.similarities(query_vector, titles)
-        centroids = centroid_similarities(store, query_vector, list(titles))
+        centroids = centroid_similarities(store, query_vector, list(titles)) if store is not None else {}
         if not all(doc_id in centroids for doc_id in by_title):
             return by_title
         return {doc_id: cosine + centroids[doc_id] for doc_id, cosine in by_title.items()}

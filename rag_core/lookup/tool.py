@@ -310,7 +310,9 @@ class LookupKnowledgeTool:
         cosine with the document's centroid ({} when L1 found nothing)."""
         if outcome.query_vector is None or not outcome.candidates:
             return {}
-        embedder, store = self.embedder, self.store
+        embedder = self.embedder
+        # A store that failed a channel of this lookup is not asked again (it may be hanging).
+        store = None if any(a.error for a in outcome.attempts) else self.store
         with self._init_lock:
             if self._documents is None:
                 self._documents = DocumentSimilarity(embedder)
