@@ -18,8 +18,9 @@ title alone at 0.3 lost a Chinese case.
 
 Centroids come from the store that found the candidates (one query by document id per lookup),
 so they always match what is indexed. When a centroid is missing (the store failed, now or
-earlier in the lookup, or a sidecar-only document), every document is scored by its title alone, so the scores stay
-comparable; any failure drops that part of the signal for that lookup, never the lookup.
+earlier in the lookup, or a sidecar-only document), every document is scored by its title
+alone, so the scores stay comparable; any failure drops that part of the signal for that
+lookup, never the lookup.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def centroid_similarities(store: VectorStore, query_vector: Vector, doc_ids: Seq
     if not doc_ids:
         return {}
     try:
-        stored = store.document_vectors(list(dict.fromkeys(doc_ids)))
+        stored = store.document_vectors(doc_ids)
     except Exception as exc:  # a missing signal must not cost the lookup
         log.warning("document centroids skipped: %s: %s", type(exc).__name__, exc)
         return {}

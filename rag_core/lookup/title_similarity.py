@@ -5,8 +5,9 @@ A runbook's title names what the whole document is about in a few words; a sympt
 in other words ("容器组个数逼近上限", "no new pods showed up") can be closer to the title
 ("Kubelet Too Many Pods", "Kube Controller Manager Down") than to any one section. It is the
 semantic counterpart of the title field in fielded BM25 (BM25F; Robertson, Zaragoza & Taylor
-2004) and enters the rerank with the document centroid (:mod:`rag_core.lookup.document_similarity`). Title
-vectors are computed on first use and cached per model, so the cost is paid once per title.
+2004) and enters the rerank with the document centroid
+(:mod:`rag_core.lookup.document_similarity`). Title vectors are computed on first use and
+cached per model, so the cost is paid once per title.
 Titles are embedded on the passage side: on the query side (e5's "query: " for symmetric
 pairs) the Chinese suite's MRR fell from 0.842 to 0.775.
 """

@@ -487,7 +487,8 @@ class MilvusStore:
 
     def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
         """Doc id -> (n_chunks, dim) stored vectors, in chunk-id order (absent docs left out)."""
-        if not doc_ids or not self.exists():
+        # Asked once per lookup: the existence round trip only until the collection is loaded.
+        if not doc_ids or (not self._loaded and not self.exists()):
             return {}
         self._ready()
         expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"

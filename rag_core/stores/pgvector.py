@@ -358,7 +358,8 @@ class PgVectorStore:
 
     def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
         """Doc id -> (n_chunks, dim) stored vectors, in chunk-id order (absent docs left out)."""
-        if not doc_ids or not self.exists():
+        # Asked once per lookup: the schema read only until the table's dimension is known.
+        if not doc_ids or (self._dim is None and not self.exists()):
             return {}
         statement = self._sql("SELECT doc_id, chunk_id, embedding FROM {t} WHERE doc_id = ANY(%s)")
         rows = self._run("document vectors", lambda conn: conn.execute(statement, (list(doc_ids),)).fetchall())
