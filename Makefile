@@ -3,13 +3,14 @@
 #   make test  - run the test suite
 VENV ?= .venv
 # Extras installed by the set-up: all (every backend but torch's, pg, cli, reports, dagster, ui),
-# dev, and postgres (Dagster storage in PostgreSQL: dagster.production.yaml); CI adds
-# sentence-transformers (torch). The core alone (`pip install .`) is what an agent service needs.
+# dev, and postgres (Dagster storage in PostgreSQL: dagster.production.yaml). CI then tests the
+# sentence-transformers backend (torch) too: test-sentence-transformers. The core alone
+# (`pip install .`) is what an agent service needs.
 EXTRAS ?= dev,all,postgres
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test ui bench lint faults lock
+.PHONY: setup run test test-sentence-transformers ui bench lint faults lock
 
 setup: $(STAMP)
 
@@ -26,6 +27,11 @@ run: setup
 
 test: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+# The tests of the sentence-transformers backend (torch), which the set-up leaves out; CI runs them.
+test-sentence-transformers: setup
+	$(VENV)/bin/pip install -q -c constraints.txt -c requirements.lock -e '.[sentence-transformers]'
+	$(VENV)/bin/pytest -q -p no:cacheprovider -m sentence_transformers
 
 ui: setup
 	home=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}; mkdir -p $$home && cp -n dagster.yaml $$home/; \

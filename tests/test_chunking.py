@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from rag_core.embedding import token_counter
+from rag_core.embedding import make_embedder
 from rag_core.ingest.chunking import chunk_document
 from rag_core.ingest.documents import load_document, scan_documents
 from rag_core.models import Chunk, KnowledgeDocument
+from rag_core.settings import RagSettings
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
@@ -20,7 +21,8 @@ RUNBOOKS_ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "ru
 
 @pytest.fixture(scope="module")
 def count():
-    return token_counter()
+    """The default backend's counter: what ingest sizes chunks with."""
+    return make_embedder(RagSettings(_env_file=None)).count_tokens
 
 
 def make_doc(body: str, title: str = "Doc Title", doc_id: str = "cat/doc.md") -> KnowledgeDocument:
@@ -145,7 +147,7 @@ EN_SENTENCE = "The kubelet restarts the container after the liveness probe fails
 ZH_SENTENCE = "检查容器日志，确认应用是否因为内存不足而退出。"
 
 
-@pytest.mark.parametrize("max_tokens", [32, 64, 240])
+@pytest.mark.parametrize("max_tokens", [40, 64, 240])  # 40: breadcrumb, heading and one sentence
 def test_long_paragraphs_split_at_sentences_within_budget(count, max_tokens):
     body = "## Long\n\n" + " ".join([EN_SENTENCE] * 40) + "\n\n" + ZH_SENTENCE * 40 + "\n"
     doc = make_doc(body)
@@ -156,6 +158,17 @@ def test_long_paragraphs_split_at_sentences_within_budget(count, max_tokens):
     assert len(english) >= 2 and all(c.text.rstrip().endswith(".") for c in english[:-1])  # cut after a sentence
     chinese = [c for c in chunks if "检查" in c.text and "kubelet" not in c.text]
     assert chinese and all(c.text.endswith("。") for c in chinese)
+
+
+def test_a_counter_s_fixed_part_is_budgeted_once_not_per_piece(count):
+    """A counter that adds 7 tokens to every call (prefix, specials) cuts as one without them."""
+    body = "## Long\n\n" + " ".join([EN_SENTENCE] * 12) + "\n\n" + ZH_SENTENCE * 12 + "\n"
+    doc = make_doc(body)
+    base = count("")
+    plain = chunk_document(doc, lambda text: count(text) - base, 64)
+    padded = chunk_document(doc, lambda text: count(text) - base + 7, 71)
+    assert len(plain) > 2
+    assert [(c.start, c.end) for c in padded] == [(c.start, c.end) for c in plain]
 
 
 def test_text_without_any_cut_point_is_cut_hard_within_budget(count):

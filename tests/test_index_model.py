@@ -13,7 +13,7 @@ from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.milvus import MilvusStore
 from rag_core.stores.pgvector import PgVectorStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.sentence_transformers]
 
 
 def _embedders(tmp_path):

@@ -8,7 +8,7 @@ passes ``check_vectors``. Importing this package loads numpy only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rag_core.embedding.base import (
     BadVectorError,
@@ -32,7 +32,6 @@ __all__ = [
     "Vector",
     "check_vectors",
     "make_embedder",
-    "token_counter",
 ]
 
 
@@ -41,12 +40,3 @@ def make_embedder(settings: RagSettings, threads: int | None = None) -> Embedder
     from rag_core.embedding.factory import make_embedder as make
 
     return make(settings, threads)
-
-
-def token_counter(model: str = "all-MiniLM-L6-v2") -> Any:
-    """``count(text) -> int``: word pieces of a sentence-transformers model without [CLS]/[SEP]
-    (the pre-backend counter, kept for callers that size text by content tokens only)."""
-    from rag_core.embedding.sbert import SentenceTransformerEmbedder
-
-    counter = SentenceTransformerEmbedder(model).count_tokens
-    return lambda text: counter(text) - 2

