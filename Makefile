@@ -34,7 +34,7 @@ test-sentence-transformers: setup
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m sentence_transformers
 
 ui: setup
-	home=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}; mkdir -p $$home && cp -n dagster.yaml $$home/; \
+	home=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}; mkdir -p $$home && [ -e $$home/dagster.yaml ] || cp dagster.local.yaml $$home/dagster.yaml; \
 	DAGSTER_HOME=$$home $(VENV)/bin/dagster dev -w workspace.yaml
 
 bench: setup

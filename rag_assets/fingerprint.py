@@ -16,6 +16,9 @@ from pathlib import Path
 
 from rag_core.ingest.documents import doc_id_for, markdown_files
 
+#: Metadata key of ``knowledge_documents``: the stat digest of the files that ingest read.
+STAT_DIGEST_KEY = "knowledge_stat_sha256"
+
 
 @dataclass(frozen=True)
 class Fingerprint:

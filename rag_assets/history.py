@@ -246,7 +246,8 @@ def _signed(value: float | None, digits: int = 3) -> str:
     return "" if value is None else f" ({value:+.{digits}f})"
 
 
-def _rank(state: CaseState) -> str:
+def case_outcome(state: CaseState) -> str:
+    """``"strong, rank 2"``, or the hit level alone when nothing was found."""
     return f"{state.hit_level}, rank {state.first_hit_rank}" if state.first_hit_rank else state.hit_level
 
 
@@ -303,7 +304,8 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
             md_table(
                 ["change", "store", "case", "before", "after"],
                 [
-                    [c.change, STORE_LABELS.get(c.store, c.store), f"`{c.case_id}`", _rank(c.before), _rank(c.after)]
+                    [c.change, STORE_LABELS.get(c.store, c.store), f"`{c.case_id}`", case_outcome(c.before)]
+                    + [case_outcome(c.after)]
                     for c in changes
                 ],
             )
@@ -334,19 +336,16 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     try:
         for index, store in enumerate(stores):
             label, color = STORE_LABELS.get(store, store), f"C{index}"  # one colour per store
+            # Equal values on one night put the stores' markers on one spot: later stores get
+            # larger hollow rings drawn below, so every store's marker stays visible.
+            style = {"color": color, "markersize": 6 + 5 * index, "zorder": 10 - index}
+            if index:
+                style["markerfacecolor"] = "none"
             series = [n.stores.get(store) for n in shown]
-            top.plot(
-                days, [s.recall_at_5 if s else None for s in series], marker="o", color=color, label=f"{label} recall@5"
-            )
-            top.plot(
-                days,
-                [s.mrr if s else None for s in series],
-                marker="s",
-                linestyle="--",
-                color=color,
-                label=f"{label} MRR",
-            )
-            bottom.plot(days, [s.latency_p95_ms if s else None for s in series], marker="o", color=color, label=label)
+            recall, mrr = [s.recall_at_5 if s else None for s in series], [s.mrr if s else None for s in series]
+            top.plot(days, recall, marker="o", label=f"{label} recall@5", **style)
+            top.plot(days, mrr, marker="s", linestyle="--", label=f"{label} MRR", **style)
+            bottom.plot(days, [s.latency_p95_ms if s else None for s in series], marker="o", label=label, **style)
         bottom.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, len(shown) // 10)))
         bottom.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
         top.set_ylim(0, 1.05)

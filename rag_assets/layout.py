@@ -19,7 +19,7 @@ REPO_BASELINE = PROJECT_ROOT / "golden" / "reports" / "baseline.json"
 #: Default DAGSTER_HOME of ``python -m rag_assets.run`` and ``make ui``.
 DEFAULT_DAGSTER_HOME = PROJECT_ROOT / ".dagster_home"
 #: Instance config copied into a DAGSTER_HOME that has none.
-LOCAL_INSTANCE_YAML = PROJECT_ROOT / "dagster.yaml"
+LOCAL_INSTANCE_YAML = PROJECT_ROOT / "dagster.local.yaml"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Inter-process locks around the embedded stores.
 
 Milvus Lite lets one process open a ``milvus.db`` file at a time, and two ingests into the same
-collection or table would interleave their diffs. The run queue (``dagster.yaml``,
+collection or table would interleave their diffs. The run queue (``dagster.local.yaml``,
 ``max_concurrent_runs: 1``) serialises Dagster runs; these file locks also cover runs started
 outside the queue (``python -m rag_assets.run``, ``dagster asset materialize``), which then wait
 instead of failing or corrupting the store.

@@ -1,9 +1,10 @@
 """``python -m rag_assets.run`` (``make run``): build everything on the embedded defaults.
 
 Runs two Dagster jobs against the instance in ``DAGSTER_HOME`` (default ``<repo>/.dagster_home``,
-given the repo's ``dagster.yaml`` when it has none). Each run is created with the code location's
-origin and executed as a reconstructable job (``rag_assets.launch``), so the UI (``make ui``)
-lists it in its job's history and can re-execute it:
+given the repo's ``dagster.local.yaml`` as its ``dagster.yaml`` when it has none). Each run is
+created with the code location's origin and executed as a reconstructable job
+(``rag_assets.launch``), so the UI (``make ui``) lists it in its job's history and can re-execute
+it:
 
 1. ``refresh_job``: documents -> chunks -> L0 / Milvus / pgvector -> fixtures -> evaluations ->
    baseline and comparison reports -> regression gate -> publish;
@@ -32,7 +33,7 @@ RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 
 def prepare_dagster_home() -> Path:
     """Set DAGSTER_HOME (default ``<repo>/.dagster_home``), create it, and copy the repo's
-    ``dagster.yaml`` into it when it has none. Returns the absolute path."""
+    ``dagster.local.yaml`` into it as ``dagster.yaml`` when it has none. Returns the absolute path."""
     home = Path(os.environ.get("DAGSTER_HOME") or DEFAULT_DAGSTER_HOME).expanduser().resolve()
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists() and LOCAL_INSTANCE_YAML.is_file():

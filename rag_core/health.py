@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from rag_core.embedding.base import ModelIdentity
 from rag_core.fileio import write_text_atomic
 from rag_core.ingest.chunking import _content_hash as content_hash  # the hash chunking stores
@@ -68,21 +70,30 @@ def write_index_state(
     identity: ModelIdentity,
     rejected: frozenset[str] = frozenset(),
 ) -> None:
-    """Record each store's row count, model and a sample of ``chunks`` (those written, i.e. not
-    in ``rejected``) after an ingest. Written atomically; a failure to write is logged, not raised
-    (the ingest itself succeeded)."""
+    """Record each of ``stores``' row count, model and a sample of ``chunks`` (those written, i.e.
+    not in ``rejected``) after an ingest; other stores' entries are kept, so the Dagster assets
+    that write one store each leave the same state as ``rag ingest``. Written atomically under a
+    file lock; a failure to write is logged, not raised (the ingest itself succeeded)."""
     sample = sample_chunks([c for c in chunks if c.chunk_id not in rejected])
-    data = {
-        "version": 1,
-        "stores": {s.name: asdict(StoreState(rows=s.count(), model=identity.to_dict(), sample=sample)) for s in stores},
-    }
+    fresh = {s.name: asdict(StoreState(rows=s.count(), model=identity.to_dict(), sample=sample)) for s in stores}
     path = state_path(settings)
     try:
-        write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError as exc:
-        log.warning(
-            "could not write the index state %s (%s): `rag doctor` cannot verify this index", path, exc.strerror or exc
-        )
+        with FileLock(f"{path}.lock", timeout=60):
+            kept = _stored_entries(path)
+            data = {"version": 1, "stores": {**kept, **fresh}}
+            write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+    except (OSError, Timeout) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        log.warning("could not write the index state %s (%s): `rag doctor` cannot verify this index", path, why)
+
+
+def _stored_entries(path: Path) -> dict[str, Any]:
+    """The ``stores`` mapping of an existing state file; ``{}`` when missing or unreadable."""
+    try:
+        stores = json.loads(path.read_text())["stores"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return stores if isinstance(stores, dict) else {}
 
 
 def read_index_state(settings: RagSettings) -> tuple[dict[str, StoreState] | None, str | None]:

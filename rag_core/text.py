@@ -22,11 +22,16 @@ from __future__ import annotations
 import logging
 import re
 import unicodedata
+import warnings
 from functools import lru_cache
 from typing import cast
 
-import jieba
 import Stemmer
+
+with warnings.catch_warnings():
+    # jieba 0.42.1 (the latest) imports pkg_resources, which warns on stderr at every import.
+    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+    import jieba
 
 jieba.setLogLevel(logging.WARNING)
 

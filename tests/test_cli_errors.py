@@ -64,3 +64,18 @@ def test_unspoolable_traces_are_reported_once_and_losses_at_close(tmp_path, capl
     assert sum("not writable" in m for m in errors) == 1
     lost = [m for m in errors if "LOST" in m]
     assert len(lost) == 1 and "20 trace row(s)" in lost[0] and str(blocker) in lost[0]
+
+
+def test_rag_help_prints_nothing_on_stderr():
+    """Third-party import warnings (jieba's pkg_resources) are silenced where we import them."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "from rag_core.cli_entry import main; main()", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "lookup" in done.stdout
+    assert done.stderr == ""

@@ -173,6 +173,34 @@ def test_sensor_requests_ingest_when_markdown_changes(tmp_path):
     assert not result.run_requests and "does not exist" in result.skip_message
 
 
+def test_sensor_first_tick_skips_what_the_last_ingest_in_the_instance_read(tmp_path):
+    from rag_assets.fingerprint import STAT_DIGEST_KEY, stat_digest
+
+    knowledge = tmp_path / "kb"
+    knowledge.mkdir()
+    (knowledge / "A.md").write_text("# A\n\nbody\n")
+    sensor = defs.resolve_sensor_def("knowledge_change_sensor")
+    rag = RagSettingsResource(knowledge_dir=str(knowledge), data_dir=str(tmp_path / "data"))
+    instance = dg.DagsterInstance.ephemeral()
+
+    def first_tick():
+        context = dg.build_sensor_context(resources={"rag": rag}, definitions=defs, instance=instance)
+        return sensor.evaluate_tick(context)
+
+    def ingested(stat: str, store: bool = True) -> None:
+        meta = {"knowledge_dir": dg.MetadataValue.path(str(knowledge.resolve())), STAT_DIGEST_KEY: stat}
+        instance.report_runless_asset_event(dg.AssetMaterialization("knowledge_documents", metadata=meta))
+        if store:
+            instance.report_runless_asset_event(dg.AssetMaterialization("milvus_collection"))
+
+    assert len(first_tick().run_requests) == 1  # nothing ingested in this instance yet
+    ingested(stat_digest(knowledge)[0])
+    skipped = first_tick()
+    assert not skipped.run_requests and "since the last ingest" in skipped.skip_message and skipped.cursor
+    ingested("0" * 64)  # the last ingest read other files
+    assert len(first_tick().run_requests) == 1
+
+
 # --- bad input ---------------------------------------------------------------------------------
 
 
@@ -443,7 +471,7 @@ def test_store_writers_are_in_concurrency_pools_limited_to_one():
     graph = defs.resolve_asset_graph()
     pools = {k: graph.get(dg.AssetKey(k)).pools for k in ("milvus_collection", "pgvector_table")}
     assert pools == {"milvus_collection": {"rag_milvus"}, "pgvector_table": {"rag_pgvector"}}
-    for name in ("dagster.yaml", "dagster.production.yaml"):
+    for name in ("dagster.local.yaml", "dagster.production.yaml"):
         config = yaml.safe_load((ROOT / name).read_text())
         assert config["concurrency"]["pools"]["default_limit"] == 1, name
         assert "config" not in config["run_coordinator"], name  # run limits live under concurrency

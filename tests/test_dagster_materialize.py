@@ -159,6 +159,29 @@ def test_main_command_builds_everything_after_a_failed_run(runs, env):
     assert (env.home / "dagster.yaml").is_file()
 
 
+def test_rag_doctor_verifies_both_stores_after_the_main_command(runs, env):
+    """The Dagster ingest leaves the index state the CLI ingest leaves: one ingest, one state."""
+    from typer.testing import CliRunner
+
+    from rag_core.cli import app
+
+    res = CliRunner().invoke(app, ["doctor", "--sidecar", "--json"])
+    report = json.loads(res.output[res.output.index("{") :])
+    assert res.exit_code == 0, res.output
+    assert report["state_problem"] is None
+    assert {s["store"] for s in report["stores"] if s["ok"] and s["checked_chunks"] > 0} == {"milvus", "pgvector"}
+
+
+def test_change_sensor_first_tick_sees_the_main_command_s_ingest(runs, env):
+    """``make ui`` after ``make run``: the sensor's first tick requests no second ingest."""
+    sensor = defs.resolve_sensor_def("knowledge_change_sensor")
+    context = dg.build_sensor_context(
+        resources={"rag": RagSettingsResource()}, definitions=defs, instance=runs.instance
+    )
+    result = sensor.evaluate_tick(context)
+    assert not result.run_requests and "since the last ingest" in (result.skip_message or "")
+
+
 def test_ingest_and_index_metadata(runs, env):
     docs = _metadata(runs.instance, "knowledge_documents")
     assert docs["document_count"] == 34 and docs["skipped_count"] == 1

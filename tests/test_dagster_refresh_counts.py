@@ -80,7 +80,7 @@ def refreshes():
     tmp = Path(tempfile.mkdtemp(prefix="rag-refresh-counts-"))  # not tmp_path: see test_dagster_materialize
     home, data, kb = tmp / "dagster_home", tmp / "data", tmp / "kb"
     home.mkdir()
-    shutil.copy(ROOT / "dagster.yaml", home / "dagster.yaml")  # the pools config is part of the test
+    shutil.copy(ROOT / "dagster.local.yaml", home / "dagster.yaml")  # the pools config is part of the test
     shutil.copytree(KNOWLEDGE, kb)
     counts = Counts()
     real_scan, real_save, real_make = documents.scan_documents, L0Index.save, components.make_embedder

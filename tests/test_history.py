@@ -157,6 +157,16 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
     assert meta["milvus/strong_medium_miss"].endswith("/1")
     assert "data:image/png;base64," in meta["history"] and "data:image/png;base64," in meta["trend_chart"]
     assert meta["summary"]["changes"]["newly missed"] == ["milvus:c1", "pgvector:c1"]
+    # the numbers are table values the page shows, not Markdown behind a link
+    nights = [r.data for r in meta["nights"].records]
+    assert [(r["night"], r["store"]) for r in nights][:2] == [
+        ("2026-12-01", "main (Milvus)"),
+        ("2026-12-01", "sidecar (pgvector)"),
+    ]
+    assert nights[0]["recall@5"] == 0.75 and nights[1]["p95 lookup ms"] == 30.0 and len(nights) == 4
+    changed = {(r.data["change"], r.data["case"]) for r in meta["changed_cases"].records}
+    assert changed == {("newly missed", "c1"), ("newly found", "c4")}
+    assert list(meta).index("milvus/recall@5") < list(meta).index("history")
     reports = data / "reports"
     assert len((reports / HISTORY_FILE).read_text().splitlines()) == 2
     assert json.loads((reports / HISTORY_FILE).read_text().splitlines()[0])["night"] == "2026-11-30"

@@ -9,8 +9,8 @@ The lineage is the data flow (rag_core's ingest stages, one asset each)::
 One refresh scans the documents once, chunks once, embeds what changed once (through the
 embedding cache) and writes each store once. ``rag ingest`` runs the same functions
 (``rag_core.ingest.pipeline.ingest``). The store assets are in the ``rag_milvus`` /
-``rag_pgvector`` concurrency pools (one writer per store across runs, see dagster.yaml). The
-sidecar never fails the run: when PostgreSQL is unreachable ``pgvector_table`` records
+``rag_pgvector`` concurrency pools (one writer per store across runs; see dagster.local.yaml).
+The sidecar never fails the run: when PostgreSQL is unreachable ``pgvector_table`` records
 ``status: unavailable`` and the reason.
 """
 
@@ -29,7 +29,7 @@ from rag_assets.defs.resources import (
 from rag_assets.metadata import issues_table, md_table
 from rag_core.ingest.embed import ChunkEmbeddings
 from rag_core.ingest.plan import DocumentScan, IngestPlan, StoreChanges
-from rag_core.settings import redact_dsn
+from rag_core.settings import RagSettings, redact_dsn
 from rag_core.stores.base import StoreError
 
 # What an unreachable or misconfigured PostgreSQL raises on the way to the sidecar.
@@ -37,7 +37,7 @@ SIDECAR_UNAVAILABLE = (StoreError, psycopg.Error, OSError)
 #: Main-store steps run first, back to back: results exist even if the sidecar is slow, and an
 #: in-process Milvus Lite connection left idle for ~30 s is dropped by its gRPC server.
 MAIN_STORE_FIRST = {"dagster/priority": "10"}
-#: Concurrency pools of the store writers (limits: ``concurrency.pools`` in dagster.yaml).
+#: Concurrency pools of the store writers (limits: ``concurrency.pools`` in dagster.local.yaml).
 MILVUS_POOL = "rag_milvus"
 PGVECTOR_POOL = "rag_pgvector"
 
@@ -188,13 +188,18 @@ def store_metadata(changes: StoreChanges, embeddings: ChunkEmbeddings, stored: i
     }
 
 
-def _apply(store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings) -> tuple[StoreChanges, int]:
+def _apply(
+    settings: RagSettings, store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings
+) -> tuple[StoreChanges, int]:
+    """Apply ``plan`` to ``store`` and record its index state, as ``rag ingest`` does."""
     from rag_core.ingest.apply import StalePlanError, apply_plan
+    from rag_core.ingest.pipeline import record_index_state
 
     try:
         changes = apply_plan(store, plan, embeddings)
     except StalePlanError as exc:
         raise dg.Failure(description=str(exc)) from None
+    record_index_state(settings, [store], plan, embeddings)
     return changes, store.count()
 
 
@@ -214,7 +219,7 @@ def milvus_collection(
     """
     settings = rag.get_settings()
     with milvus.open(context.log) as store:
-        changes, stored = _apply(store, ingest_plan, chunk_embeddings)
+        changes, stored = _apply(settings, store, ingest_plan, chunk_embeddings)
     return dg.MaterializeResult(
         metadata={
             **store_metadata(changes, chunk_embeddings, stored),
@@ -248,7 +253,7 @@ def pgvector_table(
         return dg.MaterializeResult(metadata={"status": "unavailable", "reason": reason})
     try:
         with pgvector.open(context.log) as store:
-            changes, stored = _apply(store, ingest_plan, chunk_embeddings)
+            changes, stored = _apply(settings, store, ingest_plan, chunk_embeddings)
     except SIDECAR_UNAVAILABLE as exc:
         reason = _sidecar_reason(exc)
         context.log.warning("pgvector sidecar unavailable: %s", reason)

@@ -16,6 +16,7 @@ import polars as pl
 
 from rag_assets.defs.resources import EmbedderResource, RagSettingsResource
 from rag_assets.files import write_parquet_atomic
+from rag_assets.fingerprint import STAT_DIGEST_KEY, stat_digest
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import issues_table, md_table, table_schema
 from rag_core.ingest.plan import DocumentScan
@@ -89,6 +90,8 @@ def knowledge_documents(context: dg.AssetExecutionContext, rag: RagSettingsResou
             "skipped_documents": issues_table(issues),
             "categories": dg.MetadataValue.md(md_table(["category", "documents"], sorted(categories.items()))),
             "knowledge_dir": dg.MetadataValue.path(str(root.resolve())),
+            # what the change sensor compares its first tick with (rag_assets.fingerprint)
+            STAT_DIGEST_KEY: stat_digest(root)[0],
         },
     )
 

@@ -12,6 +12,7 @@
 """
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import dagster as dg
 
@@ -116,9 +117,10 @@ def knowledge_change_sensor(
 ) -> dg.RunRequest | dg.SkipReason:
     """Requests an ingest when the content of the ingested Markdown files differs from the cursor.
 
-    The first evaluation (no cursor, or a cursor of an older format) requests one too: the
-    index may predate the sensor. A missing or Markdown-free knowledge directory is skipped
-    with the reason.
+    The first evaluation (no cursor, or a cursor of an older format) compares with the files
+    the last complete ingest in this instance read (``make run`` or an earlier sensor run) and
+    requests one only when they differ or there is none: the index may predate the sensor. A
+    missing or Markdown-free knowledge directory is skipped with the reason.
     """
     from rag_assets.fingerprint import fingerprint, parse_cursor
 
@@ -129,6 +131,14 @@ def knowledge_change_sensor(
     now = fingerprint(root, previous)
     if now.files == 0:
         return dg.SkipReason(f"no Markdown files under {root}")
+    if previous is None:
+        try:
+            ingested = last_ingested_stat(context.instance, root)
+        except dg.DagsterInvariantViolationError:  # evaluated without an instance (tests)
+            ingested = None
+        if ingested == now.stat:
+            context.update_cursor(now.cursor())
+            return dg.SkipReason("knowledge unchanged since the last ingest in this instance")
     if previous is not None and now.stat == previous.stat:
         return dg.SkipReason("knowledge unchanged (sizes and mtimes)")
     context.update_cursor(now.cursor())
@@ -141,3 +151,20 @@ def knowledge_change_sensor(
             "rag/previous_hash": ((previous.content if previous else None) or "none")[:16],
         }
     )
+
+
+def last_ingested_stat(instance: dg.DagsterInstance, root: Path) -> str | None:
+    """The stat digest of ``root``'s files as read by the latest ``knowledge_documents`` run that
+    also wrote the main store (one run: a scan whose ingest failed does not count); ``None``
+    when there is none or it scanned another directory."""
+    from rag_assets.fingerprint import STAT_DIGEST_KEY
+
+    scan = instance.get_latest_materialization_event(dg.AssetKey("knowledge_documents"))
+    store = instance.get_latest_materialization_event(dg.AssetKey("milvus_collection"))
+    if scan is None or store is None or scan.run_id != store.run_id or scan.asset_materialization is None:
+        return None
+    metadata = scan.asset_materialization.metadata
+    scanned, digest = metadata.get("knowledge_dir"), metadata.get(STAT_DIGEST_KEY)
+    if scanned is None or digest is None or scanned.value != str(root.resolve()):
+        return None
+    return str(digest.value)

@@ -188,11 +188,18 @@ def ingest(
         with _stage(report, f"{store.name}_write"):
             changes[store.name] = apply_plan(store, plan, embeddings)
     fill_report(report, plan, embeddings, changes)
-    # What `rag doctor` / warm_up verify the stores against (rag_core.health).
-    rejected = frozenset(c.chunk_id for c in plan.chunks if c.doc_id in embeddings.skipped_documents)
-    write_index_state(settings, stores, plan.chunks, plan.identity, rejected)
+    record_index_state(settings, stores, plan, embeddings)
     log.info("ingested %s: %s", root, report.stores)
     return report
+
+
+def record_index_state(
+    settings: RagSettings, stores: Sequence[VectorStore], plan: IngestPlan, embeddings: ChunkEmbeddings
+) -> None:
+    """Write what ``rag doctor`` / ``warm_up`` verify ``stores`` against (``rag_core.health``)
+    once ``plan`` is applied to them; the chunks of skipped documents were not written."""
+    rejected = frozenset(c.chunk_id for c in plan.chunks if c.doc_id in embeddings.skipped_documents)
+    write_index_state(settings, stores, plan.chunks, plan.identity, rejected)
 
 
 def fill_report(
