@@ -236,7 +236,7 @@ def profile_top(
 
 
 def _short(file: str) -> str:
-    for marker in ("site-packages/", "/work/main/", "lib/python3"):
+    for marker in ("site-packages/", f"{PROJECT_ROOT}/", "lib/python3"):
         if marker in file:
             return file.split(marker, 1)[1]
     return file

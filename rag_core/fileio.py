@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["temp_beside", "write_text_atomic"]
+__all__ = ["portable_path", "temp_beside", "write_text_atomic"]
 
 
 @contextmanager
@@ -35,3 +35,14 @@ def write_text_atomic(target: Path, text: str) -> Path:
     with temp_beside(target) as tmp:
         Path(tmp).write_text(text, encoding="utf-8")
     return target
+
+
+def portable_path(path: str | os.PathLike[str]) -> str:
+    """``path`` as a report should name it: relative to the working directory (the checkout) when
+    it lies in it or beside it (``../shared/golden/x.yaml``), so committed reports read the same
+    on every machine; absolute otherwise (a temp dir)."""
+    absolute = Path(path).resolve()
+    here = Path.cwd().resolve()
+    if absolute.is_relative_to(here) or (here.parent != here and absolute.is_relative_to(here.parent)):
+        return os.path.relpath(absolute, here)
+    return str(absolute)

@@ -27,6 +27,7 @@ from rag_assets.timing import NIGHTLY_FRESHNESS
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
 from rag_core.evaluation.evaluator import EvaluationReport
 from rag_core.evaluation.fixtures import FixtureManifest, StoreStatus
+from rag_core.fileio import portable_path
 from rag_core.settings import RagSettings
 
 
@@ -122,7 +123,9 @@ def retrieval_fixtures_pgvector(
         for old in out_dir.glob("*.json"):
             old.unlink()
         disabled = StoreStatus(status="unavailable", reason="sidecar disabled (RAG_SIDECAR_ENABLED=false)")
-        manifest = FixtureManifest(store="pgvector", cases_file=str(settings.golden_cases), store_status=disabled)
+        manifest = FixtureManifest(
+            store="pgvector", cases_file=portable_path(settings.golden_cases), store_status=disabled
+        )
         return dg.MaterializeResult(metadata=_fixture_metadata(write_manifest(out_dir, manifest), out_dir))
     with pgvector.lock(context.log):
         manifest, metadata = _record("pgvector", settings, embedder.get())

@@ -44,6 +44,7 @@ from rag_core.evaluation.metrics import (
     recall_at_k,
     reciprocal_rank,
 )
+from rag_core.fileio import portable_path
 
 __all__ = [
     "DEFAULT_KS",
@@ -316,7 +317,7 @@ def evaluate(
         store=fixtures.store,
         store_status=fixtures.store_status,
         manifest=fixtures.manifest,
-        fixtures_dir=fixtures.directory,
+        fixtures_dir=portable_path(fixtures.directory),
         ks=ks,
         strong_k=strong_k,
         summary=_summarize(results, ks),

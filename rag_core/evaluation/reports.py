@@ -28,6 +28,7 @@ from rag_core.evaluation.filter_cost import FILTER_EFFECTS
 from rag_core.evaluation.fixtures import FixtureCandidate, FixtureSet, StoreStatus
 from rag_core.evaluation.formats import LegacyNames, VersionedFile, read_json_model
 from rag_core.evaluation.metrics import normalize_doc_id, rank_overlap_at_k, ranked_docs
+from rag_core.fileio import portable_path
 from rag_core.markdown import md_cell, md_table_lines
 
 __all__ = [
@@ -287,7 +288,7 @@ def _regenerate_line(report: EvaluationReport, name: str, out_dir: Path) -> str:
     ks = ",".join(str(k) for k in report.ks)
     return (
         f"Regenerate: `rag eval run --cases {cases} --fixtures {report.fixtures_dir} "
-        f"--k {ks} --out {out_dir} --name {name}` (fixtures from `rag eval record`)."
+        f"--k {ks} --out {portable_path(out_dir)} --name {name}` (fixtures from `rag eval record`)."
     )
 
 

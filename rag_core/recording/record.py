@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from rag_core.compare import candidate_row
 from rag_core.evaluation.cases import load_cases
 from rag_core.evaluation.fixtures import FixtureManifest, write_fixture, write_manifest
+from rag_core.fileio import portable_path
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def record_fixtures(
         },
         "git_commit": git_commit(),
         "recorded_at": datetime.now(UTC).isoformat(),
-        "cases_file": str(cases_file),
+        "cases_file": portable_path(cases_file),
         "case_count": len(cases),
         "store_status": {"status": "available", "reason": None},
     }
