@@ -365,9 +365,10 @@ def test_watchdog_stops_a_server_whose_data_dir_was_deleted(tmp_path):
     import shutil
 
     from rag_core.stores.idle_stop import watch
+    from rag_core.stores.idle_stop_main import stopper
 
     data = tmp_path / "gone"
     state = milvus_server.ensure_server(data)
     shutil.rmtree(data)
-    assert watch("milvus", data, state.pid, seconds=0.5, poll=0.2) == "stopped"
+    assert watch("milvus", state.pid, 0.5, stopper("milvus", data, state.pid), poll=0.2) == "stopped"
     assert wait_until(lambda: not milvus_server._serves(state.pid, state.db_path), 10)

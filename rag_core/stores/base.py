@@ -10,28 +10,10 @@ import numpy as np
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
+from rag_core.stores.errors import DimensionMismatchError, StoreError
 from rag_core.stores.vectors import check_stored_vectors, cosine_to_similarity
 
-__all__ = ["cosine_to_similarity", "check_vectors"]
-
-
-class StoreError(RuntimeError):
-    """A store could not be reached or refused an operation (message never holds secrets)."""
-
-
-class DimensionMismatchError(StoreError):
-    """The embedding dimension differs from the one the collection/table was created with.
-
-    ``store_dim`` is None when the store exists without a readable vector dimension.
-    """
-
-    def __init__(self, where: str, store_dim: int | None, model_dim: int):
-        super().__init__(
-            f"{where} holds {store_dim}-dimensional vectors but the embedding model gives "
-            f"{model_dim}; rebuild the index (rag ingest --rebuild) or use the original model"
-        )
-        self.store_dim = store_dim
-        self.model_dim = model_dim
+__all__ = ["DimensionMismatchError", "StoreError", "check_vectors", "cosine_to_similarity"]
 
 
 def check_vectors(chunk_ids: Sequence[str], vectors: np.ndarray, dim: int) -> None:

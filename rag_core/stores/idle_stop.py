@@ -2,7 +2,7 @@
 
 Whoever starts an embedded server also starts this watchdog, a small detached process::
 
-    python -m rag_core.stores.idle_stop {milvus|postgres} DATA_DIR PID SECONDS
+    python -m rag_core.stores.idle_stop_main {milvus|postgres} DATA_DIR PID SECONDS
 
 It stops the server ``PID`` once no client has been connected for ``SECONDS`` (the setting
 ``RAG_EMBEDDED_IDLE_STOP_SECONDS``) and exits when the server is gone. "Connected" is read
@@ -14,16 +14,14 @@ server, while servers left behind by finished CLI or Dagster runs go away.
 
 from __future__ import annotations
 
-import logging
 import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
-
-log = logging.getLogger(__name__)
 
 _TCP_CLIENT = re.compile(r"\d\(\d+\)")
 KINDS = ("milvus", "postgres")
@@ -34,7 +32,7 @@ def spawn_watchdog(kind: str, data_dir: Path, pid: int, seconds: float) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown server kind {kind!r}")
     subprocess.Popen(
-        [sys.executable, "-m", "rag_core.stores.idle_stop", kind, str(data_dir), str(pid), repr(float(seconds))],
+        [sys.executable, "-m", "rag_core.stores.idle_stop_main", kind, str(data_dir), str(pid), repr(float(seconds))],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -66,21 +64,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _stop(kind: str, data_dir: Path, pid: int) -> None:
-    if kind == "milvus":
-        from rag_core.stores.milvus_server import stop_server
-
-        stop_server(data_dir, expect_pid=pid)
-        return
-    from rag_core.stores.pgserver import running_pid, stop_embedded
-
-    if running_pid(data_dir) == pid:  # not a newer server started after this one died
-        stop_embedded(data_dir)
-
-
-def watch(kind: str, data_dir: Path, pid: int, seconds: float, poll: float | None = None) -> str:
-    """Block until server ``pid`` is gone (``"gone"``) or was stopped after ``seconds`` idle
-    (``"stopped"``). ``poll`` defaults to a quarter of ``seconds`` within [0.2, 15] s."""
+def watch(kind: str, pid: int, seconds: float, stop: Callable[[], None], poll: float | None = None) -> str:
+    """Block until server ``pid`` is gone (``"gone"``) or was stopped with ``stop()`` after
+    ``seconds`` idle (``"stopped"``). ``poll`` defaults to a quarter of ``seconds`` within
+    [0.2, 15] s. The caller gives ``stop`` (``idle_stop_main``), so this module needs neither server's."""
     poll = poll if poll is not None else min(max(seconds / 4, 0.2), 15.0)
     last_busy = time.monotonic()
     while True:
@@ -95,20 +82,5 @@ def watch(kind: str, data_dir: Path, pid: int, seconds: float, poll: float | Non
         if busy:
             last_busy = now
         elif now - last_busy >= seconds:
-            _stop(kind, data_dir, pid)
+            stop()
             return "stopped"
-
-
-def main(argv: list[str]) -> int:
-    """Entry point: ``KIND DATA_DIR PID SECONDS``."""
-    kind, data_dir, pid, seconds = argv[0], Path(argv[1]), int(argv[2]), float(argv[3])
-    try:
-        watch(kind, data_dir, pid, seconds)
-    except Exception:  # a watchdog failure must never touch the server; it just ends
-        log.exception("idle watchdog for %s %s failed", kind, data_dir)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from rag_core.stores.errors import DimensionMismatchError
+
 # Embedders normalise in float32 (error ~1e-7); anything further from 1 is not a unit vector.
 NORM_TOLERANCE = 0.01
 
@@ -38,11 +40,8 @@ def check_stored_vectors(chunk_ids: Sequence[str], vectors: np.ndarray, dim: int
     """Check an ``(n, dim)`` batch before any write.
 
     Raises ``VectorCheckError`` naming the first offending chunk id (non-finite, all-zero or a
-    norm outside ``1 ± NORM_TOLERANCE``) or the shape, and ``DimensionMismatchError`` (from
-    ``rag_core.stores.base``) when the width is not ``dim``.
+    norm outside ``1 ± NORM_TOLERANCE``) or the shape, and ``DimensionMismatchError`` when the width is not ``dim``.
     """
-    from rag_core.stores.base import DimensionMismatchError
-
     if vectors.ndim != 2 or vectors.shape[0] != len(chunk_ids):
         raise VectorCheckError(f"expected {len(chunk_ids)} vectors of shape (n, {dim}), got {vectors.shape}")
     if vectors.shape[1] != dim:
@@ -59,8 +58,6 @@ def check_query_vector(vector: np.ndarray, dim: int | None = None) -> np.ndarray
     Raises ``VectorCheckError`` for a non-finite, all-zero or non-unit vector, and
     ``DimensionMismatchError`` when ``dim`` is given and differs.
     """
-    from rag_core.stores.base import DimensionMismatchError
-
     q = np.asarray(vector, dtype=np.float32).reshape(-1)
     if dim is not None and q.shape[0] != dim:
         raise DimensionMismatchError("the index", dim, q.shape[0])
