@@ -97,6 +97,9 @@ def lookup(
     query: str = typer.Argument(..., help="Question or alert text"),
     session: str | None = typer.Option(None, help="Session id"),
     as_json: bool = typer.Option(False, "--json", help="Print the exact JSON contract"),
+    wide: bool | None = typer.Option(
+        None, "--wide/--stacked", help="Evidence as one table / one stanza per block (default: by terminal width)"
+    ),
 ) -> None:
     """Run lookup_knowledge and print the evidence (or the JSON contract)."""
     from rag_core.cli_views import print_lookup
@@ -110,7 +113,7 @@ def lookup(
     if as_json:
         print(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
     else:
-        print_lookup(console, result)
+        print_lookup(console, result, wide)
 
 
 @app.command()

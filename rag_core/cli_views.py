@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
@@ -12,6 +13,10 @@ if TYPE_CHECKING:  # annotations only: `rag --help` stays light
     from rag_core.compare import CandidateRow, StoreComparison
     from rag_core.ingest.pipeline import IngestReport
     from rag_core.lookup.contracts import LookupResult
+
+
+#: Terminal width from which lookup evidence is one table (its seven columns need about this).
+WIDE_COLUMNS = 120
 
 
 def table(*columns: str, title: str | None = None) -> Table:
@@ -47,7 +52,10 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
     console.print(f"seconds per stage: {stages} (total {sum(report.stage_seconds.values()):.2f}s)")
 
 
-def print_lookup(console: Console, result: LookupResult) -> None:
+def print_lookup(console: Console, result: LookupResult, wide: bool | None = None) -> None:
+    """Status, attempts, the evidence blocks and the context pack. ``wide`` (default: a console
+    of at least ``WIDE_COLUMNS``) puts the blocks in one table; narrower, each block is a few
+    lines of its own, as ``kubectl`` / ``gh`` do, so an 80-column terminal stays readable."""
     rt = result.retrieval_trace
     console.print(
         f"[bold]{result.relevance_level.value}[/bold] layer={rt.layer} "
@@ -64,22 +72,8 @@ def print_lookup(console: Console, result: LookupResult) -> None:
         console.print(f"  fallback: {rt.fallback_reason}")
     if rt.sidecar.status != "disabled":
         console.print(f"  sidecar: {rt.sidecar.status} {rt.sidecar.reason or ''} {rt.sidecar.top_doc_ids}")
-    rerank = {r.doc_id: r for r in result.rerank_trace}
-    t = table("#", "doc_id", "breadcrumb", "layer", "similarity", "final", "hit reasons / rerank")
-    for b in result.evidence_blocks:
-        r = rerank.get(b.doc_id)
-        contrib = ", ".join(f"{k}+{v:.3f}" for k, v in r.contributions.items()) if r else ""
-        moved = f" (rank {r.rank_before}->{r.rank_after})" if r else ""
-        t.add_row(
-            str(b.rank),
-            b.doc_id,
-            b.breadcrumb,
-            b.retrieval_layer,
-            f"{b.similarity:.3f}",
-            f"{b.final_score:.3f}",
-            ", ".join(b.hit_reasons) + (f"\n{contrib}{moved}" if contrib or moved else ""),
-        )
-    console.print(t)
+    wide = console.width >= WIDE_COLUMNS if wide is None else wide
+    (print_blocks_table if wide else print_blocks_stacked)(console, result)
     pack = result.context_pack
     console.print(
         Panel(
@@ -88,6 +82,49 @@ def print_lookup(console: Console, result: LookupResult) -> None:
             subtitle=result.completeness_hint,
         )
     )
+
+
+def _rerank_line(result: LookupResult) -> dict[str, str]:
+    """doc id -> ``"dense+0.312, title+0.050 (rank 3->1)"`` of its rerank trace entry."""
+    lines = {}
+    for r in result.rerank_trace:
+        contrib = ", ".join(f"{k}+{v:.3f}" for k, v in r.contributions.items())
+        lines[r.doc_id] = f"{contrib} (rank {r.rank_before}->{r.rank_after})".strip()
+    return lines
+
+
+def print_blocks_table(console: Console, result: LookupResult) -> None:
+    """The evidence blocks as one table (wide terminals)."""
+    rerank = _rerank_line(result)
+    t = table("#", "doc_id", "breadcrumb", "layer", "similarity", "final", "hit reasons / rerank")
+    for b in result.evidence_blocks:
+        extra = rerank.get(b.doc_id)
+        t.add_row(
+            str(b.rank),
+            b.doc_id,
+            b.breadcrumb,
+            b.retrieval_layer,
+            f"{b.similarity:.3f}",
+            f"{b.final_score:.3f}",
+            ", ".join(b.hit_reasons) + (f"\n{extra}" if extra else ""),
+        )
+    console.print(t)
+
+
+def print_blocks_stacked(console: Console, result: LookupResult) -> None:
+    """Each evidence block as a short stanza: rank and doc id, then breadcrumb, scores, hit
+    reasons and rerank below it (narrow terminals)."""
+    rerank = _rerank_line(result)
+    for b in result.evidence_blocks:
+        console.print(f"[bold]{b.rank}. {escape(b.doc_id)}[/bold]", highlight=False)
+        console.print(f"   {escape(b.breadcrumb)}", highlight=False)
+        console.print(
+            f"   {b.retrieval_layer}, similarity {b.similarity:.3f}, final {b.final_score:.3f}", highlight=False
+        )
+        if b.hit_reasons:
+            console.print(f"   hit reasons: {escape(', '.join(b.hit_reasons))}", highlight=False)
+        if b.doc_id in rerank:
+            console.print(f"   rerank: {rerank[b.doc_id]}", highlight=False)
 
 
 def print_compare(console: Console, comparison: StoreComparison) -> None:
