@@ -71,6 +71,7 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
     "ingestion": lambda ctx, st: _module("ingestion").run(ctx),
     "latency": lambda ctx, st: _module("latency").run(ctx, rounds=st.args.rounds),
+    "cold_lookup": lambda ctx, st: _module("cold_lookup").run(ctx),
     "concurrency": lambda ctx, st: _module("concurrency").run(ctx),
     "engine": lambda ctx, st: _module("engine").run(ctx, rounds=st.args.rounds),
     "evaluation": lambda ctx, st: _module("evaluation").run(

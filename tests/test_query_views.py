@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from rag_core.embedding.base import ModelIdentity
+from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.l0 import L0Entry, L0Hints, L0Index
 from rag_core.lookup.postprocessor import DEFAULT_OTHER_CHUNKS, KnowledgeEvidencePostProcessor, RerankWeights
 from rag_core.lookup.query_transformer import MAX_VIEWS, KnowledgeQueryTransformer, clause_views
@@ -126,6 +128,9 @@ class _TitleEmbedder:
 
     fingerprint = "fake-model"
 
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity(backend="fake", model_id="fake-model", dimension=3, fingerprint=self.fingerprint)
+
     def __init__(self, table: dict[str, np.ndarray], fail: bool = False) -> None:
         self.table, self.fail = table, fail
         self.embedded: list[str] = []
@@ -145,6 +150,24 @@ def test_title_similarity_embeds_each_title_once_with_camel_case_written_out():
     assert first == pytest.approx({"a.md": 0.7071, "b.md": 0.7071}, abs=1e-4)
     assert titles.similarities(_unit(0, 1, 0), docs) == pytest.approx({"a.md": 0.0, "b.md": 1.0}, abs=1e-6)
     assert sorted(emb.embedded) == ["Kube Controller Manager Down", "Kubelet Too Many Pods"]  # cached
+
+
+def test_titles_embedded_at_ingest_are_read_from_disk_by_a_fresh_process(tmp_path):
+    table = {"Kube Controller Manager Down": _unit(1, 0, 0), "Kubelet Too Many Pods": _unit(0, 1, 0)}
+    disk = EmbeddingCache(tmp_path / "cache.sqlite3")
+    ingest = _TitleEmbedder(table)
+    assert TitleSimilarity(ingest, disk=disk).embed_titles(["KubeControllerManagerDown", "Kubelet Too Many Pods"]) == 2  # type: ignore[arg-type]
+    assert TitleSimilarity(_TitleEmbedder(table), disk=disk).embed_titles(["Kubelet Too Many Pods"]) == 0  # type: ignore[arg-type]
+    lookup = _TitleEmbedder({}, fail=True)  # would fail if it had to embed anything
+    got = TitleSimilarity(lookup, disk=disk).similarities(_unit(1, 0, 0), {"a.md": "KubeControllerManagerDown"})  # type: ignore[arg-type]
+    assert got == pytest.approx({"a.md": 1.0}) and lookup.embedded == []
+
+
+def test_an_unusable_disk_cache_costs_the_cache_not_the_signal(tmp_path):
+    (tmp_path / "dir").mkdir()
+    disk = EmbeddingCache(tmp_path / "dir")  # a directory: sqlite cannot open it
+    titles = TitleSimilarity(_TitleEmbedder({"A": _unit(1, 0, 0)}), disk=disk)  # type: ignore[arg-type]
+    assert titles.similarities(_unit(1, 0, 0), {"a.md": "A"}) == pytest.approx({"a.md": 1.0})
 
 
 def test_title_similarity_gives_nothing_rather_than_failing_the_lookup():

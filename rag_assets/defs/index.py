@@ -147,15 +147,17 @@ def chunk_embeddings(
 ) -> dg.Output[ChunkEmbeddings]:
     """One vector per chunk some store needs, embedded once for every store and kept in
     ``<data_dir>/embedding_cache.sqlite3`` (by model and content hash: unchanged chunks and
-    other stores reuse them). A chunk whose vector is NaN/infinite/not unit length takes its
+    other stores reuse them), and the document titles the rerank compares with (so a fresh lookup
+    process reads them). A chunk whose vector is NaN/infinite/not unit length takes its
     document out of this refresh (listed with path, heading and reason); the rest go on."""
     from rag_core.ingest.embed import embed_plan
     from rag_core.ingest.embed_cache import EmbeddingCache
+    from rag_core.ingest.title_vectors import embed_titles
 
     settings = rag.get_settings()
-    embeddings = embed_plan(
-        ingest_plan, embedder.get(), EmbeddingCache.under(settings.data_dir), batch_size=settings.embedding_batch_size
-    )
+    cache = EmbeddingCache.under(settings.data_dir)
+    embeddings = embed_plan(ingest_plan, embedder.get(), cache, batch_size=settings.embedding_batch_size)
+    titles_embedded = embed_titles(ingest_plan, embedder.get(), cache)
     for issue in embeddings.skipped:
         context.log.warning("skipped: %s", issue)
     return dg.Output(
@@ -164,6 +166,7 @@ def chunk_embeddings(
             "needed": len(ingest_plan.to_embed()),
             "passages_embedded": embeddings.embedded,
             "cache_hits": embeddings.cache_hits,
+            "titles_embedded": titles_embedded,
             "skipped_documents": dg.MetadataValue.md(
                 md_table(
                     ["document", "heading", "reason"], [[i.path, i.heading or "", i.reason] for i in embeddings.skipped]

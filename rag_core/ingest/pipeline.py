@@ -37,6 +37,7 @@ from rag_core.ingest.plan import (
     refuse_wipe,
     scan_knowledge,
 )
+from rag_core.ingest.title_vectors import embed_titles
 from rag_core.l0 import L0Index
 from rag_core.models import Chunk, DocumentIssue, KnowledgeDocument
 from rag_core.settings import RagSettings
@@ -183,6 +184,8 @@ def ingest(
             batch_size=settings.embedding_batch_size,
             progress=progress,
         )
+    with _stage(report, "title_vectors"):
+        embed_titles(plan, embedder, EmbeddingCache.under(settings.data_dir))
     changes: dict[str, StoreChanges] = {}
     for store in stores:
         with _stage(report, f"{store.name}_write"):

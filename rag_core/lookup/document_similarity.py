@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from rag_core.embedding.base import Embedder, Vector
+from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.lookup.title_similarity import TitleSimilarity
 from rag_core.stores.base import VectorStore
 
@@ -69,8 +70,8 @@ class DocumentSimilarity:
     """``similarities(store, query_vector, titles)`` -> doc id -> title cosine + centroid cosine,
     in [-2, 2]. ``titles`` maps the candidate doc ids to their titles. Thread-safe; never raises."""
 
-    def __init__(self, embedder: Embedder) -> None:
-        self._titles = TitleSimilarity(embedder)
+    def __init__(self, embedder: Embedder, disk: EmbeddingCache | None = None) -> None:
+        self._titles = TitleSimilarity(embedder, disk=disk)
 
     def similarities(
         self, store: VectorStore | None, query_vector: Vector, titles: Mapping[str, str]

@@ -1,0 +1,99 @@
+"""A one-shot ``rag lookup``: wall time of fresh CLI processes beside the warm in-process p50.
+
+An agent that shells out, or a person at a terminal, pays for everything a long-lived service
+pays once: imports, the two models, the L0 index (and jieba's dictionary), the store
+connection, and whatever the index does not hold yet. Each cold sample is a new process
+(``python -m rag_core.cli_entry lookup --json QUERY``) on the runbook corpus' ingested data
+dir, timed from spawn to exit; the warm figure is the same queries through one
+``LookupKnowledgeTool`` after a warm-up, in the same run. Goal (issue 26): cold <= 2 s on this
+machine when it is quiet.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from bench.common import log, ratio, summarize
+from bench.context import BenchContext
+
+COLD_GOAL_S = 2.0
+
+
+def _cold_env(ctx: BenchContext) -> dict[str, str]:
+    settings = ctx.get_kb_settings()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(
+        {
+            "RAG_DATA_DIR": str(settings.data_dir),
+            "RAG_KNOWLEDGE_DIR": str(settings.knowledge_dir),
+            "RAG_COLLECTION": settings.collection,
+            "RAG_TRACE_ENABLED": "false",
+        }
+    )
+    return env
+
+
+def cold_seconds(env: dict[str, str], query: str) -> float:
+    """Seconds from spawning ``rag lookup --json query`` to its exit. Raises CalledProcessError."""
+    t0 = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "rag_core.cli_entry", "lookup", "--json", query],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return time.perf_counter() - t0
+
+
+def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:
+    """Milliseconds per lookup of one warmed-up tool over ``queries``."""
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
+    tool = LookupKnowledgeTool(ctx.get_kb_settings().model_copy(update={"trace_enabled": False}))
+    try:
+        for q in queries:
+            tool.lookup(q)
+        out = []
+        for q in queries:
+            t0 = time.perf_counter()
+            tool.lookup(q)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+    finally:
+        tool.close()
+
+
+def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
+    """``processes`` fresh lookups (default 3, 2 with --quick), then the warm p50 on the same queries."""
+    n = processes or (2 if ctx.quick else 3)
+    env = _cold_env(ctx)
+    queries = ctx.queries[:n]
+    log(f"cold lookup: {n} fresh `rag lookup` processes")
+    cold = [cold_seconds(env, q) for q in queries]
+    warm = warm_ms(ctx, queries)
+    cold_s, warm_s = summarize(cold), summarize(warm)
+    out = {
+        "queries": queries,
+        "cold_s": cold_s,
+        "warm_ms": warm_s,
+        "cold_over_warm_p50": ratio(cold_s["p50"] * 1000 if cold_s["p50"] else None, warm_s["p50"], 1),
+        "cold_goal_s": COLD_GOAL_S,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
+    return out
+
+
+if __name__ == "__main__":
+    from bench.common import Budget, Scratch
+
+    scratch = Scratch()
+    try:
+        print(run(BenchContext(scratch=scratch, budget=Budget(600))))
+    finally:
+        scratch.close()
