@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import numpy as np
 from pydantic import SecretStr
-from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import RetryCallState, retry, retry_if_exception, stop_after_attempt, wait_exponential, wait_random
 
 from rag_core.embedding._common import BaseEmbedder
 from rag_core.embedding.base import EmbedderLoadError, Matrix, check_vectors, default_labels
@@ -78,7 +78,7 @@ class _RateLimitAwareWait:
 
     def __init__(self, cap_s: float, initial: float = 0.2, maximum: float = 4.0, jitter: float = 0.2) -> None:
         self.cap_s = cap_s
-        self._fallback = wait_exponential_jitter(initial=initial, max=maximum, jitter=jitter)
+        self._fallback = wait_exponential(multiplier=initial, max=maximum) + wait_random(0, jitter)
 
     def __call__(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
