@@ -279,6 +279,11 @@ def markdown(r: dict[str, Any], chart_name: str | None) -> str:
     out += _evaluation_md(r.get("evaluation"))
     out += _memory_md(r.get("memory"))
     out += _embedding_md(r.get("embedding"))
+    if _ok(r.get("embed_throughput")):
+        from bench.embed_throughput import summary_lines
+
+        out += ["", "## Embedding throughput (issue 23: before vs after, side by side)", "", "```"]
+        out += [*summary_lines(r["embed_throughput"]), "```"]
     out += _concurrency_md(r.get("concurrency"))
     out += _engine_md(r.get("engine"))
     out += _where_time_goes_md(r)
@@ -954,6 +959,10 @@ def summary_text(r: dict[str, Any]) -> str:
     for p, rows in ((r.get("concurrency") or {}).get("paths") or {}).items():
         if isinstance(rows, list):
             lines.append(f"concurrency {p}: " + ", ".join(f"{c['threads']}t {c['lookups_per_s']:.1f}/s" for c in rows))
+    if _ok(r.get("embed_throughput")):
+        from bench.embed_throughput import summary_lines
+
+        lines += summary_lines(r["embed_throughput"])
     m = r["meta"]
     lines.append(
         f"total runtime {m.get('total_seconds')} s (budget {m.get('budget_s')} s); "

