@@ -3,7 +3,7 @@
 An agent that shells out, or a person at a terminal, pays for everything a long-lived service
 pays once: imports, the two models, the L0 index (and jieba's dictionary), the store
 connection, and whatever the index does not hold yet. Each cold sample is a new process
-(``python -m rag_core.cli_entry lookup --json QUERY``) on the runbook corpus' ingested data
+(the ``rag`` entry point: ``rag lookup --json QUERY``) on the runbook corpus' ingested data
 dir, timed from spawn to exit; the warm figure is the same queries through one
 ``LookupKnowledgeTool`` after a warm-up, in the same run. Goal (issue 26): cold <= 2 s on this
 machine when it is quiet.
@@ -11,6 +11,7 @@ machine when it is quiet.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,16 +39,22 @@ def _cold_env(ctx: BenchContext) -> dict[str, str]:
 
 
 def cold_seconds(env: dict[str, str], query: str) -> float:
-    """Seconds from spawning ``rag lookup --json query`` to its exit. Raises CalledProcessError."""
+    """Seconds from spawning ``rag lookup --json query`` to its exit. Raises CalledProcessError,
+    and RuntimeError when the answer did not come from the store (a failed lookup is no sample)."""
     t0 = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "rag_core.cli_entry", "lookup", "--json", query],
+    done = subprocess.run(
+        [sys.executable, "-c", "from rag_core.cli_entry import main; main()", "lookup", "--json", query],
         env=env,
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    result = json.loads(done.stdout)
+    if result["status"] != "ok" or result["retrievalTrace"]["store"] != "milvus":
+        raise RuntimeError(f"cold lookup of {query!r} did not answer from Milvus: {result['message']}")
+    return seconds
 
 
 def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:

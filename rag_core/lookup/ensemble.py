@@ -9,8 +9,7 @@ multiple searches", CombSUM). Measured on the golden suites and on 183 cross-lin
 queries built from the two runbook corpora (closing note of issue 10): the second model only
 re-scores candidates the stores already found, so it changes no index and costs no ingest time.
 
-Chunk vectors of the second model are computed on first use and cached (:class:`PassageVectors`,
-in memory and in the data dir's embedding cache, so the next process reads them);
+Chunk vectors of the second model are computed on first use and cached (:class:`PassageVectors`);
 the query side embeds the query and its clause views like the main model
 (:func:`rag_core.lookup.query_vector.query_vector`). Any failure drops the signal for that lookup.
 """
@@ -21,7 +20,6 @@ import logging
 from collections.abc import Sequence
 
 from rag_core.embedding.base import Embedder
-from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.lookup.passage_vectors import PassageVectors
 from rag_core.lookup.query_transformer import TransformedQuery
 from rag_core.lookup.query_vector import query_vector
@@ -38,9 +36,9 @@ class EnsembleSimilarity:
     """``similarities(tq, candidates)`` -> chunk id -> cosine in [-1, 1] under ``embedder`` (the
     second model). Thread-safe; never raises (a failure is logged and gives ``{}``)."""
 
-    def __init__(self, embedder: Embedder, max_chunks: int = CACHE_CHUNKS, disk: EmbeddingCache | None = None) -> None:
+    def __init__(self, embedder: Embedder, max_chunks: int = CACHE_CHUNKS) -> None:
         self.embedder = embedder
-        self._vectors = PassageVectors(embedder, max_chunks, ENSEMBLE_LABEL, disk)
+        self._vectors = PassageVectors(embedder, max_chunks, ENSEMBLE_LABEL)
 
     def similarities(self, tq: TransformedQuery, candidates: Sequence[Candidate]) -> dict[str, float]:
         if not candidates:

@@ -2,7 +2,8 @@
 and kept in a bounded LRU cache keyed by the model fingerprint and a digest of the text, so a
 model change never mixes vectors and a text is embedded once per process. With a disk cache
 (the data dir's ``EmbeddingCache``, which ingest fills with the title vectors) a fresh process
-reads what an earlier one, or the ingest, embedded instead of embedding it again."""
+reads what the ingest embedded instead of embedding it again; lookups only read it (a write
+could wait on an ingest's lock)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ class PassageVectors:
 
     Texts not cached in memory are read from ``disk`` (when given), the rest embedded in one
     ``embed_passages`` batch, their rows labelled ``label + text[:60]`` (so a BadVectorError
-    names what was embedded) and written back to ``disk``. Raises what the embedder raises; a
-    disk cache that cannot be read or written is logged and skipped. The memory cache keeps at
+    names what was embedded) and, with ``store_new``, written to ``disk``. Raises what the
+    embedder raises; a disk cache that cannot be read or written is logged and skipped. The memory cache keeps at
     most ``max_entries`` vectors (least recently used out).
     """
 
@@ -42,7 +43,7 @@ class PassageVectors:
         """The disk cache key of ``text``: the label and a digest (chunk keys are bare sha256)."""
         return self._label + hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
-    def vectors(self, texts: Sequence[str]) -> dict[str, Vector]:
+    def vectors(self, texts: Sequence[str], store_new: bool = False) -> dict[str, Vector]:
         model = self.embedder.fingerprint
         keys = {t: (model, hashlib.blake2b(t.encode(), digest_size=16).digest()) for t in set(texts)}
         with self._lock:
@@ -57,7 +58,7 @@ class PassageVectors:
             rows = self.embedder.embed_passages(fresh, [f"{self._label}{t[:60]}" for t in fresh])
             embedded = dict(zip(fresh, rows, strict=True))
         self.embedded += len(embedded)
-        if embedded:
+        if embedded and store_new:
             self._write_disk(embedded)
         with self._lock:
             for text, row in {**stored, **embedded}.items():

@@ -49,7 +49,7 @@ class TitleSimilarity:
         how many were embedded. Raises what the embedder raises."""
         texts = [split_camel_words(t) for t in titles if t.strip()]
         before = self._vectors.embedded
-        self._vectors.vectors(texts)
+        self._vectors.vectors(texts, store_new=True)
         return self._vectors.embedded - before
 
     def similarities(self, query_vector: Vector, titles: Mapping[str, str]) -> dict[str, float]:

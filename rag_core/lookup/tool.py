@@ -112,7 +112,7 @@ class LookupKnowledgeTool:
         ensemble_embedder: Embedder | None = None,
     ) -> None:
         self.settings = settings or RagSettings()
-        # Passage vectors of titles (written by ingest) and second-model chunk vectors, on disk.
+        # Title vectors, written by ingest; read so a fresh process need not embed them.
         self.vector_cache = EmbeddingCache.under(self.settings.data_dir)
         self._embedder = embedder
         self._store = store
@@ -124,11 +124,10 @@ class LookupKnowledgeTool:
         self._weights = weights
         self._documents: DocumentSimilarity | None = None
         self._ensemble: EnsembleSimilarity | None = (
-            EnsembleSimilarity(ensemble_embedder, disk=self.vector_cache) if ensemble_embedder is not None else None
+            EnsembleSimilarity(ensemble_embedder) if ensemble_embedder is not None else None
         )
         self._ensemble_loaded = ensemble_embedder is not None
         self._init_lock = threading.Lock()
-        self._ensemble_lock = threading.Lock()  # its model loads beside the others (see _preload)
         self._model_checks: dict[int, tuple[float, str | None]] = {}
         self.health: HealthReport | None = None  # the last check_health() / warm_up() verdict
         self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
@@ -171,12 +170,12 @@ class LookupKnowledgeTool:
     @property
     def ensemble(self) -> EnsembleSimilarity | None:
         """The rerank's second-model similarity (None when off or when its model cannot load)."""
-        with self._ensemble_lock:
+        with self._init_lock:
             if not self._ensemble_loaded:
                 self._ensemble_loaded = True
                 try:
                     second = components.make_ensemble_embedder(self.settings)
-                    self._ensemble = EnsembleSimilarity(second, disk=self.vector_cache) if second is not None else None
+                    self._ensemble = EnsembleSimilarity(second) if second is not None else None
                 except Exception as exc:  # the rerank goes on with the main model alone
                     log.warning("ensemble similarity off: %s", exc)
             return self._ensemble
@@ -220,7 +219,6 @@ class LookupKnowledgeTool:
         search only (the evaluation's filter cost accounting). Never raises."""
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
-        self._preload()
         try:
             result, tq, candidates = self._lookup(query, session_id, timings, use_l0_filter)
         except Exception as exc:  # last line of defence: the agent always gets a result
@@ -229,21 +227,6 @@ class LookupKnowledgeTool:
         latency_ms = (time.perf_counter() - t0) * 1000
         self._record(result, tq, timings, latency_ms)
         return result, candidates
-
-    def _preload(self) -> None:
-        """On the first lookup, load the rerank's second model in a worker while the main model,
-        the L0 index and the store connect: a one-shot ``rag lookup`` waits for the longest of
-        them, not their sum (the USE tokenizer alone takes about 2 s to parse)."""
-        if not self._ensemble_loaded and not self._ensemble_lock.locked():
-            self._pool.submit(self._load_ensemble)
-
-    def _load_ensemble(self) -> None:
-        ensemble = self.ensemble
-        if ensemble is not None:
-            try:
-                ensemble.embedder.embed_query("warm-up")  # the model files load on first use
-            except Exception as exc:  # the lookup's own call reports it (and goes on without it)
-                log.debug("second model warm-up failed: %s", exc)
 
     async def alookup(self, query: str, session_id: str | None = None) -> LookupResult:
         """Async variant of ``lookup`` (runs it in a worker thread)."""
