@@ -202,3 +202,138 @@ def run(
     tool.close()
     out.traces = len(recorder.rows)
     return out
+
+
+# --- a rebuild under a live lookup loop (issue 26 item 7) -----------------------------------
+
+
+@dataclass
+class RebuildRun:
+    """Outcome of one rebuild-while-serving run: ``bad`` lists the lookups that were degraded
+    (status not ok, or an attempt error) or lacked the document they found before the rebuild."""
+
+    store: str
+    lookups: int = 0
+    bad: list[str] = field(default_factory=list)
+    lookups_during_rebuild: int = 0
+    rows_before: int = 0
+    rows_after: int = 0
+    lost_chunk_ids: int = 0
+    rebuild_returncode: int | None = None
+    rebuild_seconds: float = 0.0
+    rebuild_output: str = ""
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "lookups": self.lookups,
+            "lookups_during_rebuild": self.lookups_during_rebuild,
+            "bad": len(self.bad),
+            "bad_examples": self.bad[:3],
+            "rows_before": self.rows_before,
+            "rows_after": self.rows_after,
+            "chunk_ids_lost": self.lost_chunk_ids,
+            "rebuild_returncode": self.rebuild_returncode,
+            "rebuild_s": round(self.rebuild_seconds, 2),
+        }
+
+
+def rebuild_env(settings: RagSettings, pg_dsn: str | None = None) -> dict[str, str]:
+    """Environment of a `rag` child process on the same data dir, corpus and model as ``settings``
+    (and the pgvector sidecar at ``pg_dsn`` when given)."""
+    env = dict(
+        os.environ,
+        RAG_DATA_DIR=str(settings.data_dir),
+        RAG_KNOWLEDGE_DIR=str(settings.knowledge_dir),
+        HF_HUB_OFFLINE="1",
+        RAG_EMBEDDING_MODEL=settings.embedding_model,
+    )
+    if pg_dsn:
+        env |= {"RAG_PG_DSN": pg_dsn, "RAG_SIDECAR_ENABLED": "true"}
+    return env
+
+
+def expected_docs(tool: Any, queries: list[str]) -> dict[str, str]:
+    """Query -> the top evidence block's doc id now (queries without an answer are left out)."""
+    out = {}
+    for q in queries:
+        blocks = tool.lookup(q).evidence_blocks
+        if blocks:
+            out[q] = blocks[0].doc_id
+    return out
+
+
+def bad_answer(result: Any, want: str) -> str | None:
+    """Why ``result`` is not a whole answer holding ``want`` (None when it is)."""
+    errors = [a.error for a in result.retrieval_trace.attempts if a.error]
+    if result.status != "ok" or errors:
+        return f"degraded: {result.message if result.status != 'ok' else errors[0]}"
+    if result.retrieval_trace.layer == "L0":
+        return "degraded: L0 fallback"
+    if want not in [b.doc_id for b in result.evidence_blocks]:
+        return f"missing {want}"
+    return None
+
+
+def run_rebuild(
+    settings: RagSettings,
+    embedder: Any,
+    queries: list[str],
+    store: Any,
+    *,
+    pg_dsn: str | None = None,
+    threads: int = 1,
+    timeout_s: float = 600.0,
+) -> RebuildRun:
+    """Loop lookups on ``store`` (already filled from ``settings.knowledge_dir``) in ``threads``
+    threads while another process runs ``rag ingest --rebuild`` of the same corpus (with the
+    sidecar at ``pg_dsn`` when given); every lookup must find what it found before."""
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
+    settings = settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": False})
+    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
+    want = expected_docs(tool, queries)
+    before = set(store.chunk_hashes())
+    out, lock = RebuildRun(store=store.name, rows_before=len(before)), threading.Lock()
+    rebuilding = threading.Event()
+    rebuilding.set()
+
+    def worker(n: int) -> None:
+        i = 0
+        while rebuilding.is_set():
+            q = list(want)[(n + i * threads) % len(want)]
+            i += 1
+            try:
+                problem = bad_answer(tool.lookup(q, session_id=f"rebuild-{n}"), want[q])
+            except Exception as exc:  # lookup() never raises; count it anyway
+                problem = f"raised {type(exc).__name__}: {exc}"
+            with lock:
+                out.lookups += 1
+                out.lookups_during_rebuild += rebuilding.is_set()
+                if problem:
+                    out.bad.append(f"{q[:40]!r}: {problem}"[:300])
+
+    args = [sys.executable, "-c", _CLI, "ingest", "--rebuild", "--json"]
+    if pg_dsn:
+        args.append("--sidecar")
+    pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        args, env=rebuild_env(settings, pg_dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    for t in pool:
+        t.start()
+    try:
+        out.rebuild_output = proc.communicate(timeout=timeout_s)[0][-2000:]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out.rebuild_output = "timed out"
+    out.rebuild_seconds = time.perf_counter() - t0
+    out.rebuild_returncode = proc.returncode
+    rebuilding.clear()
+    for t in pool:
+        t.join(60)
+    after = set(store.chunk_hashes())
+    out.rows_after, out.lost_chunk_ids = len(after), len(before - after)
+    tool.close()  # closes ``store`` too
+    return out
