@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,31 +248,40 @@ def rebuild_env(settings: RagSettings, pg_dsn: str | None = None) -> dict[str, s
         RAG_KNOWLEDGE_DIR=str(settings.knowledge_dir),
         HF_HUB_OFFLINE="1",
         RAG_EMBEDDING_MODEL=settings.embedding_model,
+        RAG_COLLECTION=settings.collection,
+        RAG_PG_TABLE=settings.pg_table,
     )
     if pg_dsn:
         env |= {"RAG_PG_DSN": pg_dsn, "RAG_SIDECAR_ENABLED": "true"}
     return env
 
 
-def expected_docs(tool: Any, queries: list[str]) -> dict[str, str]:
-    """Query -> the top evidence block's doc id now (queries without an answer are left out)."""
+def expected_docs(tool: Any, queries: list[str]) -> dict[str, tuple[str, str | None]]:
+    """Query -> (the top evidence block's doc id, the sidecar's top doc id or None) now;
+    queries without an answer are left out."""
     out = {}
     for q in queries:
-        blocks = tool.lookup(q).evidence_blocks
-        if blocks:
-            out[q] = blocks[0].doc_id
+        result = tool.lookup(q)
+        sidecar = result.retrieval_trace.sidecar
+        if result.evidence_blocks:
+            top = sidecar.top_doc_ids[0] if sidecar is not None and sidecar.top_doc_ids else None
+            out[q] = (result.evidence_blocks[0].doc_id, top)
     return out
 
 
-def bad_answer(result: Any, want: str) -> str | None:
-    """Why ``result`` is not a whole answer holding ``want`` (None when it is)."""
+def bad_answer(result: Any, want: tuple[str, str | None]) -> str | None:
+    """Why ``result`` is not a whole answer holding the documents of ``want`` (None when it is)."""
     errors = [a.error for a in result.retrieval_trace.attempts if a.error]
     if result.status != "ok" or errors:
         return f"degraded: {result.message if result.status != 'ok' else errors[0]}"
     if result.retrieval_trace.layer == "L0":
         return "degraded: L0 fallback"
-    if want not in [b.doc_id for b in result.evidence_blocks]:
-        return f"missing {want}"
+    if want[0] not in [b.doc_id for b in result.evidence_blocks]:
+        return f"missing {want[0]}"
+    sidecar = result.retrieval_trace.sidecar
+    if want[1] is not None and (sidecar is None or want[1] not in sidecar.top_doc_ids):
+        why = sidecar.reason or sidecar.status if sidecar is not None else "no sidecar status"
+        return f"sidecar missing {want[1]} ({why})"
     return None
 
 
@@ -279,29 +289,32 @@ def run_rebuild(
     settings: RagSettings,
     embedder: Any,
     queries: list[str],
-    store: Any,
+    stores: Sequence[Any],
     *,
     pg_dsn: str | None = None,
     threads: int = 1,
     timeout_s: float = 600.0,
 ) -> RebuildRun:
-    """Loop lookups on ``store`` (already filled from ``settings.knowledge_dir``) in ``threads``
-    threads while another process runs ``rag ingest --rebuild`` of the same corpus (with the
-    sidecar at ``pg_dsn`` when given); every lookup must find what it found before."""
+    """Loop lookups on ``stores`` (main store, optional sidecar; already filled from
+    ``settings.knowledge_dir``) in ``threads`` threads while another process runs
+    ``rag ingest --rebuild`` of the same corpus (with the pgvector sidecar at ``pg_dsn`` when
+    given); every lookup must find what it found before. The tool closes ``stores`` at the end."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-    settings = settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": False})
-    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
+    settings = settings.model_copy(update={"sidecar_enabled": len(stores) > 1, "trace_enabled": False})
+    sidecar = stores[1] if len(stores) > 1 else None
+    tool = LookupKnowledgeTool(settings, embedder=embedder, store=stores[0], sidecar=sidecar)
     want = expected_docs(tool, queries)
-    before = set(store.chunk_hashes())
-    out, lock = RebuildRun(store=store.name, rows_before=len(before)), threading.Lock()
-    rebuilding = threading.Event()
+    asked = list(want)
+    before = [set(s.chunk_hashes()) for s in stores]
+    out = RebuildRun(store="+".join(s.name for s in stores), rows_before=sum(map(len, before)))
+    lock, rebuilding = threading.Lock(), threading.Event()
     rebuilding.set()
 
     def worker(n: int) -> None:
         i = 0
         while rebuilding.is_set():
-            q = list(want)[(n + i * threads) % len(want)]
+            q = asked[(n + i * threads) % len(asked)]
             i += 1
             try:
                 problem = bad_answer(tool.lookup(q, session_id=f"rebuild-{n}"), want[q])
@@ -333,7 +346,8 @@ def run_rebuild(
     rebuilding.clear()
     for t in pool:
         t.join(60)
-    after = set(store.chunk_hashes())
-    out.rows_after, out.lost_chunk_ids = len(after), len(before - after)
-    tool.close()  # closes ``store`` too
+    after = [set(s.chunk_hashes()) for s in stores]
+    out.rows_after = sum(map(len, after))
+    out.lost_chunk_ids = sum(len(b - a) for b, a in zip(before, after, strict=True))
+    tool.close()  # closes ``stores`` too
     return out
