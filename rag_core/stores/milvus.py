@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -78,6 +79,11 @@ MODEL_SUFFIX = "__model"
 POINTER_SUFFIX = "__live"
 #: Collections built by ``MilvusStore.rebuild``: ``<collection>__build_<unix time>_<hex>``.
 BUILD_MARK = "__build_"
+#: A reader re-reads the pointer when its copy is older than this (seconds) ...
+POINTER_TTL_S = 1.0
+#: ... and a rebuild drops the replaced collection this long after the switch, so readers move
+#: to the new one before the old one goes (a reader that still hits it retries on the new one).
+SWITCH_GRACE_S = 3.0
 _OUTPUT = ["chunk_id", "doc_id", "title", "breadcrumb", "category", "text"]
 # Rows per insert call: milvus-lite 2.5's insert cost grows faster than linearly with the batch
 # (measured on this machine: 5,000 rows take 1.9 s in 500-row calls, 27.5 s in one 5,000-row call).
@@ -185,6 +191,7 @@ class MilvusStore:
         self._token = token
         self._timeout = timeout
         self._live: str | None = None  # the collection serving ``collection`` (resolved on first use)
+        self._live_at = float("-inf")  # time.monotonic() of that resolution (inf: fixed, a build)
         self._client: Any | None = None  # a pymilvus MilvusClient (untyped)
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
@@ -294,7 +301,15 @@ class MilvusStore:
         name = self._live
         if name is None:
             name = self._live = self._call("resolve", self._read_pointer)
+            self._live_at = time.monotonic()
         return name
+
+    def _follow_switch(self) -> None:
+        """Re-read the pointer when this store's copy is older than ``POINTER_TTL_S``."""
+        if self._live is not None and time.monotonic() - self._live_at > POINTER_TTL_S:
+            used = self._live
+            self._live_at = time.monotonic()
+            self._switched(used)
 
     def _read_pointer(self, client: Any) -> str:
         """The collection the newest pointer row names; ``collection`` itself without a pointer
@@ -318,7 +333,7 @@ class MilvusStore:
         if name == used_name:
             return False
         log.info("Milvus index %r is now served by %r (was %r)", self.collection, name, used_name)
-        self._live, self._loaded = name, False
+        self._live, self._live_at, self._loaded = name, time.monotonic(), False
         return True
 
     def _recovered_server(self, used_pid: int | None) -> bool:
@@ -435,6 +450,7 @@ class MilvusStore:
             self._loaded = True
 
     def _ready(self) -> None:
+        self._follow_switch()
         if not self._loaded:
             if not self.exists():
                 raise StoreError(
@@ -540,13 +556,15 @@ class MilvusStore:
             raise
         finally:
             build.close()
-        self._live, self._loaded = build._name, False
-        for name in (old, f"{old}{MODEL_SUFFIX}"):
-            try:
-                if self._call("has_collection", lambda c, name=name: c.has_collection(name)):
-                    self._drop_collection(name)
-            except StoreError as exc:  # the switch is done; the next rebuild drops it
-                log.warning("could not drop the replaced collection %r: %s", name, exc)
+        self._live, self._live_at, self._loaded = build._name, time.monotonic(), False
+        try:
+            replaced = [n for n in (old, f"{old}{MODEL_SUFFIX}") if self._call("has_collection", partial(_has, n))]
+            if replaced:
+                time.sleep(SWITCH_GRACE_S)
+            for name in replaced:
+                self._drop_collection(name)
+        except StoreError as exc:  # the switch is done; the next rebuild drops it
+            log.warning("could not drop the replaced collection %r: %s", old, exc)
 
     def _sibling(self, name: str) -> MilvusStore:
         """A store on the same server for collection ``name`` exactly (no pointer)."""
@@ -559,7 +577,7 @@ class MilvusStore:
             embedded_dir=self._embedded_dir,
             idle_stop_seconds=self._idle_stop,
         )
-        other._live = name
+        other._live, other._live_at = name, float("inf")
         return other
 
     def _discard(self, index: MilvusStore) -> None:
@@ -763,6 +781,10 @@ class MilvusStore:
         client.load_collection(self.model_collection)
         client.upsert(self.model_collection, [{"key": "model", "identity": value, "vector": [0.0, 1.0]}])
         client.flush(self.model_collection)
+
+
+def _has(name: str, client: Any) -> bool:
+    return bool(client.has_collection(name))
 
 
 def _category_filter(category: str | None) -> str:
