@@ -9,6 +9,7 @@ injected, what the product did, rows lost (must be 0), lookups failed (must be 0
 * row 5  NaN / inf / 1e-29-scaled vectors written to and searched in both stores
 * row 6  the sidecar PostgreSQL hangs (accepts TCP, never answers): lookup p50 vs sidecar off
 * row 7  rows lost from the Milvus index under a live tool: warm_up / doctor, lookups, repair
+* row 8  `rag ingest --rebuild` (both stores) in another process under a live lookup loop
 * trace  the trace store goes down during 4-thread lookups, then comes back
 
 A lookup "fails" when it raises, returns non-strict JSON, or claims a normal answer (status ok
@@ -523,6 +524,29 @@ class FaultRun:
             not health.ok and healed.ok,
         )
 
+    def row8_rebuild(self) -> None:
+        from bench.serving import run_rebuild
+
+        queries = list(dict.fromkeys(self.qs))[:12]
+        stores = [Borrowed(s) for s in self.stores]
+        run = run_rebuild(self.settings, self.embedder, queries, stores, pg_dsn=self.scratch.pg_dsn())
+        did = (
+            f"`rag ingest --rebuild --sidecar` exit {run.rebuild_returncode} in {run.rebuild_seconds:.1f} s; "
+            f"{len(run.bad)}/{run.lookups} lookups degraded or without the documents they found before "
+            f"({run.lookups_during_rebuild} during the rebuild)"
+            + (f", e.g. {run.bad[0][:120]}" if run.bad else "")
+            + f"; {run.rows_after}/{run.rows_before} rows after (both stores)"
+        )
+        self.emit(
+            "row 8",
+            "`rag ingest --rebuild` of the same corpus in another process while this one loops lookups "
+            "(Milvus main + pgvector sidecar)",
+            did,
+            run.lost_chunk_ids,
+            len(run.bad),
+            run.rebuild_returncode == 0 and run.lookups_during_rebuild >= 8 and run.rows_after == run.rows_before,
+        )
+
     def trace_outage(self) -> None:
         from psycopg.conninfo import conninfo_to_dict
 
@@ -592,7 +616,7 @@ class FaultRun:
 def main(argv: Sequence[str] | None = None) -> int:
     options: dict[str, dict[str, Any]] = {
         "--knowledge-dir": dict(type=Path, default=RUNBOOKS),
-        "--only": dict(nargs="*", help="run only these faults (row1 row2 row5 row6 row7 trace)"),
+        "--only": dict(nargs="*", help="run only these faults (row1 row2 row5 row6 row7 row8 trace)"),
         "--lookups": dict(type=int, default=150, help="lookups per latency series (row 6)"),
     }
     args = parse_command_line(__doc__, options, argv, prog="python -m bench.faults")
@@ -606,6 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "row5": run.row5_vectors,
         "row6": run.row6_hung_sidecar,
         "row7": run.row7_damaged_index,
+        "row8": run.row8_rebuild,
         "trace": run.trace_outage,
     }
     steps = [run.setup] + [fn for name, fn in faults.items() if args.only is None or name in args.only]

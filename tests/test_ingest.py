@@ -1,6 +1,7 @@
 """Incremental ingestion on real Milvus Lite with the real model over the sample knowledge base."""
 
 import dataclasses
+from contextlib import contextmanager
 
 import pytest
 from conftest import RUNBOOKS, make_settings, need_shared
@@ -41,6 +42,13 @@ class FailingAfter:
         self.n -= 1
         self.inner.upsert(chunks, vectors)
         self.written += len(chunks)
+
+    @contextmanager
+    def rebuild(self):
+        """The new collection of a rebuild / model change, interrupted alike."""
+        with self.inner.rebuild() as fresh:
+            self.inner = fresh
+            yield self
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
@@ -133,21 +141,30 @@ class OtherModel(CountingEmbedder):
         return self.inner.embed_passages(texts, ids)[:, ::-1].copy()
 
 
-def test_interrupted_model_change_leaves_no_mixed_vectors(env, monkeypatch):
+def test_interrupted_model_change_keeps_the_old_index_served_whole(env, monkeypatch):
     settings, store, emb, kb = env
     first = ingest(settings, emb, [store], progress=False)
+    held = store.chunk_hashes()
     other = OtherModel(emb.inner)
     monkeypatch.setattr(apply_stage, "UPSERT_BATCH", 8)
+    interrupted = FailingAfter(store, 2)
     with pytest.raises(KeyboardInterrupt):  # re-embedding for the other model stops after 2 batches
-        ingest(settings, other, [FailingAfter(store, 2)], progress=False)
-    assert store.recorded_model() == other.identity().incomplete()
-    # Back to the first model: the 16 rows of the other model must not be kept as "unchanged".
+        ingest(settings, other, [interrupted], progress=False)
+    assert interrupted.written == 16  # the new collection was being filled
+    # The re-embedding went to a new collection: the old one still serves, whole, and the
+    # partial build is gone (no collection but the index's own and its records).
+    assert store.recorded_model() == emb.identity() and store.chunk_hashes() == held
+    assert check_health(settings, [store], emb.identity()).ok
+    names = set(store._call("list", lambda c: c.list_collections()))
+    assert not [n for n in names if "__build_" in n], names
+    # The model change, run again to the end, re-embeds everything and switches.
     monkeypatch.setattr(apply_stage, "UPSERT_BATCH", 512)
-    again = ingest(settings, emb, [store], progress=False)
+    again = ingest(settings, other, [store], progress=False)
     assert again.main.unchanged == 0 and again.main.updated == first.chunks_total
-    assert store.recorded_model() == emb.identity()
-    health = check_health(settings, [store], emb.identity())  # sampled vectors are the first model's
-    assert health.ok, health.summary()
+    assert store.recorded_model() == other.identity() and store.count() == first.chunks_total
+    fresh = MilvusStore.from_settings(settings)  # another client follows the switch
+    assert fresh.recorded_model() == other.identity() and fresh.chunk_hashes() == store.chunk_hashes()
+    fresh.close()
 
 
 class _NoReport:

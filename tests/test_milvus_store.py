@@ -6,6 +6,7 @@ import time
 import numpy as np
 import pytest
 
+from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk
 from rag_core.stores.base import DimensionMismatchError, StoreError
 from rag_core.stores.milvus import MilvusStore, escape_filter_value
@@ -174,3 +175,75 @@ def test_filtered_search_is_the_exact_top_k_within_the_category(store):
         scores = np.where(rare, vecs @ q, -np.inf)
         exact = [f"c{i}" for i in np.argsort(-scores)[:10]]
         assert [h.chunk_id for h in store.search(q, 10, category="rare")] == exact
+
+
+@pytest.fixture
+def fast_switch(monkeypatch):
+    from rag_core.stores import milvus as milvus_module
+
+    monkeypatch.setattr(milvus_module, "SWITCH_GRACE_S", 0.0)
+
+
+def twin(store, name="chunks"):
+    """Another client of ``store``'s Milvus (as another process would open it) for ``name``."""
+    return MilvusStore(store.uri, name) if store.is_lite else MilvusStore("", name, embedded_dir=store._embedded_dir)
+
+
+def collections(store):
+    return set(store._call("list", lambda c: c.list_collections()))
+
+
+@pytest.mark.integration
+def test_rebuild_switches_a_reader_from_the_old_index_to_the_new_one_whole(store, fast_switch):
+    """Issue 26 item 7: a rebuild fills a new collection; another client reads the old one
+    until the switch, the new one after it, never an empty or partial index."""
+    old = unit(6)
+    store.upsert([chunk(i) for i in range(6)], old)
+    store.flush()
+    reader = twin(store)
+    assert reader.count() == 6
+    new = unit(4, seed=1)
+    with store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(i, text=f"new {i}") for i in range(2)], new[:2])
+        fresh.flush()
+        assert reader.count() == 6 and reader.search(old[5], 1)[0].chunk_id == "c5"  # the old index, whole
+        fresh.upsert([chunk(i, text=f"new {i}") for i in range(2, 4)], new[2:])
+        fresh.flush()
+    hits = reader.search(new[3], 1)  # the reader's collection is gone: it follows the switch
+    assert hits[0].chunk_id == "c3" and hits[0].text == "new 3"
+    assert reader.count() == store.count() == 4
+    assert collections(store) == {fresh.collection, "chunks__live"}  # the old collection is dropped
+    reader.close()
+
+
+@pytest.mark.integration
+def test_failed_rebuild_keeps_the_old_index_and_drops_the_partial_one(store, fast_switch):
+    store.upsert([chunk(i) for i in range(3)], unit(3))
+    store.flush()
+    with pytest.raises(RuntimeError, match="embedding died"), store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(9)], unit(1, seed=2))
+        raise RuntimeError("embedding died")
+    assert set(store.chunk_hashes()) == {"c0", "c1", "c2"}
+    assert collections(store) == {"chunks"}
+    # A build left by a killed run (no handler ran) is dropped when the next rebuild starts.
+    leftover = twin(store, "chunks__build_1_abcdef")
+    leftover.ensure_schema(DIM)
+    leftover.close()
+    with store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(7)], unit(1, seed=3))
+    assert set(store.chunk_hashes()) == {"c7"}
+    assert collections(store) == {fresh.collection, "chunks__live"}
+
+
+@pytest.mark.integration
+def test_drop_removes_every_collection_of_the_index(store, fast_switch):
+    with store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(0)], unit(1))
+        fresh.record_model(ModelIdentity("b", "m", DIM, "f"))
+    assert store.count() == 1 and store.recorded_model() == ModelIdentity("b", "m", DIM, "f")
+    store.drop()
+    assert collections(store) == set() and not store.exists() and store.count() == 0

@@ -477,3 +477,54 @@ def test_lexical_scores_are_bm25_as_the_in_memory_store_computes_them(store):
         assert pg.keys() == mem.keys() and pg, query
         for cid, score in mem.items():
             assert pg[cid] == pytest.approx(score * (BM25_K1 + 1), rel=1e-4), (query, cid)
+
+
+def test_rebuild_swaps_the_new_table_in_whole_for_another_reader(store, pg_dsn, pg_table):
+    """Issue 26 item 7: a rebuild fills ``<table>__rebuild``; another client reads the old table
+    until the swap (one transaction), the new one after it; the old one is dropped."""
+    store.ensure_schema(DIM)
+    old = unit(6)
+    store.upsert([chunk(i) for i in range(6)], old)
+    reader = PgVectorStore(pg_dsn, pg_table)
+    assert reader.count() == 6
+    new = unit(4, seed=1)
+    with store.rebuild() as fresh:
+        assert fresh.table == f"{pg_table}__rebuild"
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(i, text=f"new {i}") for i in range(2)], new[:2])
+        assert reader.count() == 6 and reader.search(old[5], 1)[0].chunk_id == "c00005"
+        fresh.upsert([chunk(i, text=f"new {i}") for i in range(2, 4)], new[2:])
+    hits = reader.search(new[3], 1)
+    assert hits[0].chunk_id == "c00003" and hits[0].text == "new 3" and reader.count() == 4
+    with psycopg.connect(pg_dsn) as conn:
+        tables = {
+            r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (f"{pg_table}%",))
+        }
+        indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (pg_table,))}
+    assert tables == {pg_table}
+    assert indexes == {f"{pg_table}_{s}" for s in ("pkey", "embedding_hnsw", "category", "doc_id", "lexical_gin")}
+    reader.close()
+
+
+def test_failed_rebuild_keeps_the_old_table_and_a_second_rebuild_waits_its_turn(store, pg_dsn, pg_table):
+    store.ensure_schema(DIM)
+    store.upsert([chunk(i) for i in range(3)], unit(3))
+    with pytest.raises(RuntimeError, match="embedding died"), store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(9)], unit(1, seed=2))
+        other = PgVectorStore(pg_dsn, pg_table)
+        with pytest.raises(StoreError, match="another rebuild"), other.rebuild():
+            pass
+        other.close()
+        raise RuntimeError("embedding died")
+    assert set(store.chunk_hashes()) == {"c00000", "c00001", "c00002"}
+    assert not PgVectorStore(pg_dsn, f"{pg_table}__rebuild").exists()
+    # A table left by a killed rebuild is dropped when the next one starts.
+    leftover = PgVectorStore(pg_dsn, f"{pg_table}__rebuild")
+    leftover.ensure_schema(DIM)
+    leftover.upsert([chunk(8)], unit(1, seed=4))
+    leftover.close()
+    with store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(7)], unit(1, seed=3))
+    assert set(store.chunk_hashes()) == {"c00007"}

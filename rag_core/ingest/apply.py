@@ -2,10 +2,13 @@
 
 ``apply_plan`` first re-reads the store and refuses (``StalePlanError``) when it no longer holds
 what the plan was made against: another ingest wrote in between, and applying this diff could
-delete its chunks or leave them half-replaced. Then: drop/recreate when planned, upsert the
-planned chunks with their vectors, record the model, delete the planned chunk ids, flush. A new
-store or a model change is marked incomplete (``ModelIdentity.incomplete``) while it is written.
-Documents the embed stage skipped (a bad vector) keep their stored chunks.
+delete its chunks or leave them half-replaced. Then: upsert the planned chunks with their
+vectors, record the model, delete the planned chunk ids, flush. A store to recreate (a rebuild,
+another dimension) or to re-embed (a model change) is written whole into a new collection/table
+(``VectorStore.rebuild``) that replaces the served one atomically at the end (issue 26: a lookup
+in another process sees the old index or the new one, never a part); a failure leaves the old
+one served. A new store is marked incomplete (``ModelIdentity.incomplete``) while it is written.
+Documents the embed stage skipped (a bad vector) keep their stored chunks (not across a rebuild).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from rag_core.embedding.base import ModelIdentity
 from rag_core.ingest.embed import ChunkEmbeddings
 from rag_core.ingest.plan import IngestPlan, StoreChanges, StorePlan, read_store_state
 from rag_core.models import Chunk
@@ -52,13 +56,28 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     skipped = embeddings.skipped_documents
     upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
     delete = _deletions(store_plan, skipped)
-    if store_plan.drop:
-        store.drop()
+    if store_plan.drop or store_plan.model_changed:
+        # Every chunk is written: into a new collection/table, swapped in whole when done.
+        with store.rebuild() as fresh:
+            _write(fresh, plan, None, upsert, [], embeddings)
+    else:
+        _write(store, plan, store_plan.recorded, upsert, delete, embeddings)
+    return _changes(store_plan, upsert, delete)
+
+
+def _write(
+    store: VectorStore,
+    plan: IngestPlan,
+    recorded: ModelIdentity | None,
+    upsert: Sequence[Chunk],
+    delete: Sequence[str],
+    embeddings: ChunkEmbeddings,
+) -> None:
     store.ensure_schema(plan.identity.dimension)
-    if store_plan.recorded != plan.identity:
-        # A new store, or one of another model: until the last row is written it holds unrecorded
-        # or mixed-model vectors. The marker makes a run after an interruption rewrite it whole
-        # (never take half-written rows for current ones) and lookups refuse it meanwhile.
+    if recorded != plan.identity:
+        # A new store: until the last row is written it holds unrecorded vectors. The marker
+        # makes a run after an interruption rewrite it whole (never take half-written rows for
+        # current ones) and lookups refuse it meanwhile.
         store.record_model(plan.identity.incomplete())
     _upsert_in_batches(store, upsert, embeddings)
     store.record_model(plan.identity)
@@ -66,7 +85,6 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     # Sealed rows are searched by the engine's index, not rebuilt per search (issue 14:
     # 100.7 ms unflushed vs 14.2 ms flushed at 454 chunks on Milvus Lite 3).
     store.flush()
-    return _changes(store_plan, upsert, delete)
 
 
 def _deletions(store_plan: StorePlan, skipped: frozenset[str]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -92,7 +93,14 @@ class VectorStore(Protocol):
         """
 
     def drop(self) -> None:
-        """Delete the collection/table (for --rebuild)."""
+        """Delete the collection/table and everything it holds."""
+
+    def rebuild(self) -> AbstractContextManager[VectorStore]:
+        """A new, empty store of the same kind (its own collection/table) to fill whole, for
+        ``rag ingest --rebuild`` and model changes. On a normal exit it replaces this store's
+        index atomically: a lookup through this store's name, in any process, sees the old
+        index or the new one, never a part; the old one is then dropped. On an exception the
+        partial build is removed and the old index stays served. StoreError when the switch fails."""
 
     def close(self) -> None:
         """Release connections."""

@@ -10,7 +10,8 @@ b = 0.75; Robertson & Zaragoza 2009).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -151,6 +152,17 @@ class InMemoryStore:
             self._vectors.clear()
             self._lexical.clear()
             self._dim = None
+            self._invalidate()
+
+    @contextmanager
+    def rebuild(self) -> Iterator[InMemoryStore]:
+        """An empty store to fill; on a normal exit its contents replace this store's at once
+        (under the lock), on an exception this store is left as it was."""
+        fresh = InMemoryStore()
+        yield fresh
+        with fresh._lock, self._lock:
+            self._chunks, self._vectors, self._lexical = fresh._chunks, fresh._vectors, fresh._lexical
+            self._dim, self._model = fresh._dim, fresh._model
             self._invalidate()
 
     def close(self) -> None:

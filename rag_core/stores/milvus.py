@@ -6,16 +6,26 @@ settings) and a BM25 sparse function over a pre-tokenised ``lexical`` column (se
 ``rag_core.text.lexical_string``). The embedded server (``rag_core.stores.milvus_server``) is
 reached by URI like a production server; when it dies between two calls it is started again
 once and the call retried (calls are idempotent: upserts by id, deletes, reads).
+
+A rebuild (``MilvusStore.rebuild``) fills a new collection and switches to it atomically, so a
+lookup in another process sees the old index or the new one, whole. The switch is a row of a
+side collection (``<collection>__live``) naming the collection that serves: a collection
+alias would do it on a Milvus server, but milvus-lite 2.5.1's server answers UNIMPLEMENTED to
+create_alias / alter_alias / describe_alias / list_aliases (checked on this machine).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import secrets
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +75,15 @@ VARCHAR_LIMITS = {
     "lexical": 65535,
 }
 MODEL_SUFFIX = "__model"
+#: Side collection naming the collection that serves the index (see ``MilvusStore.rebuild``).
+POINTER_SUFFIX = "__live"
+#: Collections built by ``MilvusStore.rebuild``: ``<collection>__build_<unix time>_<hex>``.
+BUILD_MARK = "__build_"
+#: A reader re-reads the pointer when its copy is older than this (seconds) ...
+POINTER_TTL_S = 1.0
+#: ... and a rebuild drops the replaced collection this long after the switch, so readers move
+#: to the new one before the old one goes (a reader that still hits it retries on the new one).
+SWITCH_GRACE_S = 3.0
 _OUTPUT = ["chunk_id", "doc_id", "title", "breadcrumb", "category", "text"]
 # Rows per insert call: milvus-lite 2.5's insert cost grows faster than linearly with the batch
 # (measured on this machine: 5,000 rows take 1.9 s in 500-row calls, 27.5 s in one 5,000-row call).
@@ -171,6 +190,8 @@ class MilvusStore:
         self.index_type = self.index.index_type
         self._token = token
         self._timeout = timeout
+        self._live: str | None = None  # the collection serving ``collection`` (resolved on first use)
+        self._live_at = float("-inf")  # time.monotonic() of that resolution (inf: fixed, a build)
         self._client: Any | None = None  # a pymilvus MilvusClient (untyped)
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
@@ -245,23 +266,75 @@ class MilvusStore:
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         client = self._connect()
-        used_pid = self._server_pid
+        used_pid, used_name = self._server_pid, self._live
         try:
             return fn(client, *args, **kwargs)
         except StoreError:
             raise
         except Exception as exc:
-            if not self._recovered_server(used_pid):
-                raise StoreError(f"Milvus {what} failed on {self.collection!r}: {_brief(exc)}") from None
-        # The embedded server had died and runs again: retry once on a fresh connection.
+            first = exc
+        if self._switched(used_name):
+            again = "after a rebuild switched the index to a new collection"
+        elif self._recovered_server(used_pid):
+            again = "after restarting the embedded server"
+        else:
+            raise StoreError(f"Milvus {what} failed on {self.collection!r}: {_brief(first)}") from None
+        # The collection was replaced by a rebuild, or the embedded server had died and runs
+        # again: retry once (on the new collection / a fresh connection).
         try:
             return fn(self._connect(), *args, **kwargs)
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(
-                f"Milvus {what} failed on {self.collection!r} after restarting the embedded server: {_brief(exc)}"
-            ) from None
+            raise StoreError(f"Milvus {what} failed on {self.collection!r} {again}: {_brief(exc)}") from None
+
+    # --- which collection serves the index (switched atomically by ``rebuild``) ------------
+
+    @property
+    def pointer_collection(self) -> str:
+        """The side collection whose newest row names the collection serving the index."""
+        return f"{self.collection}{POINTER_SUFFIX}"
+
+    @property
+    def _name(self) -> str:
+        """The collection serving ``collection``: resolved once, again after a switch."""
+        name = self._live
+        if name is None:
+            name = self._live = self._call("resolve", self._read_pointer)
+            self._live_at = time.monotonic()
+        return name
+
+    def _follow_switch(self) -> None:
+        """Re-read the pointer when this store's copy is older than ``POINTER_TTL_S``."""
+        if self._live is not None and time.monotonic() - self._live_at > POINTER_TTL_S:
+            used = self._live
+            self._live_at = time.monotonic()
+            self._switched(used)
+
+    def _read_pointer(self, client: Any) -> str:
+        """The collection the newest pointer row names; ``collection`` itself without a pointer
+        (an index never rebuilt since switching was introduced)."""
+        if not client.has_collection(self.pointer_collection):
+            return self.collection
+        rows = client.query(self.pointer_collection, filter="gen >= 0", output_fields=["gen", "target"])
+        return str(max(rows, key=lambda r: int(r["gen"]))["target"]) if rows else self.collection
+
+    def _switched(self, used_name: str | None) -> bool:
+        """After a call on ``used_name`` failed (or found it missing): True when another
+        collection serves the index now (a rebuild switched and dropped the old one); later
+        calls then use it. False when nothing changed or the pointer cannot be read."""
+        if used_name is None:
+            return False
+        try:
+            name = self._read_pointer(self._connect())
+        except Exception:  # unreachable: the caller reports the original error
+            log.debug("reading the Milvus index pointer failed", exc_info=True)
+            return False
+        if name == used_name:
+            return False
+        log.info("Milvus index %r is now served by %r (was %r)", self.collection, name, used_name)
+        self._live, self._live_at, self._loaded = name, time.monotonic(), False
+        return True
 
     def _recovered_server(self, used_pid: int | None) -> bool:
         """After a call on the embedded server ``used_pid`` failed: True when that server had
@@ -281,8 +354,8 @@ class MilvusStore:
             self._drop_client()
             client = self._connect()
             try:
-                if self._loaded and client.has_collection(self.collection):
-                    client.load_collection(self.collection)
+                if self._loaded and client.has_collection(self._name):
+                    client.load_collection(self._name)
             except Exception as exc:
                 raise StoreError(
                     f"Milvus load_collection failed on {self.collection!r} after restarting "
@@ -302,7 +375,11 @@ class MilvusStore:
     # --- schema -----------------------------------------------------------------------------
 
     def exists(self) -> bool:
-        return bool(self._call("has_collection", lambda c: c.has_collection(self.collection)))
+        """True when the collection serving the index exists (it may have just been switched)."""
+        used = self._name
+        if self._call("has_collection", lambda c: c.has_collection(used)):
+            return True
+        return self._switched(used) and bool(self._call("has_collection", lambda c: c.has_collection(self._name)))
 
     def ensure_schema(self, dim: int) -> None:
         """Create the collection if missing, else check its dimension; then load it.
@@ -321,7 +398,7 @@ class MilvusStore:
         """Dimension of the stored vector field, or None when the collection does not exist."""
         if not self.exists():
             return None
-        info = self._call("describe_collection", lambda c: c.describe_collection(self.collection))
+        info = self._call("describe_collection", lambda c: c.describe_collection(self._name))
         for field in info["fields"]:
             if field["name"] == "vector":
                 return int(field["params"]["dim"])
@@ -358,7 +435,7 @@ class MilvusStore:
         index.add_index("sparse", index_type="SPARSE_INVERTED_INDEX", metric_type="BM25")
         index.add_index("doc_id", index_type="INVERTED")
         index.add_index("category", index_type="INVERTED")
-        client.create_collection(self.collection, schema=schema, index_params=index)
+        client.create_collection(self._name, schema=schema, index_params=index)
 
     def _ensure_loaded(self) -> None:
         # A collection reopened from a Milvus Lite file is "released" until loaded.
@@ -367,12 +444,13 @@ class MilvusStore:
         with self._load_lock:  # concurrent first searches must not race the load
             if self._loaded:
                 return
-            state = self._call("get_load_state", lambda c: c.get_load_state(self.collection))
+            state = self._call("get_load_state", lambda c: c.get_load_state(self._name))
             if "Loaded" not in str(state.get("state")):
-                self._call("load_collection", lambda c: c.load_collection(self.collection))
+                self._call("load_collection", lambda c: c.load_collection(self._name))
             self._loaded = True
 
     def _ready(self) -> None:
+        self._follow_switch()
         if not self._loaded:
             if not self.exists():
                 raise StoreError(
@@ -398,7 +476,7 @@ class MilvusStore:
         self._ready()
         for i in range(0, len(rows), UPSERT_ROWS):
             part = rows[i : i + UPSERT_ROWS]
-            self._call("upsert", lambda c, part=part: c.upsert(self.collection, part))
+            self._call("upsert", lambda c, part=part: c.upsert(self._name, part))
             self.pending_rows += len(part)
 
     def flush(self) -> None:
@@ -408,7 +486,7 @@ class MilvusStore:
         Python on every search, and the embedded server keeps them only in its write buffer.
         """
         if self.exists():
-            self._call("flush", lambda c: c.flush(self.collection))
+            self._call("flush", lambda c: c.flush(self._name))
         self.pending_rows = 0
 
     def delete_documents(self, doc_ids: Sequence[str]) -> None:
@@ -416,28 +494,135 @@ class MilvusStore:
             return
         self._ready()
         expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
-        self._call("delete", lambda c: c.delete(self.collection, filter=expr))
+        self._call("delete", lambda c: c.delete(self._name, filter=expr))
         self.pending_rows += len(doc_ids)
 
     def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         if not chunk_ids:
             return
         self._ready()
-        self._call("delete", lambda c: c.delete(self.collection, ids=list(chunk_ids)))
+        self._call("delete", lambda c: c.delete(self._name, ids=list(chunk_ids)))
         self.pending_rows += len(chunk_ids)
 
     def drop(self) -> None:
-        """Drop the collection (``rag ingest --rebuild``). Embedded data in another engine's
-        on-disk format is first moved aside (``milvus.db.foreign-<time>``), never deleted."""
+        """Drop the index: its serving collection, the pointer, the model records and any
+        leftover build. Embedded data in another engine's on-disk format is first moved aside
+        (``milvus.db.foreign-<time>``), never deleted."""
+        self._set_aside_foreign()
+        names = set(self._call("list_collections", lambda c: c.list_collections()))
+        if self.pointer_collection in names:
+            self._drop_collection(self.pointer_collection)
+        for name in sorted(n for n in names if self._owns(n)):
+            self._drop_collection(name)
+        self._live, self._loaded = None, False
+
+    def _set_aside_foreign(self) -> None:
         if self._embedded_dir is not None and self._client is None:
             milvus_server.set_aside_foreign(self._embedded_dir)
         elif self.is_lite and self._client is None:
             _set_aside_foreign_file(Path(self.uri))
-        if self.exists():
-            self._call("drop_collection", lambda c: c.drop_collection(self.collection))
-        if self._call("has_collection", lambda c: c.has_collection(self.model_collection)):
-            self._call("drop_collection", lambda c: c.drop_collection(self.model_collection))
-        self._loaded = False
+
+    def _owns(self, name: str) -> bool:
+        """True for ``collection``, its builds and their model records."""
+        base = name.removesuffix(MODEL_SUFFIX)
+        build = re.escape(self.collection + BUILD_MARK) + r"\d+_[0-9a-f]+"
+        return base == self.collection or re.fullmatch(build, base) is not None
+
+    def _drop_collection(self, name: str) -> None:
+        self._call("drop_collection", lambda c: c.drop_collection(name))
+
+    @contextmanager
+    def rebuild(self) -> Iterator[MilvusStore]:
+        """A new, empty collection (``<collection>__build_<unix time>_<hex>``) to fill whole;
+        on a normal exit the index switches to it atomically and the old collection (with its
+        model record) is dropped, so a lookup sees the old index or the new one, never a part.
+
+        On an exception the partial build is dropped and the old index stays served. Builds
+        left by a killed run are dropped when the next rebuild starts. StoreError when another
+        rebuild switched the index meanwhile (this build is then discarded).
+        """
+        self._set_aside_foreign()
+        old = self._call("resolve", self._read_pointer)
+        for name in self._call("list_collections", lambda c: c.list_collections()):
+            if self._owns(name) and name.removesuffix(MODEL_SUFFIX) != old:
+                log.warning("dropping %r, left by an interrupted rebuild of %r", name, self.collection)
+                self._drop_collection(name)
+        build = self._sibling(f"{self.collection}{BUILD_MARK}{int(time.time())}_{secrets.token_hex(3)}")
+        try:
+            yield build
+            self._switch(old, build._name)
+        except BaseException:
+            build._discard(self)
+            raise
+        finally:
+            build.close()
+        self._live, self._live_at, self._loaded = build._name, time.monotonic(), False
+        try:
+            replaced = [n for n in (old, f"{old}{MODEL_SUFFIX}") if self._call("has_collection", partial(_has, n))]
+            if replaced:
+                time.sleep(SWITCH_GRACE_S)
+            for name in replaced:
+                self._drop_collection(name)
+        except StoreError as exc:  # the switch is done; the next rebuild drops it
+            log.warning("could not drop the replaced collection %r: %s", old, exc)
+
+    def _sibling(self, name: str) -> MilvusStore:
+        """A store on the same server for collection ``name`` exactly (no pointer)."""
+        other = MilvusStore(
+            "" if self._embedded_dir is not None else self.uri,
+            name,
+            self._token,
+            timeout=self._timeout,
+            index=self.index,
+            embedded_dir=self._embedded_dir,
+            idle_stop_seconds=self._idle_stop,
+        )
+        other._live, other._live_at = name, float("inf")
+        return other
+
+    def _discard(self, index: MilvusStore) -> None:
+        """Drop this unfinished build of ``index`` unless the index already switched to it."""
+        try:
+            if index._call("resolve", index._read_pointer) == self._name:
+                return
+            for name in (self._name, self.model_collection):
+                if self._call("has_collection", lambda c, name=name: c.has_collection(name)):
+                    self._drop_collection(name)
+        except StoreError as exc:  # the next rebuild drops it
+            log.warning("could not drop the unfinished build %r: %s", self._name, exc)
+
+    def _switch(self, old: str, new: str) -> None:
+        """Point the index at ``new`` in one row insert (readers take the newest row)."""
+        try:
+            self._write_pointer(self._connect(), old, new)
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"Milvus switch of {self.collection!r} to {new!r} failed: {_brief(exc)}") from None
+
+    def _write_pointer(self, client: Any, old: str, new: str) -> None:
+        from pymilvus import DataType
+
+        now = self._read_pointer(client)
+        if now != old:
+            raise StoreError(
+                f"another rebuild switched Milvus index {self.collection!r} to {now!r} meanwhile: "
+                f"this build ({new!r}) is discarded; the index serves {now!r}"
+            )
+        pointer = self.pointer_collection
+        if not client.has_collection(pointer):
+            schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+            schema.add_field("gen", DataType.INT64, is_primary=True)
+            schema.add_field("target", DataType.VARCHAR, max_length=255)
+            schema.add_field("vector", DataType.FLOAT_VECTOR, dim=2)  # Milvus requires one
+            index = client.prepare_index_params()
+            index.add_index("vector", index_type="FLAT", metric_type="L2")
+            client.create_collection(pointer, schema=schema, index_params=index, consistency_level="Strong")
+        client.load_collection(pointer)
+        gen = time.time_ns()
+        client.insert(pointer, [{"gen": gen, "target": new, "vector": [0.0, 1.0]}])
+        client.flush(pointer)
+        client.delete(pointer, filter=f"gen < {gen}")
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -449,7 +634,7 @@ class MilvusStore:
         def scan(client: Any) -> dict[str, tuple[str, str]]:
             out: dict[str, tuple[str, str]] = {}
             it = client.query_iterator(
-                self.collection,
+                self._name,
                 batch_size=1000,
                 filter='chunk_id != ""',
                 output_fields=["chunk_id", "doc_id", "content_hash"],
@@ -469,7 +654,7 @@ class MilvusStore:
         self._ready()
         rows = self._call(
             "get",
-            lambda c: c.get(self.collection, ids=list(chunk_ids), output_fields=[*_OUTPUT, "content_hash", "vector"]),
+            lambda c: c.get(self._name, ids=list(chunk_ids), output_fields=[*_OUTPUT, "content_hash", "vector"]),
         )
         return {
             r["chunk_id"]: StoredChunk(
@@ -494,7 +679,7 @@ class MilvusStore:
         expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
         rows = self._call(
             "query",
-            lambda c: c.query(self.collection, filter=expr, output_fields=["chunk_id", "doc_id", "vector"]),
+            lambda c: c.query(self._name, filter=expr, output_fields=["chunk_id", "doc_id", "vector"]),
         )
         return group_vectors((r["doc_id"], r["chunk_id"], r["vector"]) for r in rows)
 
@@ -502,7 +687,7 @@ class MilvusStore:
         if not self.exists():
             return 0
         self._ready()
-        rows = self._call("count", lambda c: c.query(self.collection, filter="", output_fields=["count(*)"]))
+        rows = self._call("count", lambda c: c.query(self._name, filter="", output_fields=["count(*)"]))
         return int(rows[0]["count(*)"])
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
@@ -512,7 +697,7 @@ class MilvusStore:
         res = self._call(
             "search",
             lambda c: c.search(
-                self.collection,
+                self._name,
                 data=[q.tolist()],
                 anns_field="vector",
                 limit=top_k,
@@ -535,7 +720,7 @@ class MilvusStore:
         res = self._call(
             "search",
             lambda c: c.search(
-                self.collection,
+                self._name,
                 data=[" ".join(terms)],
                 anns_field="sparse",
                 limit=top_k,
@@ -560,7 +745,7 @@ class MilvusStore:
     def model_collection(self) -> str:
         """The side collection holding the model record: collection properties cannot be
         altered on every engine (milvus-lite 2.5 answers UNIMPLEMENTED), a row can."""
-        return f"{self.collection}{MODEL_SUFFIX}"
+        return f"{self._name}{MODEL_SUFFIX}"
 
     def recorded_model(self) -> ModelIdentity | None:
         """The embedding model recorded for the collection; None when the collection is missing
@@ -596,6 +781,10 @@ class MilvusStore:
         client.load_collection(self.model_collection)
         client.upsert(self.model_collection, [{"key": "model", "identity": value, "vector": [0.0, 1.0]}])
         client.flush(self.model_collection)
+
+
+def _has(name: str, client: Any) -> bool:
+    return bool(client.has_collection(name))
 
 
 def _category_filter(category: str | None) -> str:

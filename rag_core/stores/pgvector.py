@@ -15,6 +15,10 @@ Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
   iterative scans a selective category returns fewer rows than LIMIT (pgvector #259, #719);
   if a filtered search still comes back short (``hnsw.max_scan_tuples`` reached) it is re-run
   exactly. Either way a filtered search returns min(top_k, matching rows).
+
+A rebuild (``PgVectorStore.rebuild``) fills ``<table>__rebuild`` and swaps it in under the
+table's name in one transaction, so a lookup in another process sees the old table or the new
+one, whole (a query waiting on the swap's lock resolves the name again and reads the new table).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -66,6 +71,8 @@ BM25_STATS_TTL_S = 30.0
 EXACT_SCAN_MAX_ROWS = 20_000
 EF_SEARCH = 100
 MAX_SCAN_TUPLES = 20_000
+REBUILD_SUFFIX = "__rebuild"
+_INDEX_SUFFIXES = ("embedding_hnsw", "category", "doc_id", "lexical_gin")
 _COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text", "content_hash", "lexical", "embedding")
 _HIT_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text")
 
@@ -250,6 +257,68 @@ class PgVectorStore:
         self._run("drop", lambda conn: conn.execute(self._sql("DROP TABLE IF EXISTS {t}")))
         self._dim = None
         self._stats = None
+
+    @property
+    def rebuild_table(self) -> str:
+        """The table a rebuild fills before it is swapped in (``<table>__rebuild``)."""
+        return f"{self.table[: 63 - len(REBUILD_SUFFIX)]}{REBUILD_SUFFIX}"
+
+    @contextmanager
+    def rebuild(self) -> Iterator[PgVectorStore]:
+        """An empty ``rebuild_table`` to fill whole; on a normal exit one transaction drops the
+        old table and renames the new one (and its indexes) to ``table``, so a lookup sees the
+        old index or the new one, never a part. On an exception the new table is dropped and
+        the old one stays served; one left by a killed run is dropped when the next starts.
+
+        StoreError when another rebuild of this table is running (a session advisory lock on a
+        connection of its own, held until the end).
+        """
+        build = PgVectorStore(self._dsn, self.rebuild_table, pool_size=2, exact_scan_max_rows=self._exact_max)
+        try:
+            guard = psycopg.connect(self._dsn, autocommit=True, connect_timeout=5)
+        except psycopg.Error as exc:
+            raise store_error(f"pgvector rebuild of {self.table!r}", self._dsn, exc) from None
+        try:
+            key = f"rag_core:pgvector-rebuild:{self.table}"
+            if not one_row(guard.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (key,)))[0]:
+                raise StoreError(f"another rebuild of pgvector table {self.table!r} is running: try again later")
+            build.drop()  # a leftover of a killed rebuild
+            try:
+                yield build
+                self._run("rebuild swap", lambda conn: self._swap_in(conn, build))
+            except BaseException:
+                try:
+                    build.drop()
+                except StoreError as exc:  # the next rebuild drops it
+                    log.warning("could not drop the unfinished %r: %s", build.table, exc)
+                raise
+        finally:
+            build.close()
+            guard.close()
+        self._dim, self._stats = build._dim, None
+
+    def _swap_in(self, conn: psycopg.Connection, build: PgVectorStore) -> None:
+        """In one transaction: drop ``table``, rename ``build``'s table and indexes to it."""
+        with conn.transaction():
+            self._lock_table(conn)
+            conn.execute(self._sql("DROP TABLE IF EXISTS {t}"))
+            conn.execute(sql.SQL("ALTER TABLE {b} RENAME TO {t}").format(b=build._ident, t=self._ident))
+            for suffix in _INDEX_SUFFIXES:
+                conn.execute(
+                    sql.SQL("ALTER INDEX IF EXISTS {a} RENAME TO {b}").format(
+                        a=build._index(suffix), b=self._index(suffix)
+                    )
+                )
+            pkey = conn.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) AND contype = 'p'",
+                (self._ident.as_string(conn),),
+            ).fetchone()
+            if pkey is not None:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {t} RENAME CONSTRAINT {a} TO {b}").format(
+                        t=self._ident, a=sql.Identifier(pkey[0]), b=self._index("pkey")
+                    )
+                )
 
     # --- writes -----------------------------------------------------------------------------
 
