@@ -21,6 +21,7 @@ from rag_core.ingest.embed import embed_plan
 from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.ingest.pipeline import ingest
 from rag_core.ingest.plan import chunk_scan, plan_ingest, read_store_state, scan_knowledge
+from rag_core.lookup.title_similarity import TITLE_LABEL
 from rag_core.stores.memory import InMemoryStore
 
 DIM = 8
@@ -31,13 +32,14 @@ class FakeEmbedder:
     """Deterministic unit vectors from the text's hash; a text holding ``POISON`` gets NaN.
 
     ``checked=True`` behaves like the real backends (the shared check raises BadVectorError for
-    the batch); ``checked=False`` returns the NaN row as is. ``texts`` counts embedded passages.
+    the batch); ``checked=False`` returns the NaN row as is. ``texts`` counts embedded chunk
+    passages, ``titles`` the document titles ingest embeds for the rerank (rows labelled ``title: ``).
     """
 
     backend, model_id, dimension, max_tokens = "fake", "fake-hash", DIM, 512
 
     def __init__(self, fingerprint: str = "f" * 16, checked: bool = True) -> None:
-        self.fingerprint, self.checked, self.texts, self.calls = fingerprint, checked, 0, 0
+        self.fingerprint, self.checked, self.texts, self.calls, self.titles = fingerprint, checked, 0, 0, 0
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
@@ -53,7 +55,8 @@ class FakeEmbedder:
 
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
         self.calls += 1
-        self.texts += len(texts)
+        titles = sum(1 for label in ids or () if label.startswith(TITLE_LABEL))
+        self.texts, self.titles = self.texts + len(texts) - titles, self.titles + titles
         rows = []
         for text in texts:
             seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
@@ -135,6 +138,7 @@ def test_embedded_once_for_every_store(tmp_path, kb):
     second.name = "memory2"
     report = ingest(settings, emb, [first, second], progress=False)
     assert emb.texts == report.chunks_total == first.count() == second.count()
+    assert emb.titles == 3  # alpha, gamma, delta: once for both stores
     assert report.passages_embedded == report.chunks_total and report.embedding_cache_hits == 0
 
 
@@ -143,17 +147,18 @@ def test_cache_hit_on_second_run_and_miss_after_a_model_change(tmp_path, kb):
     (kb / "ops" / "beta.md").unlink()
     emb = FakeEmbedder()
     first = ingest(settings, emb, [InMemoryStore()], progress=False)
-    assert emb.texts == first.chunks_total > 0
+    assert emb.texts == first.chunks_total > 0 and emb.titles == 3
     # A fresh store (e.g. --rebuild, or a new sidecar) needs every vector: all from the cache.
     again = ingest(settings, emb, [InMemoryStore()], progress=False)
-    assert emb.texts == first.chunks_total
+    assert emb.texts == first.chunks_total and emb.titles == 3  # titles too
     assert again.embedding_cache_hits == again.chunks_embedded == first.chunks_total
     assert again.passages_embedded == 0
     other = FakeEmbedder(fingerprint="0" * 16)  # same backend and dimension, other settings
     changed = ingest(settings, other, [InMemoryStore()], progress=False)
     assert other.texts == changed.passages_embedded == first.chunks_total
     assert changed.embedding_cache_hits == 0
-    assert EmbeddingCache.under(settings.data_dir).count() == 2 * first.chunks_total
+    assert other.titles == 3
+    assert EmbeddingCache.under(settings.data_dir).count() == 2 * (first.chunks_total + 3)
 
 
 def test_cached_bad_vector_is_not_reused(tmp_path, kb):
