@@ -13,9 +13,12 @@ Ingest: the real ``rag_core.ingest.pipeline.ingest`` on the embedded defaults' c
 fast fake embedder (hash-seeded unit vectors, whitespace token count) and a store that keeps only
 chunk ids and hashes, so the figures are parsing, chunking, planning, the L0 build, the
 embedding cache and the store calls, not the model nor a server. Each ingest runs in its own
-process (peak RSS is that process's ``ru_maxrss``): the whole corpus in one batch (how ingest
-worked before issue 23) and in bounded batches, side by side; then an unchanged re-ingest and one
-with 1 % of the documents changed.
+process (peak RSS is that process's ``ru_maxrss``): a first ingest, an unchanged re-ingest and one
+with 1 % of the documents changed. (Streaming ingest in bounded batches, ``--batch-docs``, is not
+built yet: the argument is passed through for it.)
+
+Known limit: the two real corpora share relative doc ids (``node/X.md`` in both languages), so
+the "real corpora" L0 row indexes the 111 distinct ids, not all 157 documents.
 
 L0: ``L0Index.analyze_query`` (indexed) against the pre-issue-23 scan over every entry
 (``bench/l0_linear.py``) on the same queries (document titles, keywords, entities, typo'd
@@ -403,7 +406,7 @@ def run(docs: int = 10_000, batch_docs: int = 1000, rounds: int = 3, workdir: Pa
 def _ingests(kb: Path, scratch: Path, docs: int, batch_docs: int, sources: Sequence[Source]) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     log(f"kb_scale: ingest {docs} documents")
-    runs["batched"] = run_ingest(kb, scratch / "batched", batch_docs)
+    runs["first"] = run_ingest(kb, scratch / "batched", batch_docs)
     runs["unchanged"] = run_ingest(kb, scratch / "batched", batch_docs)
     for i in range(0, docs, 100):  # 1 % of the documents changed
         (kb / doc_path(i, sources)).write_text(render(i, sources, changed=True), encoding="utf-8")
@@ -448,15 +451,12 @@ def print_tables(out: dict[str, Any]) -> str:
                 f"| {name} | {r['wall_s']} | {round(r['documents'] / r['wall_s'])} | {r['chunks']} "
                 f"| {r['passages_embedded']} | {r['peak_rss_mb']} | {cells} |"
             )
-        one, bat = runs.get("one_batch"), runs.get("batched")
-        if one and bat:
-            lines += [
-                "",
-                f"batched / one batch: wall {ratio(bat['wall_s'], one['wall_s'], 2)}x, "
-                f"peak RSS {ratio(bat['peak_rss_mb'], one['peak_rss_mb'], 2)}x; "
-                f"unchanged re-ingest / first: {ratio(runs['unchanged']['wall_s'], bat['wall_s'], 2)}x; "
-                f"1 % changed / first: {ratio(runs['changed_1pct']['wall_s'], bat['wall_s'], 2)}x",
-            ]
+        first = runs["first"]
+        lines += [
+            "",
+            f"unchanged re-ingest / first: {ratio(runs['unchanged']['wall_s'], first['wall_s'], 2)}x; "
+            f"1 % changed / first: {ratio(runs['changed_1pct']['wall_s'], first['wall_s'], 2)}x",
+        ]
     return "\n".join(lines)
 
 
