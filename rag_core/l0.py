@@ -27,6 +27,18 @@ A name (title, H1, stem, alias) matches in one of three ways, recorded in the re
 
 ``named_categories`` are the index's categories the query names outright (all the category's
 words, or its compact form for names like ``kube-state-metrics``).
+
+Lookups are indexed (issue 23), so a query's cost follows what it matches, not the corpus size:
+candidate documents come from an Aho-Corasick automaton over the compact names and Chinese terms
+(every one occurring in the compact query, in one pass: ``ahocorasick_rs``), an inverted index
+token -> documents, and the fuzzy pass, which compares each query span only with the names of a
+length the typo guard allows. Only candidates are scored, with the same rules, in index order,
+so the hints equal those of a scan over every document (``bench/l0_linear.py``, tested on the
+real corpora). A name is indexed under the prefix of its parts, rarest first, that any
+``NAME_COVERAGE`` share must touch (prefix filtering: Chaudhuri, Ganti & Kaushik 2006, "A
+primitive operator for similarity joins in data cleaning", ICDE), so parts shared by thousands
+of names (``kube``) do not make every one of them a candidate; a keyword or entity, which
+matches only with all its tokens, under its rarest token.
 """
 
 from __future__ import annotations
@@ -34,13 +46,15 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
+from bisect import bisect_left, bisect_right
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import ahocorasick_rs
 from pydantic import Field
 from rapidfuzz import fuzz, process
 
@@ -65,6 +79,9 @@ SUMMARY_CHARS = 600
 _COMPACT = re.compile(r"[\W_]+", re.UNICODE)
 # Compact names shorter than this match only as whole tokens (avoid "api" inside "rapid").
 _MIN_COMPACT = 6
+# Prefix filtering's float guard: a name's indexed prefix is kept a little longer than needed, so
+# rounding in a sum of IDFs can never leave out a name the scan would match.
+_PREFIX_EPS = 1e-6
 
 
 def compact(text: str) -> str:
@@ -174,6 +191,66 @@ class L0Index:
                         fuzzy[key] = name
         self._fuzzy = [(c, d, name) for (c, d), name in fuzzy.items()]
         self._exact_names = {c for c, _, _ in self._fuzzy}
+        # The fuzzy choices by length (then index order): a span is compared with the names its
+        # length guard allows only.
+        by_len = sorted(range(len(self._fuzzy)), key=lambda j: (len(self._fuzzy[j][0]), j))
+        self._fuzzy_order = by_len
+        self._fuzzy_sorted = [self._fuzzy[j][0] for j in by_len]
+        self._fuzzy_lens = [len(c) for c in self._fuzzy_sorted]
+        self._order = {d: i for i, d in enumerate(self.entries)}
+        self._category_forms = [(cat, *_form(cat)) for cat in sorted(self.domains)]
+        self._build_candidate_index()
+
+    def _build_candidate_index(self) -> None:
+        """The candidate indexes of ``analyze_query`` (module docstring): substrings (compact
+        names of ``_MIN_COMPACT``+ characters, compact Chinese terms) -> doc ids, searched with
+        one Aho-Corasick automaton; token -> doc ids."""
+        substrings: dict[str, set[str]] = defaultdict(set)
+        postings: dict[str, set[str]] = defaultdict(set)
+        # (term, compact form, tokens) of every keyword and entity, computed once.
+        self._term_forms = {
+            d: ([(t, *_form(t)) for t in e.keywords], [(t, *_form(t)) for t in e.entities])
+            for d, e in self.entries.items()
+        }
+        term_forms = {d: [(c, toks) for _, c, toks in (*kws, *ents)] for d, (kws, ents) in self._term_forms.items()}
+        term_df: Counter[str] = Counter(t for forms in term_forms.values() for _, toks in forms for t in toks)
+        for d in self.entries:
+            for c, parts, total in self._names[d]:
+                if len(c) >= _MIN_COMPACT:
+                    substrings[c].add(d)
+                if len(parts) >= 2 and total:
+                    for tok in self._name_prefix(parts, total):
+                        postings[tok].add(d)
+            for c, toks in term_forms[d]:
+                if len(c) >= 2 and not c.isascii():
+                    substrings[c].add(d)
+                if c and toks:
+                    postings[min(toks, key=lambda t: (term_df[t], t))].add(d)
+        self._patterns = list(substrings)
+        self._pattern_docs = [substrings[p] for p in self._patterns]
+        self._automaton = ahocorasick_rs.AhoCorasick(self._patterns) if self._patterns else None
+        self._postings = dict(postings)
+
+    def _name_prefix(self, parts: frozenset[str], total: float) -> list[str]:
+        """The parts of a name, rarest (highest IDF) first, up to where the remaining parts'
+        IDF falls below the ``NAME_COVERAGE`` share: any match covers one of these."""
+        prefix, rest = [], total
+        for tok in sorted(parts, key=lambda t: (-self._idf.get(t, self._default_idf), t)):
+            if rest < NAME_COVERAGE * total - _PREFIX_EPS * total:
+                break
+            prefix.append(tok)
+            rest -= self._idf.get(tok, self._default_idf)
+        return prefix
+
+    def _candidates(self, q_tokens: set[str], q_compact: str, fuzzy: Mapping[str, float]) -> list[str]:
+        """Doc ids that may match (a superset of the matches), in index order."""
+        found: set[str] = set(fuzzy)
+        for tok in q_tokens:
+            found.update(self._postings.get(tok, ()))
+        if self._automaton is not None and q_compact:
+            for j in {m[0] for m in self._automaton.find_matches_as_indexes(q_compact, overlapping=True)}:
+                found.update(self._pattern_docs[j])
+        return sorted(found, key=self._order.__getitem__)
 
     def _name_form(self, name: str) -> tuple[str, frozenset[str], float]:
         """(compact form, coverage parts, their total IDF) of one name, computed once."""
@@ -239,7 +316,8 @@ class L0Index:
         matches: list[DocMatch] = []
         keywords: list[str] = []
         entities: list[str] = []
-        for e in self.entries.values():
+        for doc_id in self._candidates(q_tokens, q_compact, fuzzy):
+            e = self.entries[doc_id]
             reasons, score = [], 0.0
             name_score = max((self._name_score(f, q_tokens, q_compact) for f in self._names[e.doc_id]), default=0.0)
             if name_score >= 1.0:
@@ -251,19 +329,22 @@ class L0Index:
             elif name_score >= NAME_COVERAGE:
                 reasons.append(f"title~partial:{name_score:.2f}")
                 score += 1.0 + name_score
-            for kw in e.keywords:
-                if self._term_in(kw, q_tokens, q_compact):
+            kw_forms, ent_forms = self._term_forms[doc_id]
+            for kw, c, toks in kw_forms:
+                if _form_in(c, toks, q_tokens, q_compact):
                     reasons.append(f"keyword:{kw}")
                     keywords.append(kw)
                     score += 0.5
-            for ent in e.entities:
-                if self._term_in(ent, q_tokens, q_compact):
+            for ent, c, toks in ent_forms:
+                if _form_in(c, toks, q_tokens, q_compact):
                     reasons.append(f"entity:{ent}")
                     entities.append(ent)
                     score += 0.5
             if reasons:
+                # Built from checked values: construct skips pydantic's per-match validation
+                # (a query can match thousands of documents of a large knowledge base).
                 matches.append(
-                    DocMatch(
+                    DocMatch.model_construct(
                         doc_id=e.doc_id, title=e.title, category=e.category, score=round(score, 4), reasons=reasons
                     )
                 )
@@ -294,8 +375,7 @@ class L0Index:
         """Categories the query names outright; a category whose name is part of another named
         one (``prometheus`` in ``prometheus-operator``) is dropped for the longer one."""
         named = []
-        for cat in self.domains:
-            c, toks = _form(cat)
+        for cat, c, toks in self._category_forms:
             if not c:
                 continue
             if (toks and toks <= q_tokens and len(toks) == 1) or (
@@ -317,19 +397,16 @@ class L0Index:
                     spans[span] = None
         if not spans:
             return {}, {}
-        span_list = list(spans)
-        choices = [c for c, _, _ in self._fuzzy]
-        scores = process.cdist(span_list, choices, scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)
         best: dict[str, float] = {}
         corrections: dict[str, str] = {}
-        for row, span in zip(scores, span_list, strict=True):
+        for span in spans:
             per_doc: dict[str, tuple[float, str]] = {}
-            for j in row.nonzero()[0]:
+            for j, score in self._fuzzy_scores(span):
                 c, doc_id, name = self._fuzzy[j]
                 if abs(len(c) - len(span)) > max(2.0, FUZZY_LENGTH_SLACK * len(c)):
                     continue  # a prefix or a longer phrase, not a typo of the name
-                if row[j] > per_doc.get(doc_id, (0.0, ""))[0]:
-                    per_doc[doc_id] = (float(row[j]), name)
+                if score > per_doc.get(doc_id, (0.0, ""))[0]:
+                    per_doc[doc_id] = (score, name)
             ranked = sorted(per_doc.items(), key=lambda kv: -kv[1][0])
             if not ranked or ranked[0][1][0] < FUZZY_CUTOFF:
                 continue
@@ -340,6 +417,21 @@ class L0Index:
                 best[doc_id] = round(score, 1)
                 corrections[span] = name
         return best, corrections
+
+    def _fuzzy_scores(self, span: str) -> list[tuple[int, float]]:
+        """``[(choice index, fuzz.ratio)]`` of the choices within the cutoff less the margin,
+        among those whose length the typo guard allows for ``span`` (a superset: the caller
+        applies the exact guard), in choice-index order."""
+        n = len(span)
+        lo = math.floor(min(n - 2.0, n / (1 + FUZZY_LENGTH_SLACK)))
+        hi = math.ceil(max(n + 2.0, n / (1 - FUZZY_LENGTH_SLACK)))
+        start, end = bisect_left(self._fuzzy_lens, lo), bisect_right(self._fuzzy_lens, hi)
+        if start >= end:
+            return []
+        row = process.cdist(
+            [span], self._fuzzy_sorted[start:end], scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN
+        )[0]
+        return sorted((self._fuzzy_order[start + int(p)], float(row[p])) for p in row.nonzero()[0])
 
     def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str], q_compact: str) -> float:
         c, parts, total = form
@@ -354,12 +446,16 @@ class L0Index:
 
     @staticmethod
     def _term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
-        c, toks = _form(term)
-        if not c:
-            return False
-        if len(c) >= 2 and not c.isascii() and c in q_compact:
-            return True  # Chinese (no spaces): substring of the query
-        return bool(toks) and toks <= q_tokens
+        return _form_in(*_form(term), q_tokens, q_compact)
+
+
+def _form_in(c: str, toks: frozenset[str], q_tokens: set[str], q_compact: str) -> bool:
+    """A keyword or entity (compact form ``c``, tokens ``toks``) occurs in the query."""
+    if not c:
+        return False
+    if len(c) >= 2 and not c.isascii() and c in q_compact:
+        return True  # Chinese (no spaces): substring of the query
+    return bool(toks) and toks <= q_tokens
 
 
 @lru_cache(maxsize=65536)
@@ -380,9 +476,12 @@ def summarize(body: str, limit: int = SUMMARY_CHARS) -> str:
 
 
 def _unique(items: Iterable[str]) -> list[str]:
+    """Stripped, nonblank ``items`` in order, the first of each case-insensitive spelling."""
     seen: dict[str, None] = {}
+    lowered: set[str] = set()
     for item in items:
         item = item.strip()
-        if item and item.lower() not in {s.lower() for s in seen}:
+        if item and item.lower() not in lowered:
             seen[item] = None
+            lowered.add(item.lower())
     return list(seen)
