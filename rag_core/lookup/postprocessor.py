@@ -197,26 +197,23 @@ class KnowledgeEvidencePostProcessor:
         second = ensemble_similarity or {}
         with_ensemble = bool(kept) and bool(second) and all(c.hit.chunk_id in second for c in kept)
         crosslingual = with_ensemble and languages_differ(query, kept)
-        matrix = np.zeros((len(kept), len(FEATURES)))
         if not kept:
-            return RerankFeatures(kept, matrix, crosslingual, with_ensemble, named)
+            return RerankFeatures(kept, np.zeros((0, len(FEATURES))), crosslingual, with_ensemble, named)
         best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
         per_doc: dict[str, int] = {}
         for c in kept:
             per_doc[c.hit.doc_id] = per_doc.get(c.hit.doc_id, 0) + 1
         documents = _min_max({d: v for d, v in (document_similarity or {}).items() if d in per_doc})
-        columns = {
-            "dense": _min_max_list([c.similarity for c in kept]),
-            "ensemble_dense": _min_max_list([second[c.hit.chunk_id] for c in kept]) if with_ensemble else None,
-            "rrf": _min_max_list([c.rrf for c in kept]),
-        }
-        for name, values in columns.items():
-            if values is not None:
-                matrix[:, INDEX[name]] = values
-        for i, c in enumerate(kept):
-            for name, value in self._candidate_features(c, per_doc[c.hit.doc_id], hints, best_lex).items():
-                matrix[i, INDEX[name]] = value
-            matrix[i, INDEX["document_similarity"]] = documents.get(c.hit.doc_id, 0.0)
+        rows = []
+        for c in kept:
+            row = self._candidate_features(c, per_doc[c.hit.doc_id], hints, best_lex)
+            row["document_similarity"] = documents.get(c.hit.doc_id, 0.0)
+            rows.append([row.get(name, 0.0) for name in FEATURES])
+        matrix = np.array(rows, dtype=np.float64)
+        matrix[:, INDEX["dense"]] = _min_max_list([c.similarity for c in kept])
+        matrix[:, INDEX["rrf"]] = _min_max_list([c.rrf for c in kept])
+        if with_ensemble:
+            matrix[:, INDEX["ensemble_dense"]] = _min_max_list([second[c.hit.chunk_id] for c in kept])
         return RerankFeatures(kept, matrix, crosslingual, with_ensemble, named)
 
     def process(
