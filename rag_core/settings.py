@@ -131,6 +131,12 @@ class RagSettings(BaseSettings):
     l1_enabled: bool = True
     top_k: int = Field(20, ge=1, le=200, description="Candidates fetched per retrieval channel")
     max_evidence_blocks: int = Field(5, ge=1, le=50)
+    rerank_model: str = Field(
+        "hand",
+        description="Rerank weights: 'hand' (RerankWeights), 'auto' (the learned ranker shipped for the "
+        "embedding models in use, rag_core/lookup/rankers/; hand weights when there is none) or a ranker "
+        "JSON file (rag_core.lookup.ranker; a missing or unusable file falls back to the hand weights)",
+    )
     reference_threshold: float = Field(
         0.30, ge=0.0, le=1.0, description="Below this top similarity, attempt 1 is low quality"
     )

@@ -17,8 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+import numpy as np
+
 from rag_core.l0 import DocMatch, L0Hints, L0Index
 from rag_core.lookup.contracts import EvidenceBlock, RerankEntry
+from rag_core.lookup.ranker import FEATURES, INDEX, MAX_TERM_MATCHES, LinearRanker, weight_vector
 from rag_core.lookup.retriever import Candidate
 from rag_core.text import script
 
@@ -96,6 +99,45 @@ class RerankWeights:
             lexical=self.crosslingual_lexical,
         )
 
+    def vector(self) -> np.ndarray:
+        """These weights over :data:`rag_core.lookup.ranker.FEATURES` ((len(FEATURES),)); a
+        keyword/entity match count is capped at ``MAX_TERM_MATCHES``, so ``term_cap`` is
+        reached at ``keyword * MAX_TERM_MATCHES`` (0.10 = 2 x 0.05, as before)."""
+        return weight_vector(
+            {
+                "dense": self.dense,
+                "ensemble_dense": self.ensemble_dense,
+                "lexical": self.lexical,
+                "doc_support": self.doc_support,
+                "title_match": self.title,
+                "keyword_match": min(self.keyword, self.term_cap / MAX_TERM_MATCHES),
+                "entity_match": min(self.entity, self.term_cap / MAX_TERM_MATCHES),
+                "domain_match": self.domain,
+                "priority": self.priority,
+                "document_similarity": self.document_similarity,
+                "filtered_attempt": self.filtered_attempt,
+            },
+            "RerankWeights",
+        )
+
+    def ranker(self) -> LinearRanker:
+        """The hand-set rerank as a :class:`LinearRanker` (same-script and cross-lingual)."""
+        return LinearRanker("hand", self.vector(), self.crosslingual().vector(), source="RerankWeights")
+
+
+@dataclass
+class RerankFeatures:
+    """The rerank's inputs for one result set: ``kept`` candidates (fused RRF order) and their
+    (len(kept), len(FEATURES)) feature ``matrix``; ``crosslingual`` (query in another script
+    than the candidates, second model on), ``with_ensemble`` (second model's cosine for every
+    candidate), ``named`` (doc ids L0 matched by whole name)."""
+
+    kept: list[Candidate]
+    matrix: np.ndarray
+    crosslingual: bool
+    with_ensemble: bool
+    named: set[str]
+
 
 def candidate_reasons(c: Candidate) -> list[str]:
     reasons = []
@@ -108,7 +150,9 @@ def candidate_reasons(c: Candidate) -> list[str]:
 
 
 class KnowledgeEvidencePostProcessor:
-    """Turns L1 candidates (and L0 hints) into ranked evidence blocks."""
+    """Turns L1 candidates (and L0 hints) into ranked evidence blocks. ``ranker``: the rerank
+    model (:class:`rag_core.lookup.ranker.LinearRanker`); None: ``weights.ranker()``, the
+    hand-set weights."""
 
     def __init__(
         self,
@@ -117,12 +161,60 @@ class KnowledgeEvidencePostProcessor:
         max_blocks: int,
         weights: RerankWeights = RerankWeights(),
         chunks_per_block: int = 3,
+        ranker: LinearRanker | None = None,
     ):
         self.chunks_per_block = chunks_per_block
         self.l0 = l0
         self.min_similarity = min_similarity
         self.max_blocks = max_blocks
         self.weights = weights
+        self.ranker = ranker or weights.ranker()
+
+    def features(
+        self,
+        candidates: list[Candidate],
+        hints: L0Hints,
+        document_similarity: Mapping[str, float] | None = None,
+        ensemble_similarity: Mapping[str, float] | None = None,
+        query: str = "",
+    ) -> RerankFeatures:
+        """The candidates kept (at least ``min_similarity``, or their document named by L0) and
+        their feature vectors (:data:`rag_core.lookup.ranker.FEATURES`); arguments as in
+        :meth:`process`.
+
+        ``dense``/``ensemble_dense``/``rrf``: min-max normalised over the kept candidates. Raw
+        cosines sit in model-specific ranges (MiniLM spreads related chunks over 0.3-0.8, e5
+        packs everything into 0.80-0.90), so fixed additive bonuses meant different things per
+        model; normalising first makes the parts a convex-style combination of comparable
+        scores (Bruch, Gai & Ingber 2023, "An Analysis of Fusion Functions for Hybrid
+        Retrieval", ACM TOIS 42(1)). ``lexical``: BM25 score over the best BM25 score of the
+        set. ``document_similarity``: min-max over the documents of the set."""
+        # A document the query names by its whole name (L0 exact or fuzzy) that L1 also found is
+        # evidence even when the embedding scores it low (an English-only model on a Chinese
+        # query naming the document by its alias): the name match vouches for it.
+        named = {m.doc_id for m in hints.matches if m.strong_name}
+        kept = [c for c in candidates if c.similarity >= self.min_similarity or c.hit.doc_id in named]
+        second = ensemble_similarity or {}
+        with_ensemble = bool(kept) and bool(second) and all(c.hit.chunk_id in second for c in kept)
+        crosslingual = with_ensemble and languages_differ(query, kept)
+        if not kept:
+            return RerankFeatures(kept, np.zeros((0, len(FEATURES))), crosslingual, with_ensemble, named)
+        best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
+        per_doc: dict[str, int] = {}
+        for c in kept:
+            per_doc[c.hit.doc_id] = per_doc.get(c.hit.doc_id, 0) + 1
+        documents = _min_max({d: v for d, v in (document_similarity or {}).items() if d in per_doc})
+        rows = []
+        for c in kept:
+            row = self._candidate_features(c, per_doc[c.hit.doc_id], hints, best_lex)
+            row["document_similarity"] = documents.get(c.hit.doc_id, 0.0)
+            rows.append([row.get(name, 0.0) for name in FEATURES])
+        matrix = np.array(rows, dtype=np.float64)
+        matrix[:, INDEX["dense"]] = _min_max_list([c.similarity for c in kept])
+        matrix[:, INDEX["rrf"]] = _min_max_list([c.rrf for c in kept])
+        if with_ensemble:
+            matrix[:, INDEX["ensemble_dense"]] = _min_max_list([second[c.hit.chunk_id] for c in kept])
+        return RerankFeatures(kept, matrix, crosslingual, with_ensemble, named)
 
     def process(
         self,
@@ -139,47 +231,34 @@ class KnowledgeEvidencePostProcessor:
         chunk id -> the second model's cosine of query and chunk (empty or None: no second
         model, the main model's similarity gets the whole dense weight). ``query``: the text
         asked, to tell a query in another script than its candidates (``crosslingual_*``
-        weights, hit reason ``crosslingual_weights``; '' never does)."""
-        # A document the query names by its whole name (L0 exact or fuzzy) that L1 also found is
-        # evidence even when the embedding scores it low (an English-only model on a Chinese
-        # query naming the document by its alias): the name match vouches for it.
-        named = {m.doc_id for m in hints.matches if m.strong_name}
-        kept = [c for c in candidates if c.similarity >= self.min_similarity or c.hit.doc_id in named]
+        weights, hit reason ``crosslingual_weights``; '' never does).
+
+        A chunk's score is ``ranker`` weights . features (:meth:`features`); a document's is
+        its best chunk's (ties: higher RRF). ``RerankEntry.base_score`` is the ``dense``
+        part, ``contributions`` every other non-zero part."""
+        feats = self.features(candidates, hints, document_similarity, ensemble_similarity, query)
+        kept, crosslingual = feats.kept, feats.crosslingual
         if not kept:
             return [], []
-        best_lex = max((c.lexical_score or 0.0) for c in kept) or 1.0
-        second = ensemble_similarity or {}
-        with_ensemble = bool(second) and all(c.hit.chunk_id in second for c in kept)
-        crosslingual = with_ensemble and languages_differ(query, kept)
-        w = self.weights.crosslingual() if crosslingual else self.weights
-        ensemble = self._ensemble_scores(w, kept, second) if with_ensemble else {}
-        base = self._base_scores(w, kept, with_ensemble)
-        per_doc: dict[str, list[Candidate]] = {}
-        for c in kept:  # kept is in fused (RRF) order: first per doc gives rank_before
-            per_doc.setdefault(c.hit.doc_id, []).append(c)
-        documents = _min_max({d: v for d, v in (document_similarity or {}).items() if d in per_doc})
+        w = self.ranker.weights(crosslingual, feats.with_ensemble)
+        parts = feats.matrix * w
+        totals = parts.sum(axis=1)
+        per_doc: dict[str, list[int]] = {}
+        for i, c in enumerate(kept):  # kept is in fused (RRF) order: first per doc gives rank_before
+            per_doc.setdefault(c.hit.doc_id, []).append(i)
         scored = []
         for before, group in enumerate(per_doc.values(), start=1):
-            document = w.document_similarity * documents.get(group[0].hit.doc_id, 0.0)
-            scores = [
-                (
-                    {
-                        **self._contributions(w, c, group, hints, best_lex),
-                        "ensemble_dense": ensemble.get(id(c), 0.0),
-                        "document_similarity": document,
-                    },
-                    c,
-                )
-                for c in group
-            ]
-            contrib, best = max(scores, key=lambda s: (base[id(s[1])] + sum(s[0].values()), s[1].rrf))
-            reasons = sorted({r for c in group for r in candidate_reasons(c)}, key=_reason_order)
+            best = max(group, key=lambda i: (totals[i], kept[i].rrf))
+            contrib = {name: float(parts[best, j]) for j, name in enumerate(FEATURES) if name != "dense"}
+            reasons = sorted({r for i in group for r in candidate_reasons(kept[i])}, key=_reason_order)
             reasons += ["crosslingual_weights"] if crosslingual else []
-            scored.append((base[id(best)] + sum(contrib.values()), before, best, contrib, reasons))
+            base = float(parts[best, INDEX["dense"]])
+            scored.append((float(totals[best]), before, kept[best], base, contrib, reasons))
         scored.sort(key=lambda s: (-s[0], s[1]))
-        top = keep_named(scored, named, self.max_blocks, key=lambda s: s[2].hit.doc_id)
+        top = keep_named(scored, feats.named, self.max_blocks, key=lambda s: s[2].hit.doc_id)
+        groups = {doc_id: [kept[i] for i in group] for doc_id, group in per_doc.items()}
         blocks, entries = [], []
-        for after, (final, before, c, contrib, reasons) in enumerate(top, start=1):
+        for after, (final, before, c, base, contrib, reasons) in enumerate(top, start=1):
             match = hints.match_for(c.hit.doc_id)
             reasons = reasons + _l0_reasons(match, c.hit.category, hints)
             blocks.append(
@@ -191,7 +270,7 @@ class KnowledgeEvidencePostProcessor:
                     breadcrumb=c.hit.breadcrumb,
                     category=c.hit.category,
                     retrieval_layer="L0+L1" if match else "L1",
-                    content=block_content(c, per_doc[c.hit.doc_id], self.chunks_per_block),
+                    content=block_content(c, groups[c.hit.doc_id], self.chunks_per_block),
                     similarity=round(c.similarity, 4),
                     raw_score=round(c.hit.raw_score, 4),
                     score_label=c.hit.score_label,
@@ -202,7 +281,7 @@ class KnowledgeEvidencePostProcessor:
             entries.append(
                 RerankEntry(
                     doc_id=c.hit.doc_id,
-                    base_score=round(base[id(c)], 4),
+                    base_score=round(base, 4),
                     contributions={k: round(v, 4) for k, v in contrib.items() if v},
                     final_score=round(final, 4),
                     rank_before=before,
@@ -211,31 +290,12 @@ class KnowledgeEvidencePostProcessor:
             )
         return blocks, entries
 
-    def _ensemble_scores(
-        self, w: RerankWeights, kept: list[Candidate], similarity: Mapping[str, float]
-    ) -> dict[int, float]:
-        """``ensemble_dense`` times the second model's similarity (one for every candidate)
-        min-max normalised over ``kept``, keyed by ``id(candidate)``."""
-        scaled = _min_max({id(c): similarity[c.hit.chunk_id] for c in kept})
-        return {key: w.ensemble_dense * value for key, value in scaled.items()}
-
-    def _base_scores(self, w: RerankWeights, kept: list[Candidate], with_ensemble: bool) -> dict[int, float]:
-        """``dense`` times the candidate's similarity min-max normalised over ``kept`` (``dense
-        + ensemble_dense`` when the second model is missing: ``with_ensemble`` False).
-
-        Raw cosines sit in model-specific ranges (MiniLM spreads related chunks over 0.3-0.8,
-        e5 packs everything into 0.80-0.90), so fixed additive bonuses meant different things
-        per model; normalising first makes the dense and lexical parts a convex-style
-        combination of comparable scores (Bruch, Gai & Ingber 2023, "An Analysis of Fusion
-        Functions for Hybrid Retrieval", ACM TOIS 42(1)). Keyed by ``id(candidate)``.
-        """
-        scaled = _min_max({id(c): c.similarity for c in kept})
-        weight = w.dense + (0.0 if with_ensemble else w.ensemble_dense)
-        return {key: weight * value for key, value in scaled.items()}
-
-    def _contributions(
-        self, w: RerankWeights, c: Candidate, group: list[Candidate], hints: L0Hints, best_lex: float
-    ) -> dict[str, float]:
+    def _candidate_features(self, c: Candidate, in_doc: int, hints: L0Hints, best_lex: float) -> dict[str, float]:
+        """The per-chunk features other than the min-max ones; ``in_doc``: candidates of the
+        chunk's document (itself included). ``doc_support``: share of the document's other chunks
+        also among the candidates (L0's chunk count; ``DEFAULT_OTHER_CHUNKS`` when the index
+        predates it), so a long document does not gain support just by having more chunks to be
+        found (the length normalisation BM25's ``b`` does for terms; Robertson & Zaragoza 2009)."""
         match = hints.match_for(c.hit.doc_id)
         reasons = match.reasons if match else []
         n_kw = sum(r.startswith("keyword:") for r in reasons)
@@ -244,14 +304,16 @@ class KnowledgeEvidencePostProcessor:
         priority = max(-5.0, min(5.0, entry.priority)) if entry and entry.priority is not None else 0.0
         others = entry.chunk_count - 1 if entry and entry.chunk_count else DEFAULT_OTHER_CHUNKS
         return {
-            "lexical": w.lexical * (c.lexical_score or 0.0) / best_lex,
-            "doc_support": w.doc_support * min(1.0, (len(group) - 1) / max(1, others)),
-            "title_match": _title_bonus(match, w.title),
-            "keyword_match": min(w.term_cap, w.keyword * n_kw),
-            "entity_match": min(w.term_cap, w.entity * n_ent),
-            "domain_match": w.domain if c.hit.category and c.hit.category in hints.domains else 0.0,
-            "priority": w.priority * priority,
-            "filtered_attempt": w.filtered_attempt if c.filtered else 0.0,
+            "lexical": (c.lexical_score or 0.0) / best_lex,
+            "bm25_rank": 1.0 / c.lexical_rank if c.lexical_rank else 0.0,
+            "dense_rank": 1.0 / c.dense_rank if c.dense_rank else 0.0,
+            "doc_support": min(1.0, (in_doc - 1) / max(1, others)),
+            "title_match": _title_bonus(match, 1.0),
+            "keyword_match": float(min(MAX_TERM_MATCHES, n_kw)),
+            "entity_match": float(min(MAX_TERM_MATCHES, n_ent)),
+            "domain_match": 1.0 if c.hit.category and c.hit.category in hints.domains else 0.0,
+            "priority": priority,
+            "filtered_attempt": 1.0 if c.filtered else 0.0,
         }
 
 
@@ -269,6 +331,15 @@ def _min_max(values: Mapping[K, float]) -> dict[K, float]:
         return {k: 0.0 for k in values}
     lo, hi = min(values.values()), max(values.values())
     return {k: (v - lo) / (hi - lo) if hi > lo else 0.0 for k, v in values.items()}
+
+
+def _min_max_list(values: list[float]) -> np.ndarray:
+    """``values`` scaled to [0, 1] as an array (all 0 when they are equal or fewer than two)."""
+    array = np.asarray(values, dtype=np.float64)
+    if len(array) < 2:
+        return np.zeros(len(array))
+    lo, hi = float(array.min()), float(array.max())
+    return (array - lo) / (hi - lo) if hi > lo else np.zeros(len(array))
 
 
 def keep_named(ranked: list[T], named: set[str], limit: int, key: Callable[[T], str]) -> list[T]:

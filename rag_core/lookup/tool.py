@@ -35,6 +35,7 @@ from rag_core.lookup.postprocessor import (
 )
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, TransformedQuery
 from rag_core.lookup.query_vector import query_vector
+from rag_core.lookup.ranker import LinearRanker, resolve_ranker
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
 from rag_core.lookup.session import SessionState
 from rag_core.lookup.trace_row import build_trace_row
@@ -122,6 +123,7 @@ class LookupKnowledgeTool:
         self._l0_mtime: int | None = None
         self._recorder = recorder
         self._weights = weights
+        self._ranker: LinearRanker | None = None
         self._documents: DocumentSimilarity | None = None
         self._ensemble: EnsembleSimilarity | None = (
             EnsembleSimilarity(ensemble_embedder) if ensemble_embedder is not None else None
@@ -179,6 +181,27 @@ class LookupKnowledgeTool:
                 except Exception as exc:  # the rerank goes on with the main model alone
                     log.warning("ensemble similarity off: %s", exc)
             return self._ensemble
+
+    @property
+    def ranker(self) -> LinearRanker:
+        """The rerank model ``settings.rerank_model`` names (:func:`resolve_ranker`), resolved
+        once against the embedding models in use (the second one loaded when the setting is
+        not 'hand'); the hand-set weights when it cannot be used."""
+        if self._ranker is None:
+            hand = self._weights.ranker()
+            setting = self.settings.rerank_model
+            if setting in ("", "hand"):
+                self._ranker = hand
+            else:
+                main = self.embedder
+                second = self.ensemble.embedder if self.ensemble is not None else None
+                models = {"main": main.fingerprint, "second": second.fingerprint if second else ""}
+                keys = {
+                    "main": f"{main.backend}:{main.model_id}",
+                    "second": f"{second.backend}:{second.model_id}" if second else "",
+                }
+                self._ranker = resolve_ranker(setting, hand, models, keys)
+        return self._ranker
 
     @property
     def store(self) -> VectorStore:
@@ -258,7 +281,11 @@ class LookupKnowledgeTool:
             ensemble = self._ensemble_similarities(tq, outcome)
         with _timed(timings, "postprocess_ms"):
             post = KnowledgeEvidencePostProcessor(
-                self.l0, self.settings.min_block_similarity, self.settings.max_evidence_blocks, self._weights
+                self.l0,
+                self.settings.min_block_similarity,
+                self.settings.max_evidence_blocks,
+                self._weights,
+                ranker=self.ranker,
             )
             blocks, rerank = post.process(outcome.candidates, tq.hints, documents, ensemble, query)
             layer = ("L0+L1" if tq.hints.matched else "L1") if blocks else "none"
