@@ -117,6 +117,29 @@ def lookup(
 
 
 @app.command()
+def serve(
+    stdio: bool = typer.Option(False, "--stdio", help="MCP over stdin/stdout (for a local agent) instead of HTTP"),
+    host: str | None = typer.Option(None, help="Bind address (default RAG_SERVE_HOST, 127.0.0.1)"),
+    port: int | None = typer.Option(None, help="Port (default RAG_SERVE_PORT, 8765)"),
+) -> None:
+    """Serve lookup_knowledge: MCP (stdio, or streamable HTTP at /mcp) and POST /v1/lookup."""
+    try:
+        from rag_core.serve.runner import ServeConfigError, serve_http, serve_stdio
+    except ModuleNotFoundError as exc:
+        console.print(f"[red]rag serve needs the serve extra: pip install 'rag-retrieval[serve]' ({exc})[/red]")
+        raise typer.Exit(2) from None
+    settings = settings_or_exit(serve_host=host, serve_port=port)
+    try:
+        if stdio:
+            serve_stdio(settings)
+        else:
+            serve_http(settings)
+    except ServeConfigError as exc:
+        console.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+@app.command()
 def traces(
     last: int = typer.Option(10, "--last", min=1, help="How many recent invocations"),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON (whole, not truncated)"),

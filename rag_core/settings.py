@@ -149,6 +149,28 @@ class RagSettings(BaseSettings):
     session_ttl_seconds: int = Field(3600, ge=1)
     trace_enabled: bool = True
 
+    # `rag serve` (rag_core.serve): MCP over stdio / streamable HTTP and the HTTP/JSON endpoint.
+    serve_host: str = Field("127.0.0.1", description="Bind address of `rag serve` (loopback by default)")
+    serve_port: int = Field(8765, ge=0, le=65535, description="Port of `rag serve` (0 = any free port)")
+    serve_token: SecretStr | None = Field(
+        None,
+        description="Bearer token the HTTP transports require when set (never logged); "
+        "required to bind a non-loopback address",
+    )
+    serve_max_request_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * 1024 * 1024, description="Largest HTTP request body `rag serve` accepts"
+    )
+    serve_max_query_chars: int = Field(
+        8000,
+        ge=16,
+        le=1_000_000,
+        description="Longest query `rag serve` accepts (longer: the tool's error result); "
+        "RAG_MAX_QUERY_CHARS still truncates what is embedded",
+    )
+    serve_shutdown_grace_s: float = Field(
+        30.0, ge=0.0, le=600.0, description="On shutdown, how long in-flight lookups may take to finish"
+    )
+
     @field_validator("data_dir", "knowledge_dir", "golden_cases", mode="after")
     @classmethod
     def _expand(cls, value: Path) -> Path:

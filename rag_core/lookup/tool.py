@@ -9,6 +9,7 @@ ToolInvocationRecorder. ``lookup`` never raises: every failure becomes a structu
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -230,12 +231,14 @@ class LookupKnowledgeTool:
 
     # --- the tool -----------------------------------------------------------------------------
 
-    def lookup(self, query: str, session_id: str | None = None) -> LookupResult:
-        """Evidence for ``query``. Never raises; see the module docstring."""
-        return self.lookup_with_candidates(query, session_id)[0]
+    def lookup(self, query: str, session_id: str | None = None, *, transport: str = "python") -> LookupResult:
+        """Evidence for ``query``. Never raises; see the module docstring. ``transport`` names
+        the caller's channel in the trace row (``retrieval_details["transport"]``: ``python``,
+        or ``mcp-stdio`` / ``mcp-http`` / ``http`` from ``rag_core.serve``)."""
+        return self.lookup_with_candidates(query, session_id, transport=transport)[0]
 
     def lookup_with_candidates(
-        self, query: str, session_id: str | None = None, use_l0_filter: bool = True
+        self, query: str, session_id: str | None = None, use_l0_filter: bool = True, *, transport: str = "python"
     ) -> tuple[LookupResult, list[Candidate]]:
         """``lookup`` plus the fused L1 candidates before post-processing (best first), for
         evaluation fixtures and comparisons. ``use_l0_filter=False`` runs the unfiltered
@@ -248,12 +251,24 @@ class LookupKnowledgeTool:
             log.exception("lookup_knowledge failed")
             result, tq, candidates = self._error_result(query, session_id, exc), None, []
         latency_ms = (time.perf_counter() - t0) * 1000
-        self._record(result, tq, timings, latency_ms)
+        self._record(result, tq, timings, latency_ms, transport)
         return result, candidates
 
-    async def alookup(self, query: str, session_id: str | None = None) -> LookupResult:
+    async def alookup(self, query: str, session_id: str | None = None, *, transport: str = "python") -> LookupResult:
         """Async variant of ``lookup`` (runs it in a worker thread)."""
-        return await asyncio.to_thread(self.lookup, query, session_id)
+        return await asyncio.to_thread(functools.partial(self.lookup, query, session_id, transport=transport))
+
+    def rejected(self, query: str, session_id: str | None, error: str, *, transport: str = "python") -> LookupResult:
+        """The structured error result for input a transport refused before any lookup (a
+        missing or oversized argument: ``error`` is its one-line reason, naming the argument),
+        recorded as a trace row with ``status="error"`` like any other call. Never raises."""
+        t0 = time.perf_counter()
+        try:
+            result = self._empty_result(query, session_id, error, "error", error)
+        except Exception as exc:
+            result = self._error_result(query, session_id, exc)
+        self._record(result, None, {}, (time.perf_counter() - t0) * 1000, transport)
+        return result
 
     def _lookup(
         self, query: str, session_id: str | None, timings: dict[str, float], use_l0_filter: bool = True
@@ -489,13 +504,18 @@ class LookupKnowledgeTool:
         return self._empty_result(str(query), session_id, f"knowledge lookup failed: {err}", "error", err)
 
     def _record(
-        self, result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], latency_ms: float
+        self,
+        result: LookupResult,
+        tq: TransformedQuery | None,
+        timings: dict[str, float],
+        latency_ms: float,
+        transport: str = "python",
     ) -> None:
         try:
             recorder = self.recorder
             if recorder is None:
                 return
-            recorder.record(build_trace_row(result, tq, timings, latency_ms, TOOL_NAME))
+            recorder.record(build_trace_row(result, tq, timings, latency_ms, TOOL_NAME, transport))
         except Exception:  # tracing must never fail a lookup
             log.warning("could not hand the trace to the recorder", exc_info=True)
 

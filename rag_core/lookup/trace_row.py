@@ -12,11 +12,17 @@ INPUT_CHARS = 4000
 
 
 def build_trace_row(
-    result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], latency_ms: float, tool_name: str
+    result: LookupResult,
+    tq: TransformedQuery | None,
+    timings: dict[str, float],
+    latency_ms: float,
+    tool_name: str,
+    transport: str = "python",
 ) -> TraceRow:
     """The trace row of one lookup, cleaned (``TraceRow``: secrets scrubbed, details JSON-safe),
     with a fresh ``id`` and ``created_at`` = now (UTC). ``timings`` are stage durations in
-    milliseconds (``retrieval_details["stage_ms"]``), ``latency_ms`` the whole call's."""
+    milliseconds (``retrieval_details["stage_ms"]``), ``latency_ms`` the whole call's;
+    ``transport`` the channel the call came by (``retrieval_details["transport"]``)."""
     rt = result.retrieval_trace
     details = {
         "l0_hints": rt.l0_hints.model_dump(mode="json", by_alias=False),  # the trace is snake_case throughout
@@ -44,6 +50,7 @@ def build_trace_row(
         "relevance_level": result.relevance_level.value,
         "stage_ms": timings,
         "query_truncated": rt.query_truncated,
+        "transport": transport,
     }
     return TraceRow(
         session_id=result.session_id,

@@ -1,0 +1,202 @@
+"""The one tool every transport shares: argument checks, the call, readiness and draining.
+
+No transport library is imported here (the MCP and HTTP modules are thin layers over it).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio.to_thread
+
+from rag_core.lookup.tool import tool_definition
+
+if TYPE_CHECKING:
+    from rag_core.health import HealthReport
+    from rag_core.lookup.contracts import LookupResult
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
+log = logging.getLogger(__name__)
+
+#: Longest accepted ``sessionId`` (characters); the trace column holds it whole.
+MAX_SESSION_ID_CHARS: Final = 200
+ARGUMENTS: Final = ("query", "sessionId")
+
+
+def served_input_schema() -> dict[str, Any]:
+    """The JSON schema of the served tool's arguments: ``tool_definition()``'s parameters
+    (``query``) plus an optional ``sessionId`` (services without an MCP session pass their
+    conversation id; an MCP client's session is used when it passes none)."""
+    schema: dict[str, Any] = dict(tool_definition()["function"]["parameters"])
+    properties = dict(schema["properties"])
+    properties["sessionId"] = {
+        "type": "string",
+        "maxLength": MAX_SESSION_ID_CHARS,
+        "description": "Conversation id: retrievedDomainsThisSession and seen-earlier marks accumulate per id.",
+    }
+    schema["properties"] = properties
+    return schema
+
+
+@dataclass(frozen=True)
+class CallArguments:
+    """Checked arguments of one call: ``query`` (non-empty, within the limit) and the session."""
+
+    query: str
+    session_id: str | None
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Arguments refused before any lookup: ``error`` is one line naming the argument;
+    ``query`` / ``session_id`` what can be echoed back (the query cut to the limit)."""
+
+    error: str
+    query: str
+    session_id: str | None
+
+
+def check_arguments(arguments: object, max_query_chars: int) -> CallArguments | Rejection:
+    """``arguments`` (the MCP tool-call arguments or the HTTP body: ``{"query": ..., "sessionId": ...}``)
+    checked: a missing, non-string, blank or longer-than-``max_query_chars`` query, a bad
+    ``sessionId`` or an unknown argument gives a Rejection naming the argument."""
+    if not isinstance(arguments, Mapping):
+        return Rejection(f"arguments: expected an object with 'query' (got {type(arguments).__name__})", "", None)
+    session = arguments.get("sessionId")
+    session_id = session if isinstance(session, str) and len(session) <= MAX_SESSION_ID_CHARS else None
+    raw = arguments.get("query")
+    echo = raw[:max_query_chars] if isinstance(raw, str) else ("" if raw is None else f"<{type(raw).__name__}>")
+
+    def reject(error: str) -> Rejection:
+        return Rejection(error, echo, session_id)
+
+    unknown = sorted(str(k) for k in arguments if k not in ARGUMENTS)
+    if unknown:
+        return reject(f"{unknown[0]}: unknown argument (expected {', '.join(ARGUMENTS)})")
+    if session is not None and session_id is None:
+        return reject(f"sessionId: must be a string of at most {MAX_SESSION_ID_CHARS} characters")
+    if raw is None:
+        return reject("query: required (the question or alert text to find evidence for)")
+    if not isinstance(raw, str):
+        return reject(f"query: must be a string (got {type(raw).__name__})")
+    if not raw.strip():
+        return reject("query: empty; ask with a question or alert text")
+    if len(raw) > max_query_chars:
+        return reject(f"query: {len(raw)} characters, at most {max_query_chars} (RAG_SERVE_MAX_QUERY_CHARS)")
+    return CallArguments(raw, session_id)
+
+
+class LookupService:
+    """``LookupService(tool)``: the served tool. ``await call(arguments, transport)`` returns the
+    tool's ``LookupResult`` (never raises); ``start()`` loads the model and stores (``ready``
+    until then False); ``drain(timeout)`` waits for in-flight calls; ``close()`` closes the tool
+    (its recorder flushes the trace queue, spooling what the store cannot take)."""
+
+    def __init__(self, tool: LookupKnowledgeTool) -> None:
+        self.tool = tool
+        self.settings = tool.settings
+        self.ready = False
+        self.started_at: float | None = None
+        self._inflight = 0
+        self._idle = threading.Condition()
+
+    def start(self) -> HealthReport:
+        """Warm the tool up (model, L0 index, stores; ``LookupKnowledgeTool.warm_up``) and mark
+        the service ready. Never raises; the health report says what is wrong."""
+        report = self.tool.warm_up()
+        self.ready, self.started_at = True, time.time()
+        log.info("lookup_knowledge ready: %s", report.summary() or "no stores checked")
+        return report
+
+    async def call(self, arguments: object, transport: str, default_session: str | None = None) -> LookupResult:
+        """Check ``arguments`` and run the lookup in a worker thread (``anyio.to_thread``; N
+        concurrent calls share the one tool, which is thread-safe). ``default_session`` is
+        the transport's session (the MCP connection) when the caller passes no ``sessionId``.
+        A rejection is the tool's structured error result, recorded like a lookup."""
+        checked = check_arguments(arguments, self.settings.serve_max_query_chars)
+        self._enter()
+        try:
+            if isinstance(checked, Rejection):
+                session = checked.session_id or default_session
+                run = functools.partial(self.tool.rejected, checked.query, session, checked.error, transport=transport)
+            else:
+                session = checked.session_id or default_session
+                run = functools.partial(self.tool.lookup, checked.query, session, transport=transport)
+            # Not abandoned on cancellation: a client that disconnects mid-call still gets its
+            # trace row written (the tool records it in this thread).
+            return await anyio.to_thread.run_sync(run)
+        finally:
+            self._leave()
+
+    def readiness(self) -> dict[str, Any]:
+        """Readiness for ``GET /readyz``: ``ready`` (loaded and the main store passed its
+        check), the main store's and the sidecar's verdicts and the trace store's state
+        (``up``, ``down`` = rows are spooled for replay, ``disabled``)."""
+        tool = self.tool
+        health = tool.health
+        main, recorder = "milvus", None
+        if self.ready:  # the components exist once started (never built by a probe)
+            try:
+                main, recorder = getattr(tool.store, "name", "milvus"), tool.recorder
+            except Exception as exc:
+                log.debug("component unavailable: %s", exc)
+        main_problems = health.problems_of(main) if health is not None else []
+        state_problem = health.state_problem if health is not None else None
+        if tool.settings.sidecar_enabled:
+            breaker = tool.sidecar_breaker
+            sidecar = f"down: {breaker.last_error}" if breaker.is_open else "up"
+            if health is not None and health.problems_of("pgvector"):
+                sidecar = "problem: " + "; ".join(health.problems_of("pgvector"))
+        else:
+            sidecar = "disabled"
+        if not tool.settings.trace_enabled:
+            traces = "disabled"
+        elif recorder is None or not getattr(recorder, "breaker", None):
+            traces = "up" if recorder is not None else "not started"
+        else:
+            traces = "down: rows spooled for replay" if recorder.breaker.is_open else "up"
+        main_state = "not checked" if health is None else ("up" if not main_problems else "; ".join(main_problems))
+        return {
+            "ready": self.ready and health is not None and not main_problems,
+            "loaded": self.ready,
+            "mainStore": main_state,
+            "indexState": state_problem or "ok",
+            "sidecar": sidecar,
+            "traceStore": traces,
+            "inFlight": self._inflight,
+        }
+
+    def _enter(self) -> None:
+        with self._idle:
+            self._inflight += 1
+
+    def _leave(self) -> None:
+        with self._idle:
+            self._inflight -= 1
+            self._idle.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        """Calls running now."""
+        return self._inflight
+
+    def drain(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no call is running; True when none is."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+
+    def close(self) -> None:
+        """Drain (``serve_shutdown_grace_s``), then close the tool: the recorder flushes its
+        queue to the trace store or the spool. Never raises."""
+        if not self.drain(self.settings.serve_shutdown_grace_s):
+            log.warning("shutting down with %d lookups still running", self._inflight)
+        try:
+            self.tool.close()
+        except Exception:
+            log.warning("closing the tool failed", exc_info=True)

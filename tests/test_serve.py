@@ -1,0 +1,341 @@
+"""`rag serve` on small fakes (hash embedder, in-memory store, two folders of the sample knowledge
+base): the real MCP server and the real FastAPI app in process, reached by the MCP SDK's client
+(in-memory transport, and streamable HTTP against uvicorn on a free port) and by Starlette's
+TestClient. Each answer is compared with the same tool called from Python."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+import httpx
+import numpy as np
+import pytest
+from conftest import make_settings
+
+pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not installed")
+
+import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+from mcp import Client  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
+
+from rag_core.embedding.base import ModelIdentity, check_vectors  # noqa: E402
+from rag_core.ingest.pipeline import ingest  # noqa: E402
+from rag_core.lookup.tool import LookupKnowledgeTool, tool_definition  # noqa: E402
+from rag_core.serve.http_app import served_app  # noqa: E402
+from rag_core.serve.mcp_server import build_mcp_server  # noqa: E402
+from rag_core.serve.runner import ServeConfigError, check_bind  # noqa: E402
+from rag_core.serve.service import LookupService, check_arguments  # noqa: E402
+from rag_core.stores.memory import InMemoryStore  # noqa: E402
+
+DIM = 16
+QUERY = "RedisMemoryHigh fired on redis-main"
+
+
+class FakeEmbedder:
+    """Deterministic unit vectors from the text's hash (no model)."""
+
+    backend, model_id, dimension, max_tokens, fingerprint = "fake", "fake-hash", DIM, 512, "f" * 16
+
+    def count_tokens(self, text: str) -> int:
+        return len(text.split())
+
+    def identity(self) -> ModelIdentity:
+        return ModelIdentity(self.backend, self.model_id, DIM, self.fingerprint)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_passages([text])[0]
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        return self.embed_passages(texts)
+
+    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
+        rows = []
+        for text in texts:
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
+            v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
+            rows.append(v / np.linalg.norm(v))
+        return check_vectors(np.stack(rows), list(ids) if ids else [f"text #{i}" for i in range(len(texts))], DIM)
+
+
+class CapturingRecorder:
+    def __init__(self):
+        self.rows, self.closed = [], False
+        self._lock = threading.Lock()
+
+    def record(self, row):
+        with self._lock:
+            self.rows.append(row.model_dump(mode="json"))
+
+    def flush(self, timeout=None):
+        return True
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.fixture
+def indexed(tmp_path, kb_copy):
+    settings = make_settings(tmp_path / "data", kb_copy, ensemble_backend="none")
+    store, embedder = InMemoryStore(), FakeEmbedder()
+    ingest(settings, embedder, [store], progress=False)
+    return settings, store, embedder
+
+
+@pytest.fixture
+def make_service(indexed):
+    settings, store, embedder = indexed
+    made = []
+
+    def make(**overrides):
+        tool_settings = settings.model_copy(update={"trace_enabled": True, **overrides})
+        recorder = CapturingRecorder()
+        tool = LookupKnowledgeTool(tool_settings, embedder=embedder, store=store, recorder=recorder)
+        service = LookupService(tool)
+        service.recorder = recorder
+        made.append(tool)
+        return service
+
+    yield make
+    for tool in made:
+        tool._pool.shutdown(wait=False)
+
+
+def _doc_ids(result_json):
+    return [b["docId"] for b in result_json["evidenceBlocks"]]
+
+
+def _python_answer(service, query=QUERY):
+    """The same tool called from Python (its own row removed from the capture afterwards)."""
+    result = service.tool.lookup(query).to_json()
+    service.recorder.rows.pop()
+    return result
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({}, "query: required"),
+        ({"query": ""}, "query: empty"),
+        ({"query": "   \n"}, "query: empty"),
+        ({"query": 42}, "query: must be a string (got int)"),
+        ({"query": "x" * 101}, "query: 101 characters, at most 100"),
+        ({"query": "ok", "topK": 3}, "topK: unknown argument"),
+        ({"query": "ok", "sessionId": 7}, "sessionId: must be a string"),
+        (["query"], "arguments: expected an object"),
+    ],
+)
+def test_bad_arguments_are_one_line_naming_the_argument(arguments, named):
+    rejection = check_arguments(arguments, 100)
+    assert named in rejection.error and "\n" not in rejection.error
+
+
+def test_good_arguments_pass():
+    checked = check_arguments({"query": "why is redis slow", "sessionId": "s1"}, 100)
+    assert (checked.query, checked.session_id) == ("why is redis slow", "s1")
+
+
+def test_non_loopback_bind_without_token_is_refused_naming_the_setting(tmp_path):
+    with pytest.raises(ServeConfigError, match="RAG_SERVE_HOST=0.0.0.0 .*RAG_SERVE_TOKEN"):
+        check_bind(make_settings(tmp_path, serve_host="0.0.0.0"))
+    check_bind(make_settings(tmp_path, serve_host="0.0.0.0", serve_token=SecretStr("t0ken")))
+    check_bind(make_settings(tmp_path, serve_host="::1"))
+
+
+# --- MCP, in-memory transport of the SDK ------------------------------------------------------
+
+
+async def _mcp_calls(server, calls):
+    async with Client(server) as client:
+        tools = await client.list_tools()
+        results = [await client.call_tool("lookup_knowledge", args) for args in calls]
+        resources = await client.list_resources()
+        return tools, results, resources, client
+
+
+def test_mcp_lists_the_tool_with_the_definitions_schema_and_answers_like_python(make_service):
+    service = make_service()
+    service.start()
+    tools, [result, again], resources, _ = asyncio.run(
+        _mcp_calls(build_mcp_server(service), [{"query": QUERY}, {"query": "kafka consumer lag"}])
+    )
+    [tool] = tools.tools
+    definition = tool_definition()["function"]
+    assert tool.name == definition["name"] and tool.description == definition["description"]
+    assert tool.input_schema["required"] == ["query"]
+    assert tool.input_schema["properties"]["query"] == definition["parameters"]["properties"]["query"]
+    assert "sessionId" in tool.input_schema["properties"]
+    assert not result.is_error
+    served = result.structured_content
+    assert _doc_ids(served) == _doc_ids(_python_answer(service)) and served["found"]
+    assert served["evidenceBlocks"][0]["docId"] == "cache/RedisMemoryHigh.md"
+    [text] = result.content
+    assert served["contextPack"]["packedText"] in text.text and "relevanceLevel=" in text.text
+    # one MCP connection = one session: domains accumulate across its calls
+    assert again.structured_content["sessionId"] == served["sessionId"] and served["sessionId"].startswith("mcp-")
+    assert set(served["retrievedDomainsThisSession"]) <= set(again.structured_content["retrievedDomainsThisSession"])
+    rows = service.recorder.rows
+    assert len(rows) == 2 and {r["retrieval_details"]["transport"] for r in rows} == {"mcp-stdio"}
+    assert rows[0]["session_id"] == served["sessionId"]
+    assert "knowledge://cache/RedisMemoryHigh.md" in {str(r.uri) for r in resources.resources}
+
+
+def test_mcp_bad_query_is_the_tools_error_result_and_traced(make_service):
+    service = make_service(serve_max_query_chars=50)
+    calls = [{}, {"query": ""}, {"query": "y" * 51}, {"query": "ok", "sessionId": "conv-1", "extra": 1}]
+    _, results, _, _ = asyncio.run(_mcp_calls(build_mcp_server(service), calls))
+    for result, named in zip(
+        results, ["query: required", "query: empty", "query: 51 characters", "extra:"], strict=True
+    ):
+        assert result.is_error and result.structured_content["status"] == "error"
+        assert named in result.structured_content["message"] and named in result.content[0].text
+    rows = service.recorder.rows
+    assert [r["status"] for r in rows] == ["error"] * 4 and "query: required" in rows[0]["error"]
+    assert rows[3]["session_id"] == "conv-1"  # the caller's sessionId wins over the MCP session
+
+
+def test_mcp_reads_a_cited_document_and_refuses_paths_outside_the_index(make_service):
+    from mcp.shared.exceptions import MCPError
+
+    service = make_service()
+
+    async def run():
+        async with Client(build_mcp_server(service)) as client:
+            doc = await client.read_resource("knowledge://cache/RedisMemoryHigh.md")
+            with pytest.raises(MCPError, match="uri: no document"):
+                await client.read_resource("knowledge://../../etc/passwd")
+            return doc
+
+    doc = asyncio.run(run())
+    assert "RedisMemoryHigh" in doc.contents[0].text
+
+
+def test_mcp_store_down_gives_the_librarys_degraded_result(make_service):
+    class Down(InMemoryStore):
+        def search(self, *a, **k):
+            from rag_core.stores.base import StoreError
+
+            raise StoreError("Milvus search failed: connection refused")
+
+        search_lexical = search
+
+    service = make_service()
+    service.tool._store = Down()
+    _, [result], _, _ = asyncio.run(_mcp_calls(build_mcp_server(service), [{"query": QUERY}]))
+    served = result.structured_content
+    assert served["status"] == "degraded" and served["retrievalTrace"]["layer"] == "L0"
+    assert not result.is_error and served["evidenceBlocks"][0]["docId"] == "cache/RedisMemoryHigh.md"
+    assert service.recorder.rows[0]["status"] == "degraded"
+
+
+# --- HTTP/JSON, FastAPI TestClient ------------------------------------------------------------
+
+
+def test_http_lookup_equals_python_and_is_traced_as_http(make_service):
+    service = make_service()
+    with TestClient(served_app(service)) as http:
+        deadline = time.monotonic() + 30
+        while http.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        ready = http.get("/readyz").json()
+        response = http.post("/v1/lookup", json={"query": QUERY, "sessionId": "conv-9"})
+        openapi = http.get("/openapi.json").json()
+    assert ready["ready"] and ready["traceStore"] == "up" and ready["sidecar"] == "disabled"
+    assert response.status_code == 200
+    body = response.json()
+    assert _doc_ids(body) == _doc_ids(_python_answer(service)) and body["sessionId"] == "conv-9"
+    row = service.recorder.rows[0]
+    assert row["retrieval_details"]["transport"] == "http" and row["session_id"] == "conv-9"
+    assert "LookupResult" in openapi["components"]["schemas"] and "/v1/lookup" in openapi["paths"]
+    assert service.recorder.closed  # shutdown closed the tool (trace queue flushed)
+
+
+def test_http_bad_requests_are_one_line_errors_never_tracebacks(make_service):
+    service = make_service(serve_max_request_bytes=2048, serve_max_query_chars=100)
+    service.start()
+    cases = [
+        (b"{not json", 422, "body: not valid JSON"),
+        (b"[1, 2]", 422, "body: expected a JSON object"),
+        (b'{"sessionId": "s"}', 422, "query: Field required"),
+        (b'{"query": 5}', 422, "query:"),
+        (b'{"query": "a", "topK": 3}', 422, "topK:"),
+        (b'{"query": "' + b"z" * 3000 + b'"}', 413, "RAG_SERVE_MAX_REQUEST_BYTES"),
+    ]
+    with TestClient(served_app(service, start=False), raise_server_exceptions=False) as http:
+        for body, status, named in cases:
+            r = http.post("/v1/lookup", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == status and named in r.json()["error"], (body[:30], r.text)
+            assert "Traceback" not in r.text
+        empty = http.post("/v1/lookup", json={"query": "  "})
+        long = http.post("/v1/lookup", json={"query": "q" * 101})
+    assert empty.status_code == 200 and empty.json()["status"] == "error" and "query: empty" in empty.json()["message"]
+    assert long.json()["status"] == "error" and "at most 100" in long.json()["message"]
+    assert [r["status"] for r in service.recorder.rows] == ["error", "error"]  # refused calls are traced too
+
+
+def test_token_protects_lookup_and_mcp_but_not_health(make_service, caplog):
+    secret = "s3cr3t-t0ken-value"
+    service = make_service(serve_token=SecretStr(secret), serve_host="0.0.0.0")
+    service.start()
+    with caplog.at_level("DEBUG"), TestClient(served_app(service, start=False)) as http:
+        assert http.get("/healthz").status_code == 200
+        no = http.post("/v1/lookup", json={"query": QUERY})
+        wrong = http.post("/v1/lookup", json={"query": QUERY}, headers={"Authorization": "Bearer nope"})
+        mcp = http.post("/mcp", json={}, headers={"Authorization": "Bearer nope"})
+        ok = http.post("/v1/lookup", json={"query": QUERY}, headers={"Authorization": f"Bearer {secret}"})
+    assert no.status_code == wrong.status_code == mcp.status_code == 401
+    assert "authorization:" in no.json()["error"] and "RAG_SERVE_TOKEN" in no.json()["error"]
+    assert ok.status_code == 200 and ok.json()["found"]
+    assert secret not in caplog.text and secret not in str(service.readiness())
+
+
+# --- MCP over streamable HTTP: the SDK's client against uvicorn on a real socket ---------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def live_server(make_service):
+    port = _free_port()
+    service = make_service(serve_port=port)
+    server = uvicorn.Server(uvicorn.Config(served_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    yield service, f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def test_mcp_streamable_http_client_and_http_agree_under_concurrency(live_server):
+    service, base = live_server
+
+    async def run():
+        async with Client(f"{base}/mcp") as client:
+            listed = await client.list_tools()
+            results = await asyncio.gather(*[client.call_tool("lookup_knowledge", {"query": QUERY}) for _ in range(4)])
+        async with httpx.AsyncClient(base_url=base) as http:
+            posted = await asyncio.gather(*[http.post("/v1/lookup", json={"query": QUERY}) for _ in range(4)])
+        return listed, results, posted
+
+    listed, results, posted = asyncio.run(run())
+    python = _doc_ids(_python_answer(service))
+    assert [t.name for t in listed.tools] == ["lookup_knowledge"]
+    assert all(_doc_ids(r.structured_content) == python and not r.is_error for r in results)
+    assert all(p.status_code == 200 and _doc_ids(p.json()) == python for p in posted)
+    transports = [r["retrieval_details"]["transport"] for r in service.recorder.rows]
+    assert sorted(transports) == ["http"] * 4 + ["mcp-http"] * 4  # trace count = call count
