@@ -170,6 +170,10 @@ def test_schedule_tick_and_sensor_evaluation_on_postgres(prod):
     from dagster._scheduler.scheduler import launch_scheduled_runs
 
     log = logging.getLogger("test_dagster_production")
+    # The ingest job above read this knowledge base: the sensor's first tick requests a run only
+    # for what changed since (rag_assets.defs.schedules.last_ingested_stat).
+    doc = next(prod.kb.rglob("*.md"))
+    doc.write_text(doc.read_text() + "\nEdited after the last ingest.\n")
     with dg.DagsterInstance.get() as instance:
         target = WorkspaceFileTarget(paths=[str(ROOT / "workspace.yaml")])
         with WorkspaceProcessContext(instance, target) as context:
