@@ -10,13 +10,15 @@ import rag_core.ingest.apply as apply_stage
 from rag_core.health import check_health, state_path
 from rag_core.ingest.pipeline import chunk_documents, ingest
 from rag_core.ingest.plan import scan_knowledge
+from rag_core.lookup.title_similarity import TITLE_LABEL
 from rag_core.stores.milvus import MilvusStore
 
 pytestmark = pytest.mark.integration  # the real model, and Milvus Lite (file or embedded server)
 
 
 class CountingEmbedder:
-    """Wraps the real embedder and counts embedded texts."""
+    """Wraps the real embedder and counts embedded chunk texts (not the titles ingest embeds for
+    the rerank, whose rows are labelled ``title: ``)."""
 
     def __init__(self, inner):
         self.inner, self.count = inner, 0
@@ -25,7 +27,7 @@ class CountingEmbedder:
         return getattr(self.inner, attr)
 
     def embed_passages(self, texts, ids=None):
-        self.count += len(texts)
+        self.count += len(texts) - sum(1 for label in ids or () if label.startswith(TITLE_LABEL))
         return self.inner.embed_passages(texts, ids)
 
 
