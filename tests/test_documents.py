@@ -312,6 +312,18 @@ def test_scan_keeps_going_and_reports_every_bad_document(tree):
     assert scan_documents(tree) == (docs, issues)  # deterministic
 
 
+def test_symlink_loops_are_reported_and_the_batch_goes_on(tree):
+    os.symlink("loop.md", tree / "b" / "loop.md")  # points at itself
+    os.symlink(tree / "b" / "pong.md", tree / "b" / "ping.md")
+    os.symlink(tree / "b" / "ping.md", tree / "b" / "pong.md")
+    docs, issues = scan_documents(tree)
+    reasons = {i.path: i.reason for i in issues}
+    assert {"b/loop.md", "b/ping.md", "b/pong.md"} <= set(reasons)
+    assert all(reasons[p].startswith("symlink loop") for p in ("b/loop.md", "b/ping.md", "b/pong.md"))
+    assert reasons["b/broken.md"].startswith("broken symlink")
+    assert "b/good.md" in [d.doc_id for d in docs]
+
+
 def test_scan_root_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         scan_documents(tmp_path / "nope")

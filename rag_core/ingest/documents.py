@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import errno
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -137,7 +138,7 @@ def _check_link(path: Path, root: Path, doc_id: str) -> None:
     if not os.path.lexists(path):
         raise _fail(doc_id, "file not found")
     if not path.exists():
-        raise _fail(doc_id, f"broken symlink (-> {os.readlink(path)})")
+        raise _fail(doc_id, f"{_dangling_kind(path)} (-> {os.readlink(path)})")
     if Path(doc_id).is_absolute():
         return  # caller asked for a file outside the root; nothing to escape from
     real, real_root = path.resolve(), root.resolve()
@@ -145,6 +146,16 @@ def _check_link(path: Path, root: Path, doc_id: str) -> None:
         raise _fail(doc_id, f"symlink points outside the knowledge root (-> {real}); not followed")
     if not real.is_file():
         raise _fail(doc_id, "not a regular file")
+
+
+def _dangling_kind(path: Path) -> str:
+    """``symlink loop`` when following ``path`` loops (ELOOP), else ``broken symlink``."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "symlink loop"
+    return "broken symlink"
 
 
 def _read_bytes(path: Path, doc_id: str, max_bytes: int) -> bytes:
@@ -510,6 +521,39 @@ def _walk(root: Path, issues: list[DocumentIssue]) -> Iterator[Path]:
         yield from (here / name for name in filenames if _is_markdown(name))
 
 
+def list_markdown(root: Path) -> tuple[list[Path], list[DocumentIssue]]:
+    """The Markdown files under ``root`` (recursively, sorted by doc id) without reading them,
+    and one ``DocumentIssue`` per directory that cannot be listed or symlinked directory leading
+    outside the root. Cheap (one ``os.walk``): the streaming ingest lists the whole tree first.
+
+    Raises ``FileNotFoundError`` when ``root`` does not exist and ``NotADirectoryError`` when
+    it is not a directory.
+    """
+    root = Path(root)
+    if not root.exists():
+        raise FileNotFoundError(f"knowledge root {root} does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"knowledge root {root} is not a directory")
+    issues: list[DocumentIssue] = []
+    paths = sorted(_walk(root, issues), key=lambda p: doc_id_for(p, root))
+    return paths, issues
+
+
+def load_documents(
+    paths: Iterable[Path], root: Path, *, max_bytes: int = DEFAULT_MAX_BYTES
+) -> tuple[list[KnowledgeDocument], list[DocumentIssue]]:
+    """``load_document`` of each of ``paths``: ``(documents, issues)``, one issue per file that
+    failed to load or was skipped on purpose. One bad file never stops the batch."""
+    docs: list[KnowledgeDocument] = []
+    issues: list[DocumentIssue] = []
+    for path in paths:
+        try:
+            docs.append(load_document(path, root, max_bytes=max_bytes))
+        except DocumentProblem as problem:
+            issues.append(problem.issue)
+    return docs, issues
+
+
 def scan_documents(
     root: Path,
     *,
@@ -526,19 +570,9 @@ def scan_documents(
     it is not a directory.
     """
     root = Path(root)
-    if not root.exists():
-        raise FileNotFoundError(f"knowledge root {root} does not exist")
-    if not root.is_dir():
-        raise NotADirectoryError(f"knowledge root {root} is not a directory")
-    issues: list[DocumentIssue] = []
-    paths = sorted(_walk(root, issues), key=lambda p: doc_id_for(p, root))
-    docs: list[KnowledgeDocument] = []
-    for path in paths:
-        try:
-            docs.append(load_document(path, root, max_bytes=max_bytes))
-        except DocumentProblem as problem:
-            issues.append(problem.issue)
-    return docs, issues
+    paths, issues = list_markdown(root)
+    docs, load_issues = load_documents(paths, root, max_bytes=max_bytes)
+    return docs, [*issues, *load_issues]
 
 
 def markdown_files(root: Path) -> list[Path]:
