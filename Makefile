@@ -40,6 +40,7 @@ ui: setup
 bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.kb_scale $(KB_SCALE_ARGS)
+	$(PY) -m bench.serving_latency
 
 # What CI checks before the tests (.ci/run): lint, format and types, on the tool versions pinned in
 # the dev extra.

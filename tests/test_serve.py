@@ -339,3 +339,50 @@ def test_mcp_streamable_http_client_and_http_agree_under_concurrency(live_server
     assert all(p.status_code == 200 and _doc_ids(p.json()) == python for p in posted)
     transports = [r["retrieval_details"]["transport"] for r in service.recorder.rows]
     assert sorted(transports) == ["http"] * 4 + ["mcp-http"] * 4  # trace count = call count
+
+
+def _malformed_requests(n: int, seed: int = 24) -> list[tuple[str, bytes, str]]:
+    """``n`` seeded malformed requests ``(path, body, content type)``: random bytes, cut JSON,
+    wrong types, deep nesting, oversized bodies, JSON-RPC frames with bad methods or params."""
+    rng = np.random.default_rng(seed)
+    good = b'{"query": "' + QUERY.encode() + b'"}'
+    rpc = [
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "lookup_knowledge"}}',
+        b'{"jsonrpc": "2.0", "id": 1, "method": "no/such/method"}',
+        b'{"jsonrpc": "1.0", "method": 5}',
+        b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "tools/list", "params": []}',
+        b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "other", "arguments": 3}}',
+    ]
+    kinds = [
+        lambda: ("/v1/lookup", rng.bytes(int(rng.integers(1, 400))), "application/json"),
+        lambda: ("/v1/lookup", good[: int(rng.integers(1, len(good) - 1))], "application/json"),
+        lambda: (
+            "/v1/lookup",
+            b'{"query": ' + [b"null", b"[]", b"{}", b"1e999", b"true"][int(rng.integers(5))] + b"}",
+            "application/json",
+        ),
+        lambda: ("/v1/lookup", b"[" * 5000 + b"]" * 5000, "application/json"),
+        lambda: ("/v1/lookup", b'{"query": "' + b"x" * 70_000 + b'"}', "application/json"),
+        lambda: ("/v1/lookup", good, ["text/plain", "application/xml", ""][int(rng.integers(3))]),
+        lambda: ("/mcp", rpc[int(rng.integers(len(rpc)))], "application/json"),
+        lambda: ("/mcp", rng.bytes(int(rng.integers(1, 200))), "application/json"),
+    ]
+    return [kinds[int(rng.integers(len(kinds)))]() for _ in range(n)]
+
+
+def test_a_thousand_malformed_requests_crash_nothing(live_server):
+    service, base = live_server
+    statuses = []
+    with httpx.Client(base_url=base, timeout=30) as http:
+        for path, body, content_type in _malformed_requests(1000):
+            headers = {"content-type": content_type, "accept": "application/json, text/event-stream"}
+            response = http.post(path, content=body, headers=headers)
+            statuses.append(response.status_code)
+            assert response.status_code < 500 and "Traceback" not in response.text, (
+                path,
+                body[:60],
+                response.text[:200],
+            )
+        after = http.post("/v1/lookup", json={"query": QUERY})
+    assert after.status_code == 200 and _doc_ids(after.json()) == _doc_ids(_python_answer(service))
+    assert {413, 422} <= set(statuses)  # the mix reached the size and the validation refusals
