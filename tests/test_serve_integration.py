@@ -1,0 +1,113 @@
+"""`rag serve` as its own process on the real stack (the sample knowledge base in the embedded
+Milvus, the default embedder), reached by clients this project did not write: the MCP Python
+SDK's client over stdio and over streamable HTTP, and plain HTTP. Each answer's evidence docIds
+equal the same lookup called in process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not installed")
+
+from mcp import Client, StdioServerParameters  # noqa: E402
+
+from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parent.parent
+QUERIES = ["RedisMemoryHigh fired on redis-main", "kafka consumer lag keeps growing", "checkout pod OOMKilled"]
+RAG = [sys.executable, "-c", "from rag_core.cli_entry import main; main()"]
+
+
+def _env(settings, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
+    env.update(
+        RAG_DATA_DIR=str(settings.data_dir),
+        RAG_KNOWLEDGE_DIR=str(settings.knowledge_dir),
+        RAG_TRACE_ENABLED="false",
+        **extra,
+    )
+    return env
+
+
+def _doc_ids(result_json: dict) -> list[str]:
+    return [b["docId"] for b in result_json["evidenceBlocks"]]
+
+
+@pytest.fixture(scope="module")
+def python_answers(sample_kb, embedder):
+    tool = LookupKnowledgeTool(sample_kb, embedder=embedder)
+    try:
+        return {q: _doc_ids(tool.lookup(q).to_json()) for q in QUERIES}
+    finally:
+        tool.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def http_server(sample_kb):
+    port = _free_port()
+    process = subprocess.Popen(
+        [*RAG, "serve"], cwd=REPO, env=_env(sample_kb, RAG_SERVE_PORT=str(port)), stderr=subprocess.PIPE, text=True
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail(f"rag serve did not become ready: {process.stderr.read()[-2000:] if process.stderr else ''}")
+    yield base
+    process.terminate()
+    process.wait(60)
+
+
+async def _mcp_doc_ids(target) -> tuple[list[str], dict[str, list[str]]]:
+    async with Client(target) as client:
+        tools = [t.name for t in (await client.list_tools()).tools]
+        answers = {}
+        for query in QUERIES:
+            result = await client.call_tool("lookup_knowledge", {"query": query})
+            assert not result.is_error, result.content
+            answers[query] = _doc_ids(result.structured_content)
+        return tools, answers
+
+
+def test_mcp_sdk_client_over_stdio_answers_like_python(sample_kb, python_answers):
+    params = StdioServerParameters(command=RAG[0], args=[*RAG[1:], "serve", "--stdio"], env=_env(sample_kb), cwd=REPO)
+    tools, answers = asyncio.run(_mcp_doc_ids(params))
+    assert tools == ["lookup_knowledge"]
+    assert answers == python_answers and all(answers.values())
+
+
+def test_mcp_sdk_client_over_streamable_http_answers_like_python(http_server, python_answers):
+    tools, answers = asyncio.run(_mcp_doc_ids(f"{http_server}/mcp"))
+    assert tools == ["lookup_knowledge"]
+    assert answers == python_answers
+
+
+def test_plain_http_answers_like_python(http_server, python_answers):
+    with httpx.Client(base_url=http_server, timeout=60) as http:
+        answers = {q: _doc_ids(http.post("/v1/lookup", json={"query": q}).json()) for q in QUERIES}
+        ready = http.get("/readyz").json()
+    assert answers == python_answers
+    assert ready["ready"] and ready["mainStore"] == "up"
