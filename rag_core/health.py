@@ -1,8 +1,8 @@
 """Store health: verify each vector store against what the last ingest wrote.
 
-``rag ingest`` ends by writing the index state (``<data_dir>/index_state.json``): per store the
-row count, the embedding model and a deterministic sample of chunk ids with their content
-hashes. ``check_health`` compares a store with it:
+``rag ingest`` ends by writing the index state (``<data_dir>/index_state.json``, see
+``rag_core.ingest.index_state``): per store the row count, the embedding model and a deterministic
+sample of chunk ids with their content hashes. ``check_health`` compares a store with it:
 
 * rows: ``count()`` equals the recorded count;
 * model: the store's model record equals the recorded one (and the active model, when given);
@@ -17,95 +17,19 @@ A store that fails a check is an error in every lookup's trace, never "found not
 
 from __future__ import annotations
 
-import json
-import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from filelock import FileLock, Timeout
-
 from rag_core.embedding.base import ModelIdentity
-from rag_core.fileio import write_text_atomic
-from rag_core.ingest.chunking import _content_hash as content_hash  # the hash chunking stores
-from rag_core.models import Chunk
+from rag_core.ingest.index_state import StoreState, read_index_state
+from rag_core.models import content_hash
 from rag_core.settings import RagSettings
 from rag_core.stores.base import VectorStore
 from rag_core.stores.vectors import VectorCheckError, check_query_vector
 
-log = logging.getLogger(__name__)
-
-STATE_FILE = "index_state.json"
-SAMPLE_SIZE = 64  # chunks whose stored rows are verified
-PROBE_SIZE = 8  # of those, chunks searched for with their own vector
+PROBE_SIZE = 8  # of the sampled chunks, those searched for with their own vector
 _SELF_MATCH = 0.99  # a chunk's own vector must come back at (near) cosine 1
-
-
-def state_path(settings: RagSettings) -> Path:
-    """Where the index state of ``settings.data_dir`` lives."""
-    return settings.data_dir / STATE_FILE
-
-
-@dataclass
-class StoreState:
-    """What the last ingest left in one store."""
-
-    rows: int
-    model: dict[str, Any] | None
-    sample: dict[str, str]  # chunk_id -> content_hash
-
-
-def sample_chunks(chunks: Sequence[Chunk], size: int = SAMPLE_SIZE) -> dict[str, str]:
-    """A deterministic, evenly spread sample ``{chunk_id: content_hash}`` of ``chunks``."""
-    ordered = sorted(chunks, key=lambda c: c.chunk_id)
-    step = max(1, len(ordered) // size)
-    return {c.chunk_id: c.content_hash for c in ordered[::step][:size]}
-
-
-def write_index_state(
-    settings: RagSettings,
-    stores: Sequence[VectorStore],
-    chunks: Sequence[Chunk],
-    identity: ModelIdentity,
-    rejected: frozenset[str] = frozenset(),
-) -> None:
-    """Record each of ``stores``' row count, model and a sample of ``chunks`` (those written, i.e.
-    not in ``rejected``) after an ingest; other stores' entries are kept, so the Dagster assets
-    that write one store each leave the same state as ``rag ingest``. Written atomically under a
-    file lock; a failure to write is logged, not raised (the ingest itself succeeded)."""
-    sample = sample_chunks([c for c in chunks if c.chunk_id not in rejected])
-    fresh = {s.name: asdict(StoreState(rows=s.count(), model=identity.to_dict(), sample=sample)) for s in stores}
-    path = state_path(settings)
-    try:
-        with FileLock(f"{path}.lock", timeout=60):
-            kept = _stored_entries(path)
-            data = {"version": 1, "stores": {**kept, **fresh}}
-            write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
-    except (OSError, Timeout) as exc:
-        why = getattr(exc, "strerror", None) or exc
-        log.warning("could not write the index state %s (%s): `rag doctor` cannot verify this index", path, why)
-
-
-def _stored_entries(path: Path) -> dict[str, Any]:
-    """The ``stores`` mapping of an existing state file; ``{}`` when missing or unreadable."""
-    try:
-        stores = json.loads(path.read_text())["stores"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    return stores if isinstance(stores, dict) else {}
-
-
-def read_index_state(settings: RagSettings) -> tuple[dict[str, StoreState] | None, str | None]:
-    """``({store name: StoreState}, None)``, or ``(None, why)`` when missing or unreadable."""
-    path = state_path(settings)
-    try:
-        raw = json.loads(path.read_text())
-        return {name: StoreState(**value) for name, value in raw["stores"].items()}, None
-    except FileNotFoundError:
-        return None, f"no index state at {path}: run `rag ingest`"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return None, f"index state {path} is unreadable ({exc}): run `rag ingest`"
 
 
 @dataclass

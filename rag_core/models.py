@@ -5,6 +5,7 @@ These are plain dataclasses (no I/O) so every stage can be tested with small inp
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,17 @@ def embed_text(breadcrumb: str, text: str) -> str:
     return f"{breadcrumb}\n\n{text}"
 
 
+def content_hash(title: str, breadcrumb: str, category: str, text: str) -> str:
+    """``Chunk.content_hash``: sha256 (hex) of the lexical analyzer version, title, breadcrumb,
+    category and text; chunking stores it, ingest diffs on it and ``rag doctor`` recomputes it."""
+    # The analyzer version is in the hash because the stores keep the text's lexical tokens too;
+    # imported here so the models do not load the analyzer's stemmer and jieba.
+    from rag_core.text import LEXICAL_ANALYZER_VERSION
+
+    joined = f"{LEXICAL_ANALYZER_VERSION}\x1f{title}\x1f{breadcrumb}\x1f{category}\x1f{text}"
+    return hashlib.sha256(joined.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A heading-delimited piece of one document.
@@ -79,7 +91,7 @@ class Chunk:
     ``text`` is ``body[start:end]``, except for the continuation pieces of a split table, whose
     ``text`` repeats the table's header rows before the slice. ``breadcrumb`` is the heading path joined with
     ``" > "`` and starts with the document title. ``chunk_id`` is stable across runs:
-    ``sha1(doc_id, heading path, ordinal)``. ``content_hash`` covers everything that is
+    ``sha1(doc_id, heading path, ordinal)``. ``content_hash`` (:func:`content_hash`) covers everything that is
     embedded or stored, so a change in title, breadcrumb, category or text re-embeds.
     """
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 from conftest import SAMPLE_KNOWLEDGE_DIR, make_settings
 
-from rag_core.health import check_health, state_path
+from rag_core.health import check_health
+from rag_core.ingest.index_state import state_path
 from rag_core.ingest.pipeline import ingest
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.memory import InMemoryStore

@@ -7,7 +7,8 @@ import pytest
 from conftest import RUNBOOKS, make_settings, need_shared
 
 import rag_core.ingest.apply as apply_stage
-from rag_core.health import check_health, state_path
+from rag_core.health import check_health
+from rag_core.ingest.index_state import state_path
 from rag_core.ingest.pipeline import chunk_documents, ingest
 from rag_core.ingest.plan import scan_knowledge
 from rag_core.lookup.title_similarity import TITLE_LABEL

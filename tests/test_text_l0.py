@@ -73,11 +73,12 @@ def test_lexical_tokens_leave_urls_out_but_keep_the_link_text():
 
 
 def test_content_hash_changes_with_the_lexical_analyzer(monkeypatch):
-    from rag_core.ingest import chunking
+    from rag_core import text
+    from rag_core.models import content_hash
 
-    before = chunking._content_hash("t", "t", "c", "text")
-    monkeypatch.setattr(chunking, "LEXICAL_ANALYZER_VERSION", 999)
-    assert chunking._content_hash("t", "t", "c", "text") != before
+    before = content_hash("t", "t", "c", "text")
+    monkeypatch.setattr(text, "LEXICAL_ANALYZER_VERSION", 999)
+    assert content_hash("t", "t", "c", "text") != before
 
 
 def _runbook_index():

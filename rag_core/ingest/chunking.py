@@ -40,8 +40,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from rag_core.ingest.documents import collapse_ws, inline_text
-from rag_core.models import Chunk, KnowledgeDocument
-from rag_core.text import LEXICAL_ANALYZER_VERSION
+from rag_core.models import Chunk, KnowledgeDocument, content_hash
 
 BREADCRUMB_SEPARATOR = " > "
 DEFAULT_MAX_TOKENS = 240
@@ -165,12 +164,6 @@ def _run_end(sizes: Sequence[int], i: int, limit: float) -> int:
 
 def _chunk_id(doc_id: str, section_key: str, ordinal: int) -> str:
     return hashlib.sha1(f"{doc_id}\x1f{section_key}\x1f{ordinal}".encode()).hexdigest()[:32]
-
-
-def _content_hash(title: str, breadcrumb: str, category: str, text: str) -> str:
-    # The analyzer version is in the hash because the stores keep the text's lexical tokens too.
-    joined = f"{LEXICAL_ANALYZER_VERSION}\x1f{title}\x1f{breadcrumb}\x1f{category}\x1f{text}"
-    return hashlib.sha256(joined.encode()).hexdigest()
 
 
 def _cuts(pattern: re.Pattern[str], text: str, lo: int, hi: int) -> list[int]:
@@ -499,7 +492,7 @@ def chunk_document(
                     start=start,
                     end=end,
                     ordinal=len(chunks),
-                    content_hash=_content_hash(doc.title, crumb, doc.category, text),
+                    content_hash=content_hash(doc.title, crumb, doc.category, text),
                 )
             )
     return chunks

@@ -22,10 +22,10 @@ from typing import Any
 
 from rag_core.components import chunk_checks
 from rag_core.embedding import Embedder, make_embedder
-from rag_core.health import write_index_state
 from rag_core.ingest.apply import StalePlanError, apply_plan
 from rag_core.ingest.embed import ChunkEmbeddings, embed_plan
 from rag_core.ingest.embed_cache import EmbeddingCache
+from rag_core.ingest.index_state import write_index_state
 from rag_core.ingest.plan import (
     IngestPlan,
     IngestRefusedError,

@@ -577,7 +577,7 @@ class LookupKnowledgeTool:
             return (
                 f"L1 returned nothing from a {store_name} index of {rows} rows: the index is damaged (run `rag doctor`)"
             )
-        from rag_core.health import read_index_state
+        from rag_core.ingest.index_state import read_index_state
 
         state, _ = read_index_state(self.settings)
         expected = state.get(store_name) if state else None
