@@ -43,7 +43,7 @@ def cold_seconds(env: dict[str, str], query: str) -> float:
     and RuntimeError when the answer did not come from the store (a failed lookup is no sample)."""
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", "from rag_core.cli_entry import main; main()", "lookup", "--json", query],
+        [sys.executable, "-c", "from rag_core.cli import main; main()", "lookup", "--json", query],
         env=env,
         check=True,
         capture_output=True,

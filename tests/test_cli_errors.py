@@ -72,7 +72,7 @@ def test_rag_help_prints_nothing_on_stderr():
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-c", "from rag_core.cli_entry import main; main()", "--help"],
+        [sys.executable, "-c", "from rag_core.cli import main; main()", "--help"],
         capture_output=True,
         text=True,
         timeout=120,

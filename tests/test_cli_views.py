@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from rag_core.cli_views import print_lookup
+from rag_core.cli.views import print_lookup
 from rag_core.lookup.contracts import (
     ContextPack,
     EvidenceBlock,

@@ -5,7 +5,7 @@ import json
 
 from rich.console import Console
 
-from rag_core.cli_views import print_compare
+from rag_core.cli.views import print_compare
 from rag_core.compare import CandidateRow, ComparisonRow, StoreComparison
 
 

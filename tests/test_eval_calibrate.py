@@ -8,8 +8,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from rag_core.cli.evaluation import eval_app
 from rag_core.evaluation.calibrate import CaseScore, calibrate, youden_cut
-from rag_core.evaluation.cli import eval_app
 from rag_core.evaluation.fixtures import write_fixture, write_manifest
 
 

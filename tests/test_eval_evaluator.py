@@ -294,7 +294,7 @@ def test_evaluator_imports_no_store_or_model_libraries(tmp_path: Path):
         from rag_core.evaluation.fixtures import load_fixtures
         from rag_core.evaluation.gate import compare
         from rag_core.evaluation.reports import write_baseline_report
-        import rag_core.evaluation.cli
+        import rag_core.cli.evaluation
         case = GoldenCase(id="a", scenario="chat", query="q", expected_docs=["k/A.md"])
         report = evaluate([case], load_fixtures({str(directory)!r}, ["a"]))
         assert report.cases[0].hit_level == "strong"

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from rag_core.cli.evaluation import eval_app
 from rag_core.evaluation.cases import GoldenCase
-from rag_core.evaluation.cli import eval_app
 from rag_core.evaluation.evaluator import evaluate
 from rag_core.evaluation.fixtures import load_fixtures, write_manifest
 from rag_core.evaluation.reports import (

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rag_assets.history import HISTORY_FILE, HistoryError, load_history
+from rag_core.cli.evaluation import eval_app
 from rag_core.evaluation.cases import GoldenCase
-from rag_core.evaluation.cli import eval_app
 from rag_core.evaluation.evaluator import evaluate
 from rag_core.evaluation.fixtures import CaseFixture, FixtureManifest, load_fixtures
 from rag_core.evaluation.formats import FORMAT_VERSION, FormatVersionError, parse_json_model, read_json_model

@@ -25,7 +25,7 @@ from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
 QUERIES = ["RedisMemoryHigh fired on redis-main", "kafka consumer lag keeps growing", "checkout pod OOMKilled"]
-RAG = [sys.executable, "-c", "from rag_core.cli_entry import main; main()"]
+RAG = [sys.executable, "-c", "from rag_core.cli import main; main()"]
 
 
 def _env(settings, **extra: str) -> dict[str, str]:

@@ -101,7 +101,7 @@ def test_rag_compare_json_and_narrow_table_keep_sources_whole(both, pg_dsn, pg_t
     from rich.console import Console
     from typer.testing import CliRunner
 
-    import rag_core.cli as cli
+    import rag_core.cli.commands as cli
 
     settings, main, _ = both
     main.close()

@@ -179,7 +179,7 @@ def register_record(eval_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
     ) -> None:
         """Run the real lookup pipeline per case on one store and write JSON fixtures."""
-        from rag_core.cli_common import settings_or_exit
+        from rag_core.cli.common import settings_or_exit
 
         if old_store is not None:
             typer.echo("warning: --path is deprecated, use --store", err=True)

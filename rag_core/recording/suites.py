@@ -194,7 +194,7 @@ def register_suites(eval_app: typer.Typer) -> None:
 
         Exit 1 when a suite's gate fails or a suite failed, 2 on an unusable suites file.
         """
-        from rag_core.cli_common import settings_or_exit
+        from rag_core.cli.common import settings_or_exit
         from rag_core.components import make_embedder
         from rag_core.evaluation.suites import DEFAULT_SUITES_FILE, SuiteFileError, load_suites
 

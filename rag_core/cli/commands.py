@@ -10,8 +10,8 @@ from typing import Any
 
 import typer
 
-from rag_core.cli_common import console, embedder_or_exit, settings_or_exit
-from rag_core.cli_views import table
+from rag_core.cli.common import console, embedder_or_exit, settings_or_exit
+from rag_core.cli.views import table
 from rag_core.settings import RagSettings
 
 app = typer.Typer(help="Knowledge retrieval for agents (lookup_knowledge).", no_args_is_help=True)
@@ -78,7 +78,7 @@ def ingest(
     if as_json:
         print(json.dumps(report.to_dict(), indent=2, ensure_ascii=False))
     else:
-        from rag_core.cli_views import print_ingest_report
+        from rag_core.cli.views import print_ingest_report
 
         print_ingest_report(console, report)
     if report.partial:  # exit 3: the index is usable, but some documents are missing from it
@@ -102,7 +102,7 @@ def lookup(
     ),
 ) -> None:
     """Run lookup_knowledge and print the evidence (or the JSON contract)."""
-    from rag_core.cli_views import print_lookup
+    from rag_core.cli.views import print_lookup
     from rag_core.lookup.tool import LookupKnowledgeTool
 
     tool = LookupKnowledgeTool(settings_or_exit())
@@ -180,7 +180,7 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON"),
 ) -> None:
     """Query the Milvus main store and the pgvector sidecar side by side."""
-    from rag_core.cli_views import print_compare
+    from rag_core.cli.views import print_compare
     from rag_core.compare import compare_stores
 
     comparison = compare_stores(settings_or_exit(), query)
@@ -309,7 +309,7 @@ def server_stop(as_json: bool = typer.Option(False, "--json", help="Print JSON")
 
 def _mount_eval() -> None:
     try:
-        from rag_core.evaluation.cli import eval_app
+        from rag_core.cli.evaluation import eval_app
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
     from rag_core.recording.record import register_record
