@@ -66,7 +66,6 @@ def package_graph(package: str = "rag_core") -> dict[str, set[str]]:
 _KNOWN_PART_EDGES = {
     ("rag_core.ingest", "rag_core.lookup"),  # ingest.title_vectors -> lookup.title_similarity
     ("rag_core.settings", "rag_core.embedding"),  # settings -> embedding.profiles
-    ("rag_core.recording", "rag_core.cli"),  # record/suites mount their typer commands (moving to rag_core.cli)
 }
 
 

@@ -312,8 +312,7 @@ def _mount_eval() -> None:
         from rag_core.cli.evaluation import eval_app
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
-    from rag_core.recording.record import register_record
-    from rag_core.recording.suites import register_suites
+    from rag_core.cli.recording import register_record, register_suites
 
     register_record(eval_app)
     register_suites(eval_app)

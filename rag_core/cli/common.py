@@ -1,6 +1,5 @@
 """What every ``rag`` command shares: the console, settings and the embedder, each failing with
-one line and exit code 2 (shared by ``rag_core.cli`` and the commands ``rag_core.recording``
-mounts, so neither imports the other)."""
+one line and exit code 2 (shared by the command modules of ``rag_core.cli``)."""
 
 from __future__ import annotations
 

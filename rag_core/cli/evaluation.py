@@ -1,4 +1,5 @@
-"""``rag eval``: evaluate recorded fixtures, compare stores, gate against the baseline.
+"""``rag eval``: evaluate recorded fixtures, compare stores, gate against the baseline, calibrate a
+model's thresholds (``rag_core.evaluation.calibrate``).
 
 Exit codes: 0 ok; 1 the gate failed; 2 unusable input (case file, fixtures dir, report).
 Fixtures are recorded by ``rag eval record`` (mounted by ``rag_core.cli``).
@@ -7,6 +8,7 @@ Fixtures are recorded by ``rag eval record`` (mounted by ``rag_core.cli``).
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -14,6 +16,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rag_core.embedding.profiles import PROFILES_PATH, model_profile, write_profile
+from rag_core.evaluation.calibrate import CaseScore, calibrate, case_scores, model_of_fixtures
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
 from rag_core.evaluation.evaluator import EvaluationReport, evaluate
 from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
@@ -194,10 +198,59 @@ def _print_json(data: object) -> None:
     print(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-def _mount_calibrate() -> None:
-    from rag_core.evaluation.calibrate import register_calibrate
-
-    register_calibrate(eval_app)
-
-
-_mount_calibrate()
+@eval_app.command("calibrate")
+def calibrate_cmd(
+    cases: Annotated[list[Path], typer.Option("--cases", help="Golden case file (repeat, paired with --fixtures)")],
+    fixtures: Annotated[list[Path], typer.Option("--fixtures", help="Fixture directory recorded with the model")],
+    backend: Annotated[str | None, typer.Option(help="Embedding backend (default: from the manifests)")] = None,
+    model: Annotated[str | None, typer.Option(help="Model id (default: from the manifests)")] = None,
+    profiles: Annotated[Path, typer.Option(help="Model profile file to update")] = PROFILES_PATH,
+    write: Annotated[bool, typer.Option("--write/--dry-run", help="Write the profile")] = True,
+    objective: Annotated[str, typer.Option(help="youden (balanced separation) or agreement (accuracy)")] = "youden",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document (result, previous, file)")] = False,
+) -> None:
+    """Pick the thresholds that best separate answered from unanswered cases; write the profile."""
+    if len(cases) != len(fixtures):
+        raise typer.BadParameter("give one --fixtures directory per --cases file", param_hint="--fixtures")
+    scores: list[CaseScore] = []
+    sets = []
+    for case_file, fx_dir in zip(cases, fixtures, strict=True):
+        golden = load_cases(case_file)
+        if not fx_dir.is_dir():
+            raise typer.BadParameter(f"{fx_dir} is not a directory", param_hint="--fixtures")
+        fs = load_fixtures(fx_dir, [c.id for c in golden])
+        sets.append(fs)
+        scores += case_scores(golden, fs)
+    try:
+        if backend is None or model is None:
+            found = model_of_fixtures(sets)
+            backend, model = backend or found[0], model or found[1]
+        if objective not in ("youden", "agreement"):
+            raise ValueError(f"--objective must be youden or agreement, got {objective!r}")
+        result = calibrate(scores, objective)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    previous = model_profile(backend, model, profiles)
+    written = None
+    if not as_json:
+        typer.echo(json.dumps({"profile": f"{backend}:{model}", **result.to_dict()}, indent=2))
+        typer.echo(f"previous profile: {previous or 'none'}")
+    if write:
+        path = write_profile(
+            backend,
+            model,
+            {
+                **result.thresholds,
+                "source": f"rag eval calibrate on {', '.join(p.name for p in cases)} ({result.cases} cases, "
+                f"{result.method}; relevanceLevel agreement {result.agreement_calibrated})",
+                "calibrated_at": datetime.now(UTC).strftime("%Y-%m-%d"),
+            },
+            profiles,
+        )
+        written = str(path)
+        if not as_json:
+            typer.echo(f"wrote {backend}:{model} to {path}")
+    if as_json:
+        payload = {"profile": f"{backend}:{model}", **result.to_dict(), "previous": previous, "written": written}
+        typer.echo(json.dumps(payload, indent=2))

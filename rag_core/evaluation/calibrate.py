@@ -28,24 +28,19 @@ strong or medium hit, WEAK/NONE for a miss): as recorded, and as the new thresho
 it from the top score (PRECISE needs L0 agreement, which fixtures do not keep, so the
 simulation counts PRECISE and RELEVANT together).
 
-Reads cases and fixtures only (no pymilvus, psycopg or torch).
+Reads cases and fixtures only (no pymilvus, psycopg or torch). The command is in
+``rag_core.cli.evaluation``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-import typer
-
-from rag_core.embedding.profiles import PROFILES_PATH, model_profile, write_profile
-from rag_core.evaluation.cases import GoldenCase, load_cases
+from rag_core.evaluation.cases import GoldenCase
 from rag_core.evaluation.evaluator import evaluate
-from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
+from rag_core.evaluation.fixtures import FixtureSet
 
 HIGH_PRECISION = 0.95
 HIGH_MIN_SHARE = 0.25
@@ -216,7 +211,9 @@ def calibrate(scores: Sequence[CaseScore], objective: str = "youden") -> Calibra
     )
 
 
-def _model_of(fixture_sets: Sequence[FixtureSet]) -> tuple[str, str]:
+def model_of_fixtures(fixture_sets: Sequence[FixtureSet]) -> tuple[str, str]:
+    """``(backend, model_id)`` the fixture manifests were recorded with; ValueError when they name
+    none or several."""
     models = set()
     for fs in fixture_sets:
         extra = fs.manifest.model_extra if fs.manifest and fs.manifest.model_extra else {}
@@ -230,66 +227,3 @@ def _model_of(fixture_sets: Sequence[FixtureSet]) -> tuple[str, str]:
             + ": pass --backend and --model"
         )
     return next(iter(models))
-
-
-def register_calibrate(eval_app: typer.Typer) -> None:
-    """Adds ``rag eval calibrate`` to the evaluation CLI."""
-
-    @eval_app.command("calibrate")
-    def calibrate_cmd(
-        cases: Annotated[list[Path], typer.Option("--cases", help="Golden case file (repeat, paired with --fixtures)")],
-        fixtures: Annotated[list[Path], typer.Option("--fixtures", help="Fixture directory recorded with the model")],
-        backend: Annotated[str | None, typer.Option(help="Embedding backend (default: from the manifests)")] = None,
-        model: Annotated[str | None, typer.Option(help="Model id (default: from the manifests)")] = None,
-        profiles: Annotated[Path, typer.Option(help="Model profile file to update")] = PROFILES_PATH,
-        write: Annotated[bool, typer.Option("--write/--dry-run", help="Write the profile")] = True,
-        objective: Annotated[str, typer.Option(help="youden (balanced separation) or agreement (accuracy)")] = "youden",
-        as_json: Annotated[
-            bool, typer.Option("--json", help="Print one JSON document (result, previous, file)")
-        ] = False,
-    ) -> None:
-        """Pick the thresholds that best separate answered from unanswered cases; write the profile."""
-        if len(cases) != len(fixtures):
-            raise typer.BadParameter("give one --fixtures directory per --cases file", param_hint="--fixtures")
-        scores: list[CaseScore] = []
-        sets = []
-        for case_file, fx_dir in zip(cases, fixtures, strict=True):
-            golden = load_cases(case_file)
-            if not fx_dir.is_dir():
-                raise typer.BadParameter(f"{fx_dir} is not a directory", param_hint="--fixtures")
-            fs = load_fixtures(fx_dir, [c.id for c in golden])
-            sets.append(fs)
-            scores += case_scores(golden, fs)
-        try:
-            if backend is None or model is None:
-                found = _model_of(sets)
-                backend, model = backend or found[0], model or found[1]
-            if objective not in ("youden", "agreement"):
-                raise ValueError(f"--objective must be youden or agreement, got {objective!r}")
-            result = calibrate(scores, objective)
-        except ValueError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        previous = model_profile(backend, model, profiles)
-        written = None
-        if not as_json:
-            typer.echo(json.dumps({"profile": f"{backend}:{model}", **result.to_dict()}, indent=2))
-            typer.echo(f"previous profile: {previous or 'none'}")
-        if write:
-            path = write_profile(
-                backend,
-                model,
-                {
-                    **result.thresholds,
-                    "source": f"rag eval calibrate on {', '.join(p.name for p in cases)} ({result.cases} cases, "
-                    f"{result.method}; relevanceLevel agreement {result.agreement_calibrated})",
-                    "calibrated_at": datetime.now(UTC).strftime("%Y-%m-%d"),
-                },
-                profiles,
-            )
-            written = str(path)
-            if not as_json:
-                typer.echo(f"wrote {backend}:{model} to {path}")
-        if as_json:
-            payload = {"profile": f"{backend}:{model}", **result.to_dict(), "previous": previous, "written": written}
-            typer.echo(json.dumps(payload, indent=2))

@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import typer
 from tqdm.auto import tqdm
 
 from rag_core.compare import candidate_row
@@ -165,32 +164,3 @@ def _filter_probe(
         "unfiltered_candidates": _candidate_rows(probe_candidates),
         "unfiltered_evidence_blocks": _block_rows(probe),
     }
-
-
-def register_record(eval_app: typer.Typer) -> None:
-    """Adds ``rag eval record`` to the evaluation CLI."""
-
-    @eval_app.command("record")
-    def record(
-        store: str = typer.Option("milvus", "--store", help="milvus or pgvector"),
-        old_store: str | None = typer.Option(None, "--path", hidden=True, help="Deprecated name of --store"),
-        cases: Path = typer.Option(..., "--cases", help="Golden case file"),
-        out: Path = typer.Option(..., "--out", help="Fixture directory to (re)write"),
-        as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
-    ) -> None:
-        """Run the real lookup pipeline per case on one store and write JSON fixtures."""
-        from rag_core.cli.common import settings_or_exit
-
-        if old_store is not None:
-            typer.echo("warning: --path is deprecated, use --store", err=True)
-            store = old_store
-        if store not in STORE_NAMES:
-            raise typer.BadParameter("must be milvus or pgvector", param_hint="--store")
-        manifest = record_fixtures(settings_or_exit(), store, cases, out)  # type: ignore[arg-type]
-        if as_json:
-            typer.echo(manifest.model_dump_json(indent=2))
-            return
-        status = manifest.store_status
-        typer.echo(
-            f"{store}: {status.status}" + (f" ({status.reason})" if status.reason else "") + f"; fixtures in {out}"
-        )

@@ -1,14 +1,15 @@
 """Running a golden suite end to end: ingest its corpus, record fixtures per store, evaluate.
 
 Like ``record``, this module runs the online stack (stores, model); the evaluation it calls
-reads fixtures only. Used by ``rag eval suites`` and the Dagster ``golden_suite_*`` assets.
+reads fixtures only. Used by ``rag eval suites`` (``rag_core.cli.recording``) and the Dagster
+``golden_suite_*`` assets.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -20,9 +21,6 @@ from rag_core.evaluation.gate import compare as gate_compare
 from rag_core.evaluation.reports import ReportFiles, load_report, write_baseline_report, write_comparison_report
 from rag_core.evaluation.suites import GoldenSuite, suite_settings
 from rag_core.settings import RagSettings
-
-if TYPE_CHECKING:
-    import typer
 
 __all__ = ["SuiteOutcome", "run_suite"]
 
@@ -131,94 +129,3 @@ def _gate(suite: GoldenSuite, current: EvaluationReport) -> GateResult | None:
     if suite.baseline is None or not suite.baseline.is_file():
         return None
     return gate_compare(load_report(suite.baseline), current)
-
-
-def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="Golden suites (main store = Milvus, sidecar = pgvector)")
-    for column in (
-        "suite",
-        "status",
-        "store",
-        "cases",
-        "strong/medium/miss",
-        "recall@5",
-        "MRR",
-        "filter hurt/rescued/helped/same",
-        "gate",
-    ):
-        table.add_column(column, overflow="fold")
-    for o in outcomes:
-        if o.status != "ok":
-            table.add_row(o.suite, o.status, "", "", "", "", "", "", o.reason or "")
-            continue
-        for store, r in o.reports.items():
-            s, cost = r.summary, r.filter_cost
-            effects = (
-                "/".join(str(cost.counts[e]) for e in ("hurt", "rescued", "helped", "no_difference")) if cost else ""
-            )
-            gate = "" if store != "milvus" or o.gate is None else ("pass" if o.gate.passed else "FAIL")
-            table.add_row(
-                o.suite,
-                r.store_status.status,
-                store,
-                str(s.case_count),
-                f"{s.strong}/{s.medium}/{s.miss}",
-                _fmt(s.recall_at_k.get(5)),
-                _fmt(s.mrr),
-                effects,
-                gate,
-            )
-    Console(width=200).print(table)
-
-
-def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def register_suites(eval_app: typer.Typer) -> None:
-    """Adds ``rag eval suites`` to the evaluation CLI."""
-    import typer
-
-    @eval_app.command("suites")
-    def suites(
-        suite: list[str] = typer.Option([], "--suite", help="Suite name (repeatable); default all"),
-        suites_file: Path = typer.Option(None, "--suites-file", help="Suites YAML (default golden/suites.yaml)"),
-        out: Path = typer.Option(None, "--out", help="Report dir (default <data_dir>/reports/suites)"),
-        sidecar: bool = typer.Option(True, "--sidecar/--no-sidecar", help="Also evaluate the pgvector sidecar"),
-        as_json: bool = typer.Option(False, "--json", help="Print the outcomes as JSON"),
-    ) -> None:
-        """Ingest each suite's corpus into its own index, record both stores, evaluate, gate.
-
-        Exit 1 when a suite's gate fails or a suite failed, 2 on an unusable suites file.
-        """
-        from rag_core.cli.common import settings_or_exit
-        from rag_core.components import make_embedder
-        from rag_core.evaluation.suites import DEFAULT_SUITES_FILE, SuiteFileError, load_suites
-
-        settings = settings_or_exit()
-        try:
-            chosen = load_suites(suites_file or DEFAULT_SUITES_FILE)
-        except SuiteFileError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from None
-        unknown = sorted(set(suite) - {s.name for s in chosen})
-        if unknown:
-            typer.echo(f"error: --suite: unknown suite(s) {', '.join(unknown)}", err=True)
-            raise typer.Exit(2)
-        embedder = make_embedder(settings)
-        out_dir = out or settings.data_dir / "reports" / "suites"
-        outcomes = [
-            run_suite(settings, s, embedder, out_dir, with_sidecar=sidecar, progress=not as_json)
-            for s in chosen
-            if not suite or s.name in suite
-        ]
-        if as_json:
-            typer.echo("[" + ",".join(o.model_dump_json(exclude={"reports"}) for o in outcomes) + "]")
-        else:
-            _print_outcomes(outcomes)
-            typer.echo(f"Reports: {out_dir}")
-        if any(o.status == "failed" or (o.gate is not None and not o.gate.passed) for o in outcomes):
-            raise typer.Exit(1)
