@@ -5,31 +5,16 @@ from contextlib import contextmanager
 
 import pytest
 from conftest import RUNBOOKS, make_settings, need_shared
+from fakes import CountingEmbedder
 
 import rag_core.ingest.apply as apply_stage
 from rag_core.health import check_health
 from rag_core.ingest.index_state import state_path
 from rag_core.ingest.pipeline import chunk_documents, ingest
 from rag_core.ingest.plan import scan_knowledge
-from rag_core.lookup.title_similarity import TITLE_LABEL
 from rag_core.stores.milvus import MilvusStore
 
 pytestmark = pytest.mark.integration  # the real model, and Milvus Lite (file or embedded server)
-
-
-class CountingEmbedder:
-    """Wraps the real embedder and counts embedded chunk texts (not the titles ingest embeds for
-    the rerank, whose rows are labelled ``title: ``)."""
-
-    def __init__(self, inner):
-        self.inner, self.count = inner, 0
-
-    def __getattr__(self, attr):
-        return getattr(self.inner, attr)
-
-    def embed_passages(self, texts, ids=None):
-        self.count += len(texts) - sum(1 for label in ids or () if label.startswith(TITLE_LABEL))
-        return self.inner.embed_passages(texts, ids)
 
 
 class FailingAfter:

@@ -7,64 +7,21 @@ a stale plan is refused; the embedding cache serves a second run and misses afte
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import make_settings
+from fakes import POISON, HashEmbedder
 
-from rag_core.embedding.base import ModelIdentity, check_vectors
 from rag_core.ingest.apply import StalePlanError, apply_plan
 from rag_core.ingest.embed import embed_plan
 from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.ingest.pipeline import ingest
 from rag_core.ingest.plan import chunk_scan, plan_ingest, read_store_state, scan_knowledge
-from rag_core.lookup.title_similarity import TITLE_LABEL
 from rag_core.stores.memory import InMemoryStore
 
 DIM = 8
-POISON = "POISON"
-
-
-class FakeEmbedder:
-    """Deterministic unit vectors from the text's hash; a text holding ``POISON`` gets NaN.
-
-    ``checked=True`` behaves like the real backends (the shared check raises BadVectorError for
-    the batch); ``checked=False`` returns the NaN row as is. ``texts`` counts embedded chunk
-    passages, ``titles`` the document titles ingest embeds for the rerank (rows labelled ``title: ``).
-    """
-
-    backend, model_id, dimension, max_tokens = "fake", "fake-hash", DIM, 512
-
-    def __init__(self, fingerprint: str = "f" * 16, checked: bool = True) -> None:
-        self.fingerprint, self.checked, self.texts, self.calls, self.titles = fingerprint, checked, 0, 0, 0
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def identity(self) -> ModelIdentity:
-        return ModelIdentity(self.backend, self.model_id, DIM, self.fingerprint)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_passages([text])[0]
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed_passages(texts)
-
-    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        self.calls += 1
-        titles = sum(1 for label in ids or () if label.startswith(TITLE_LABEL))
-        self.texts, self.titles = self.texts + len(texts) - titles, self.titles + titles
-        rows = []
-        for text in texts:
-            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
-            v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
-            rows.append(np.full(DIM, np.nan, np.float32) if POISON in text else v / np.linalg.norm(v))
-        out = np.stack(rows)
-        labels = list(ids) if ids is not None else [f"text #{i}" for i in range(len(texts))]
-        return check_vectors(out, labels, DIM) if self.checked else out
 
 
 def _kb(root: Path) -> Path:
@@ -94,7 +51,7 @@ def _plan(settings, embedder, stores):
 @pytest.mark.parametrize("checked", [True, False], ids=["backend-rejects", "raw-nan"])
 def test_nan_vector_skips_its_document_with_path_and_heading(tmp_path, kb, checked):
     settings = make_settings(tmp_path / "data", kb)
-    store, emb = InMemoryStore(), FakeEmbedder(checked=checked)
+    store, emb = InMemoryStore(), HashEmbedder(DIM, checked=checked)
     report = ingest(settings, emb, [store], progress=False)
     [issue] = report.skipped
     assert issue.path == "ops/beta.md" and issue.heading == "Beta > Mitigation"
@@ -110,7 +67,7 @@ def test_skipped_document_keeps_its_previous_chunks(tmp_path, kb):
     beta = kb / "ops" / "beta.md"
     poisoned = beta.read_text()
     beta.write_text(poisoned.replace(POISON, "now"))
-    store, emb = InMemoryStore(), FakeEmbedder()
+    store, emb = InMemoryStore(), HashEmbedder(DIM)
     ingest(settings, emb, [store], progress=False)
     before = {cid: v for cid, v in store.chunk_hashes().items() if v[0] == "ops/beta.md"}
     beta.write_text(poisoned)  # an edit whose embedding fails: the old version stays searchable
@@ -121,7 +78,7 @@ def test_skipped_document_keeps_its_previous_chunks(tmp_path, kb):
 
 def test_stale_plan_is_refused_and_writes_nothing(tmp_path, kb):
     settings = make_settings(tmp_path / "data", kb)
-    store, emb = InMemoryStore(), FakeEmbedder()
+    store, emb = InMemoryStore(), HashEmbedder(DIM)
     plan = _plan(settings, emb, [store])
     embeddings = embed_plan(plan, emb, EmbeddingCache.under(settings.data_dir))
     ingest(settings, emb, [store], progress=False)  # another writer gets there first
@@ -134,7 +91,7 @@ def test_stale_plan_is_refused_and_writes_nothing(tmp_path, kb):
 def test_embedded_once_for_every_store(tmp_path, kb):
     settings = make_settings(tmp_path / "data", kb)
     (kb / "ops" / "beta.md").unlink()
-    first, second, emb = InMemoryStore(), InMemoryStore(), FakeEmbedder()
+    first, second, emb = InMemoryStore(), InMemoryStore(), HashEmbedder(DIM)
     second.name = "memory2"
     report = ingest(settings, emb, [first, second], progress=False)
     assert emb.texts == report.chunks_total == first.count() == second.count()
@@ -145,7 +102,7 @@ def test_embedded_once_for_every_store(tmp_path, kb):
 def test_cache_hit_on_second_run_and_miss_after_a_model_change(tmp_path, kb):
     settings = make_settings(tmp_path / "data", kb)
     (kb / "ops" / "beta.md").unlink()
-    emb = FakeEmbedder()
+    emb = HashEmbedder(DIM)
     first = ingest(settings, emb, [InMemoryStore()], progress=False)
     assert emb.texts == first.chunks_total > 0 and emb.titles == 3
     # A fresh store (e.g. --rebuild, or a new sidecar) needs every vector: all from the cache.
@@ -153,7 +110,7 @@ def test_cache_hit_on_second_run_and_miss_after_a_model_change(tmp_path, kb):
     assert emb.texts == first.chunks_total and emb.titles == 3  # titles too
     assert again.embedding_cache_hits == again.chunks_embedded == first.chunks_total
     assert again.passages_embedded == 0
-    other = FakeEmbedder(fingerprint="0" * 16)  # same backend and dimension, other settings
+    other = HashEmbedder(DIM, fingerprint="0" * 16)  # same backend and dimension, other settings
     changed = ingest(settings, other, [InMemoryStore()], progress=False)
     assert other.texts == changed.passages_embedded == first.chunks_total
     assert changed.embedding_cache_hits == 0
@@ -164,7 +121,7 @@ def test_cache_hit_on_second_run_and_miss_after_a_model_change(tmp_path, kb):
 def test_cached_bad_vector_is_not_reused(tmp_path, kb):
     settings = make_settings(tmp_path / "data", kb)
     (kb / "ops" / "beta.md").unlink()
-    emb = FakeEmbedder()
+    emb = HashEmbedder(DIM)
     plan = _plan(settings, emb, [InMemoryStore()])
     cache = EmbeddingCache.under(settings.data_dir)
     cache.put_many(emb.identity(), {c.content_hash: np.zeros(DIM, np.float32) for c in plan.to_embed()})
@@ -176,7 +133,7 @@ def test_plan_makes_no_write_and_refuses_a_wipe(tmp_path, kb):
     from rag_core.ingest.plan import IngestRefusedError
 
     settings = make_settings(tmp_path / "data", kb)
-    store, emb = InMemoryStore(), FakeEmbedder()
+    store, emb = InMemoryStore(), HashEmbedder(DIM)
     ingest(settings, emb, [store], progress=False)
     for doc in ("alpha", "gamma", "delta"):
         (kb / "ops" / f"{doc}.md").unlink()
@@ -193,7 +150,7 @@ def test_rag_ingest_partial_exits_3_and_lists_the_document(tmp_path, kb, monkeyp
     from rag_core.cli import app
 
     store = InMemoryStore()
-    monkeypatch.setattr(components, "make_embedder", lambda settings: FakeEmbedder())
+    monkeypatch.setattr(components, "make_embedder", lambda settings: HashEmbedder(DIM))
     monkeypatch.setattr(components, "make_stores", lambda settings, sidecar=None: [store])
     monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path / "data"))
     res = CliRunner().invoke(app, ["ingest", "--knowledge-dir", str(kb)])
@@ -252,8 +209,8 @@ def test_a_chunk_a_store_cannot_hold_skips_its_document_at_chunking(tmp_path, kb
     (kb / "ops" / "long.md").write_text(f"---\ntitle: {long_title}\n---\n# Long\n\n## Steps\n\nRestart it.\n")
     settings = make_settings(tmp_path / "data", kb)
     scan = scan_knowledge(settings.knowledge_dir, settings.max_document_bytes)
-    unchecked = chunk_scan(scan.documents, FakeEmbedder().count_tokens, 256)
-    checked = chunk_scan(scan.documents, FakeEmbedder().count_tokens, 256, chunk_checks(settings))
+    unchecked = chunk_scan(scan.documents, HashEmbedder(DIM).count_tokens, 256)
+    checked = chunk_scan(scan.documents, HashEmbedder(DIM).count_tokens, 256, chunk_checks(settings))
     assert "ops/long.md" in {d.doc_id for d in unchecked.documents}  # chunking alone knows no store limits
     issue = next(i for i in checked.issues if i.path == "ops/long.md")
     assert "title" in issue.reason and "1200" in issue.reason and "VARCHAR" in issue.reason

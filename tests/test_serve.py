@@ -6,16 +6,15 @@ TestClient. Each answer is compared with the same tool called from Python."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import socket
 import threading
 import time
-from collections.abc import Sequence
 
 import httpx
 import numpy as np
 import pytest
 from conftest import make_settings
+from fakes import HashEmbedder
 
 pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not installed")
 
@@ -24,7 +23,6 @@ from fastapi.testclient import TestClient  # noqa: E402
 from mcp import Client  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 
-from rag_core.embedding.base import ModelIdentity, check_vectors  # noqa: E402
 from rag_core.ingest.pipeline import ingest  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool, tool_definition  # noqa: E402
 from rag_core.serve.http_app import served_app  # noqa: E402
@@ -35,32 +33,6 @@ from rag_core.stores.memory import InMemoryStore  # noqa: E402
 
 DIM = 16
 QUERY = "RedisMemoryHigh fired on redis-main"
-
-
-class FakeEmbedder:
-    """Deterministic unit vectors from the text's hash (no model)."""
-
-    backend, model_id, dimension, max_tokens, fingerprint = "fake", "fake-hash", DIM, 512, "f" * 16
-
-    def count_tokens(self, text: str) -> int:
-        return len(text.split())
-
-    def identity(self) -> ModelIdentity:
-        return ModelIdentity(self.backend, self.model_id, DIM, self.fingerprint)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_passages([text])[0]
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed_passages(texts)
-
-    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        rows = []
-        for text in texts:
-            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
-            v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
-            rows.append(v / np.linalg.norm(v))
-        return check_vectors(np.stack(rows), list(ids) if ids else [f"text #{i}" for i in range(len(texts))], DIM)
 
 
 class CapturingRecorder:
@@ -82,7 +54,7 @@ class CapturingRecorder:
 @pytest.fixture
 def indexed(tmp_path, kb_copy):
     settings = make_settings(tmp_path / "data", kb_copy, ensemble_backend="none")
-    store, embedder = InMemoryStore(), FakeEmbedder()
+    store, embedder = InMemoryStore(), HashEmbedder(DIM)
     ingest(settings, embedder, [store], progress=False)
     return settings, store, embedder
 
