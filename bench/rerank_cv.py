@@ -288,7 +288,7 @@ def cached_records(
     path = root / "features" / f"{name}-{key}.pkl"
     if path.is_file():
         with path.open("rb") as fh:
-            records: list[Record] = pickle.load(fh)
+            records: list[Record] = _Unpickler(fh).load()
         return records
     t0 = time.perf_counter()
     log(f"features: {name} ({len(items)} queries)")
@@ -310,8 +310,16 @@ def dump_path(name: str, root: Path) -> Path:
 def load_dump(name: str, root: Path) -> IndexDump:
     """The :class:`IndexDump` of index ``name`` (written with its records)."""
     with dump_path(name, root).open("rb") as fh:
-        dump: IndexDump = pickle.load(fh)
+        dump: IndexDump = _Unpickler(fh).load()
     return dump
+
+
+class _Unpickler(pickle.Unpickler):
+    """Reads records pickled by ``python -m bench.rerank_cv`` (classes of ``__main__``) from any
+    importer."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class("bench.rerank_cv" if module == "__main__" else module, name)
 
 
 def data_dir_for(lang: str, root: Path) -> Path:

@@ -218,7 +218,11 @@ def unit(v: np.ndarray) -> np.ndarray:
     return v / n if n > 1e-9 else v
 
 
-def index_signals(dump: IndexDump, sparse: SparseEncoder | None, dense: DenseEncoder) -> IndexSignals:
+def index_signals(
+    dump: IndexDump, sparse: SparseEncoder | None, dense: DenseEncoder, concat: bool = False
+) -> IndexSignals:
+    """The signals of one index; ``concat``: embed each document's joined view text (one
+    passage per document and index: the costly part), ``sparse``: encode every chunk."""
     import bm25s
 
     doc_rows: dict[str, list[int]] = {}
@@ -230,10 +234,10 @@ def index_signals(dump: IndexDump, sparse: SparseEncoder | None, dense: DenseEnc
         sec = section_rows(dump, rows) or rows
         views[d] = {"rows": sec, "mean": unit(dump.vectors[sec].mean(axis=0))}
         concat_texts[d] = "\n\n".join(dump.texts[r] for r in sec)
-    docs = list(concat_texts)
-    concat = dense.encode([concat_texts[d] for d in docs], "passage")
-    for d, v in zip(docs, concat, strict=True):
-        views[d]["concat"] = v
+    if concat:
+        docs = list(concat_texts)
+        for d, v in zip(docs, dense.encode([concat_texts[d] for d in docs], "passage"), strict=True):
+            views[d]["concat"] = v
     bm25 = bm25s.BM25(k1=1.2, b=0.75)
     bm25.index([lexical_string(t).split() or [""] for t in dump.texts], show_progress=False)
     smat = sparse_matrix(sparse.encode(dump.texts)) if sparse is not None else None
@@ -504,12 +508,12 @@ def kind_rows(variant: str, items: Sequence[KnownItem], hand_q: np.ndarray, var_
 
 
 def signals_for(
-    names: Sequence[str], root: Path, sparse: SparseEncoder | None, dense: DenseEncoder
+    names: Sequence[str], root: Path, sparse: SparseEncoder | None, dense: DenseEncoder, concat: bool
 ) -> dict[str, IndexSignals]:
     out = {}
     for name in names:
         t0 = time.perf_counter()
-        out[name] = index_signals(load_dump(name, root), sparse, dense)
+        out[name] = index_signals(load_dump(name, root), sparse, dense, concat)
         log(f"signals: {name} ({len(out[name].dump.chunk_ids)} chunks, {time.perf_counter() - t0:.0f} s)")
     return out
 
@@ -520,7 +524,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         {
             "--folds": {"type": int, "default": 5},
             "--cache": {"type": Path, "default": CACHE, "help": "bench.rerank_cv's cache (features, index dumps)"},
-            "--variants": {"default": ",".join(VARIANTS), "help": f"comma-separated, of: {', '.join(VARIANTS)}"},
+            "--variants": {
+                "default": ",".join(v for v in VARIANTS if v != "view-concat"),  # one passage per doc and index
+                "help": f"comma-separated, of: {', '.join(VARIANTS)}",
+            },
             "--suites": {"action": "store_true", "help": "also score the visible golden suites (check only)"},
         },
         argv,
@@ -540,7 +547,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     dense = DenseEncoder(root)
     suites = suite_records(args.cache) if args.suites else []
     names = sorted({i.index for i in items} | {f"suite-{s[0]}" for s in suites})
-    sig = signals_for(names, args.cache, sparse, dense)
+    sig = signals_for(names, args.cache, sparse, dense, "view-concat" in variants)
+    if any(v.startswith("decomp") for v in variants):  # every clause in one batch
+        every = [r for r in records] + [r for s in suites for r in s[2]]
+        dense.encode(list(dict.fromkeys(c for r in every for c in clause_views(r.rewritten))), "query")
     out: list[str] = []
     kinds: list[list[str]] = []
     suite_rows: list[list[str]] = []
