@@ -36,7 +36,7 @@ import pickle
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,24 @@ class Record:
     named: set[str]
     tail: list[str]
     pipeline: list[str]
+    # For offline variants (bench.symptom_cv): the kept candidates' chunk ids, the query vector
+    # the pipeline searched with, its rewritten text and lexical terms.
+    chunk_ids: list[str] = field(default_factory=list)
+    query_vector: np.ndarray | None = None
+    rewritten: str = ""
+    lexical_terms: list[str] = field(default_factory=list)
+
+
+@dataclass
+class IndexDump:
+    """Every chunk of one index as the pipeline saw it: ids, doc ids, embed texts (breadcrumb +
+    text), breadcrumbs and the main model's (n, dim) unit vectors."""
+
+    chunk_ids: list[str]
+    doc_ids: list[str]
+    texts: list[str]
+    breadcrumbs: list[str]
+    vectors: np.ndarray
 
 
 def dedupe(ids: Iterable[str]) -> list[str]:
@@ -174,10 +192,12 @@ def fit_ranker(
 # --- features --------------------------------------------------------------------------------
 
 
-def capture(items: Sequence[KnownItem], knowledge: Path, data: Path, shared: dict[str, Any]) -> list[Record]:
+def capture(
+    items: Sequence[KnownItem], knowledge: Path, data: Path, shared: dict[str, Any]
+) -> tuple[list[Record], IndexDump]:
     """A Record per item through the real pipeline on an in-memory index of ``knowledge``
     (embedding cache in ``data``; ``shared`` keeps the main embedder and the second model's and
-    titles' vector caches across indexes)."""
+    titles' vector caches across indexes), and the index's chunks."""
     from rag_core.embedding import make_embedder
     from rag_core.ingest.pipeline import ingest
     from rag_core.l0 import L0Index
@@ -203,12 +223,23 @@ def capture(items: Sequence[KnownItem], knowledge: Path, data: Path, shared: dic
         seen.append(original(self, *args, **kw))
         return seen[-1]
 
+    retrieved: list[Any] = []
+    original_retrieve = tool._retrieve
+
+    def spy_retrieve(tq: Any, timings: Any) -> Any:
+        out = original_retrieve(tq, timings)
+        retrieved.append((tq, out[0]))
+        return out
+
+    tool._retrieve = spy_retrieve  # type: ignore[method-assign]
     records = []
     KnowledgeEvidencePostProcessor.features = spy  # type: ignore[method-assign]
     try:
         for n, item in enumerate(items, start=1):
             seen.clear()
+            retrieved.clear()
             result, candidates = tool.lookup_with_candidates(item.query)
+            tq, outcome = retrieved[-1] if retrieved else (None, None)
             f = seen[-1] if seen else None
             kept = f.kept if f is not None else []
             records.append(
@@ -222,6 +253,10 @@ def capture(items: Sequence[KnownItem], knowledge: Path, data: Path, shared: dic
                     named=set(f.named) if f is not None else set(),
                     tail=dedupe(c.hit.doc_id for c in candidates),
                     pipeline=dedupe([b.doc_id for b in result.evidence_blocks] + [c.hit.doc_id for c in candidates]),
+                    chunk_ids=[c.hit.chunk_id for c in kept],
+                    query_vector=None if outcome is None else outcome.query_vector,
+                    rewritten=tq.rewritten if tq is not None else "",
+                    lexical_terms=list(tq.lexical_terms) if tq is not None else [],
                 )
             )
             if n % 200 == 0:
@@ -231,7 +266,18 @@ def capture(items: Sequence[KnownItem], knowledge: Path, data: Path, shared: dic
     shared.setdefault("ensemble", tool.ensemble)
     shared.setdefault("documents", tool._documents)
     tool.close()
-    return records
+    ids = sorted(store.chunk_hashes())
+    stored = store.fetch(ids)
+    from rag_core.models import embed_text
+
+    dump = IndexDump(
+        chunk_ids=ids,
+        doc_ids=[stored[i].doc_id for i in ids],
+        texts=[embed_text(stored[i].breadcrumb, stored[i].text) for i in ids],
+        breadcrumbs=[stored[i].breadcrumb for i in ids],
+        vectors=np.vstack([stored[i].vector for i in ids]) if ids else np.zeros((0, 0), dtype=np.float32),
+    )
+    return records, dump
 
 
 def cached_records(
@@ -242,16 +288,38 @@ def cached_records(
     path = root / "features" / f"{name}-{key}.pkl"
     if path.is_file():
         with path.open("rb") as fh:
-            records: list[Record] = pickle.load(fh)
+            records: list[Record] = _Unpickler(fh).load()
         return records
     t0 = time.perf_counter()
     log(f"features: {name} ({len(items)} queries)")
-    records = capture(items, knowledge, data, shared)
+    records, dump = capture(items, knowledge, data, shared)
     log(f"features: {name} done in {time.perf_counter() - t0:.0f} s")
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as fh:
         pickle.dump(records, fh)
+    with dump_path(name, root).open("wb") as fh:
+        pickle.dump(dump, fh)
     return records
+
+
+def dump_path(name: str, root: Path) -> Path:
+    """Where :func:`cached_records` keeps the :class:`IndexDump` of index ``name``."""
+    return root / "features" / f"{name}-chunks.pkl"
+
+
+def load_dump(name: str, root: Path) -> IndexDump:
+    """The :class:`IndexDump` of index ``name`` (written with its records)."""
+    with dump_path(name, root).open("rb") as fh:
+        dump: IndexDump = _Unpickler(fh).load()
+    return dump
+
+
+class _Unpickler(pickle.Unpickler):
+    """Reads records pickled by ``python -m bench.rerank_cv`` (classes of ``__main__``) from any
+    importer."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        return super().find_class("bench.rerank_cv" if module == "__main__" else module, name)
 
 
 def data_dir_for(lang: str, root: Path) -> Path:
