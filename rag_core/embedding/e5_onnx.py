@@ -42,7 +42,7 @@ from numpy.typing import NDArray
 QK = 32  # values per Q4_0 block (e5.c)
 META = "\u2581"  # SentencePiece metaspace
 _BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])
-FORMAT = "e5s1-fp32-v1"  # bump when the graph changes: names the converted file
+FORMAT = "e5s1-v1"  # bump when the graph changes: names the converted file
 
 
 @dataclass(frozen=True)
