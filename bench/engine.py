@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, STORE_MS_MEANS, CapturingRecorder, log, ratio, store_ms, summarize
+from bench.common import RUNBOOKS, STORE_MS_MEANS, CapturingRecorder, error_entry, log, ratio, store_ms, summarize
 from bench.context import BenchContext
 from bench.harness import Goal, Missing, Reading, Results, Target, as_times, measure, section
 from bench.latency import build_tool
@@ -175,7 +175,7 @@ def run(ctx: BenchContext, rounds: int | None = None) -> dict[str, Any]:
             out[name] = fn()
         except Exception as exc:  # one part failing must not lose the others
             log(f"engine: {name} failed: {exc}")
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            out[name] = error_entry(exc)
     return out
 
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, log, progress, ratio
+from bench.common import Budget, error_entry, log, progress, ratio
 from bench.harness import Stats, Target, measure
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
@@ -595,7 +595,7 @@ class ScaleRun:
             loaded = fut.result()
         except Exception as exc:
             log(f"scale {sr.n:,}: {b.name} load failed: {exc}")
-            sr.res["stores"][b.name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            sr.res["stores"][b.name] = error_entry(exc)
             return
         sr.res["setup"][b.name] = loaded.setup
         try:
@@ -608,7 +608,7 @@ class ScaleRun:
             return b.measure(self, sr, handle)
         except Exception as exc:  # one store failing must not lose the others
             log(f"scale {sr.n:,}: {b.name} failed: {exc}")
-            return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            return error_entry(exc)
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:
