@@ -29,7 +29,7 @@ class FaultRows:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.out = sys.stdout  # pytest's own report goes to /dev/null (``main``)
+        self.out = sys.stdout  # pytest's own report goes to stderr (``main``)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         row = dict(report.user_properties).get("fault_row")
@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     select = ["-k", " or ".join(args.only)] if args.only else []
     rows = FaultRows()
     log(f"running {TESTS.name} (-m faults)")
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+    with contextlib.redirect_stdout(sys.stderr):  # pytest's own report beside the logs
         code = pytest.main([str(TESTS), "-m", "faults", "-s", "-p", "no:cacheprovider", *select], plugins=[rows])
     return 0 if code == 0 and rows.lines else 1
 
