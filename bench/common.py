@@ -51,6 +51,20 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     return round(a / b, digits)
 
 
+def error_entry(exc: BaseException, limit: int = 500) -> dict[str, str]:
+    """A failed benchmark's (or part's) results entry: ``{"error": "Type: message"}``."""
+    return {"error": f"{type(exc).__name__}: {exc}"[:limit]}
+
+
+def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:
+    """The chunks of ``knowledge_dir``, scanned and chunked exactly as ``ingest`` does."""
+    from rag_core.ingest.documents import scan_documents
+    from rag_core.ingest.pipeline import IngestReport, chunk_documents
+
+    docs, _issues = scan_documents(knowledge_dir)
+    return chunk_documents(docs, settings, IngestReport(str(knowledge_dir)))[1]
+
+
 # --- budget and progress -----------------------------------------------------------------------
 
 

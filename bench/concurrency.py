@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import CapturingRecorder, log, ratio, summarize
+from bench.common import CapturingRecorder, error_entry, log, ratio, summarize
 from bench.context import BenchContext
 from bench.latency import build_tool, open_store
 
@@ -65,5 +65,5 @@ def run(
             out["paths"][path] = rows
         except Exception as exc:
             log(f"concurrency: {path} failed: {exc}")
-            out["paths"][path] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            out["paths"][path] = error_entry(exc)
     return out

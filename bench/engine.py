@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, STORE_MS_MEANS, CapturingRecorder, log, ratio, store_ms, summarize
+from bench.common import RUNBOOKS, STORE_MS_MEANS, CapturingRecorder, error_entry, log, ratio, store_ms, summarize
 from bench.context import BenchContext
 from bench.harness import Goal, Missing, Reading, Results, Target, as_times, measure, section
 from bench.latency import build_tool
@@ -175,7 +175,7 @@ def run(ctx: BenchContext, rounds: int | None = None) -> dict[str, Any]:
             out[name] = fn()
         except Exception as exc:  # one part failing must not lose the others
             log(f"engine: {name} failed: {exc}")
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            out[name] = error_entry(exc)
     return out
 
 
@@ -254,50 +254,14 @@ _100K = ("scale", "sizes", "100000")
 GOALS: tuple[Goal, ...] = (
     _lookup_vs("pgvector", LOOKUP_VS_PG_MAX, "pgvector path (warm, after ingest in-process)"),
     _lookup_vs("floor", LOOKUP_VS_FLOOR_MAX, "floor (embedding + exact NumPy + BM25 in memory)"),
-    Goal(
-        "engine_100k_search",
-        "100k chunks: Milvus FLAT search p50 vs exact NumPy",
-        f"<= {SCALE_VS_NUMPY_MAX}x, recall@10 >= 0.99",
-        "<=",
-        SCALE_VS_NUMPY_MAX,
-        _100K,
-        _search_100k,
-        as_times,
-        when=_on_100k,
-    ),
-    Goal(
-        "engine_100k_filtered",
-        "100k chunks: filtered recall@10 (one category)",
-        "= 1.0",
-        ">=",  # recall is at most 1: >= 1.0 is = 1.0
-        1.0,
-        _100K,
-        _filtered_100k,
-        lambda v: f"{v:.3f}",
-        borderline=False,
-        when=_on_100k,
-    ),
-    Goal(
-        "engine_100k_bm25",
-        "100k chunks: BM25 search p50",
-        f"<= {BM25_P50_MAX_MS} ms",
-        "<=",
-        BM25_P50_MAX_MS,
-        (*_100K, "stores", "milvus"),
-        _bm25_100k,
-        lambda v: f"{v:.2f} ms",
-        when=_on_100k,
-    ),
-    Goal(
-        "engine_ingest_while_serving",
-        "8-thread lookups while another process runs `rag ingest`",
-        "0 failures",
-        "<=",
-        0,
-        ("engine", "serving"),
-        _serving,
-        lambda v: f"{v:g} failed",
-        borderline=False,
-        when=_on_serving,
-    ),
-)
+    Goal("engine_100k_search", "100k chunks: Milvus FLAT search p50 vs exact NumPy",
+         f"<= {SCALE_VS_NUMPY_MAX}x, recall@10 >= 0.99", "<=", SCALE_VS_NUMPY_MAX, _100K, _search_100k, as_times,
+         when=_on_100k),
+    # recall is at most 1: >= 1.0 is = 1.0
+    Goal("engine_100k_filtered", "100k chunks: filtered recall@10 (one category)", "= 1.0", ">=", 1.0, _100K,
+         _filtered_100k, lambda v: f"{v:.3f}", borderline=False, when=_on_100k),
+    Goal("engine_100k_bm25", "100k chunks: BM25 search p50", f"<= {BM25_P50_MAX_MS} ms", "<=", BM25_P50_MAX_MS,
+         (*_100K, "stores", "milvus"), _bm25_100k, lambda v: f"{v:.2f} ms", when=_on_100k),
+    Goal("engine_ingest_while_serving", "8-thread lookups while another process runs `rag ingest`", "0 failures",
+         "<=", 0, ("engine", "serving"), _serving, lambda v: f"{v:g} failed", borderline=False, when=_on_serving),
+)  # fmt: skip

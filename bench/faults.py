@@ -1,651 +1,71 @@
 """Fault injection end to end on the English runbook corpus (issue 12): ``make faults``.
 
-Builds one index (embedded Milvus + pgvector sidecar, the real default model) from a copy of
-the runbook corpus, then injects one fault at a time and prints one line per fault: what was
-injected, what the product did, rows lost (must be 0), lookups failed (must be 0), PASS/FAIL.
+Runs the ``faults``-marked tests (``tests/test_faults.py``: what each fault injects and checks)
+and prints one line per fault: what was injected, what the product did, rows lost (must be 0),
+lookups failed (must be 0), PASS/FAIL. Exit 1 on any FAIL.
 
-* row 1  ingest of an empty / wrong (existing) knowledge dir (the wipe guard)
-* row 2  one chunk's embedding is NaN during ``ingest()`` (the bad document is skipped)
-* row 5  NaN / inf / 1e-29-scaled vectors written to and searched in both stores
-* row 6  the sidecar PostgreSQL hangs (accepts TCP, never answers): lookup p50 vs sidecar off
-* row 7  rows lost from the Milvus index under a live tool: warm_up / doctor, lookups, repair
-* row 8  `rag ingest --rebuild` (both stores) in another process under a live lookup loop
-* trace  the trace store goes down during 4-thread lookups, then comes back
-
-A lookup "fails" when it raises, returns non-strict JSON, or claims a normal answer (status ok
-with L1 evidence) while its store is known to be broken. Rows lost counts chunks the product
-removed or failed to keep (for row 7: still missing after the repair ingest).
-
-    python -m bench.faults [--knowledge-dir DIR] [--lookups 30]
+    python -m bench.faults [--knowledge-dir DIR] [--only row1 row6 ...] [--lookups 150]
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
-import socket
-import statistics
-import threading
-import time
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from bench.common import RUNBOOKS, log, parse_command_line
+from rag_core.settings import PROJECT_ROOT
 
-from bench.common import RUNBOOKS, Scratch, log, make_settings, parse_command_line
-from bench.queries import golden_queries
-from rag_core.embedding import check_vectors
-from rag_core.settings import RagSettings
-
-NAN_MARKER = "injected-nan-fault"
+TESTS = PROJECT_ROOT / "tests" / "test_faults.py"
+FAULTS = ("row1", "row2", "row5", "row6", "row7", "row8", "trace")
 
 
-# --- helpers ---------------------------------------------------------------------------------
-
-
-def strict_json(result: Any) -> bool:
-    try:
-        json.dumps(result.to_json(), allow_nan=False)
-        return True
-    except ValueError:
-        return False
-
-
-def run_lookups(tool: Any, qs: Sequence[str], broken_store: bool = False) -> tuple[int, list[float], list[Any]]:
-    """(failed lookups, latencies in ms, results). See the module docstring for "failed"."""
-    failed, ms, results = 0, [], []
-    for q in qs:
-        t0 = time.perf_counter()
-        try:
-            r = tool.lookup(q)
-        except Exception:  # the contract is that lookup never raises
-            failed += 1
-            continue
-        ms.append((time.perf_counter() - t0) * 1000)
-        results.append(r)
-        silent = broken_store and r.status == "ok" and r.retrieval_trace.layer != "L0"
-        if not strict_json(r) or silent:
-            failed += 1
-    return failed, ms, results
-
-
-def rows_lost(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> int:
-    """Chunk ids of ``before`` (per store) missing from ``after``."""
-    return sum(len(set(before[n]) - set(after[n])) for n in before)
-
-
-def line(row: str, injected: str, did: str, lost: int | None, failed: int | None, ok: bool) -> str:
-    lost_s = "n/a" if lost is None else str(lost)
-    failed_s = "n/a" if failed is None else str(failed)
-    verdict = "PASS" if ok and (lost or 0) == 0 and (failed or 0) == 0 else "FAIL"
-    return (
-        f"{row:6} | injected: {injected} | product: {did} | rows lost: {lost_s} | "
-        f"lookups failed: {failed_s} | {verdict}"
-    )
-
-
-class HungServer:
-    """Accepts TCP connections and never answers (a hung PostgreSQL)."""
+class FaultRows:
+    """pytest plugin: prints each fault test's row (its ``fault_row`` property) as it ends, and a
+    FAIL row for a test that raised before making one (the index set-up included)."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                self.conns.append(self.sock.accept()[0])
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.sock.close()
-        for c in self.conns:
-            c.close()
-
-
-class SwitchableProxy:
-    """A TCP front for a PostgreSQL unix socket that can be switched off (connection refused,
-    open connections cut) and on again: a trace-store outage without touching the server."""
-
-    def __init__(self, unix_path: str) -> None:
-        self.unix_path = unix_path
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
-        self._lock = threading.Lock()
-        self._pairs: list[tuple[socket.socket, socket.socket]] = []
-        self._listener: socket.socket | None = None
-        self.up()
-
-    def up(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def down(self) -> None:
-        if self._listener is not None:
-            _shut(self._listener)  # wakes the thread blocked in accept(); close() alone leaves it listening
-            self._listener.close()
-            self._listener = None
-        with self._lock:
-            for pair in self._pairs:
-                _shut(*pair)
-                for s in pair:
-                    s.close()
-            self._pairs.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            server = socket.socket(socket.AF_UNIX)
-            try:
-                server.connect(self.unix_path)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._pairs.append((client, server))
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _shut(src, dst)
-
-
-def _shut(*socks: socket.socket) -> None:
-    for s in socks:
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
-
-
-class Borrowed:
-    """A store lent to a tool: ``close()`` leaves it open for the next fault."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name, self.score_label = inner.name, inner.score_label
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def close(self) -> None:
-        pass
-
-
-class NanEmbedder:
-    """The real embedder, except that passages containing ``NAN_MARKER`` come back NaN from the
-    backend and go through the same vector check the real backends run (BadVectorError)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        out = np.array(self.inner.embed_passages(texts, ids), dtype=np.float32)
-        for i, text in enumerate(texts):
-            if NAN_MARKER in text:
-                out[i] = np.nan
-        labels = list(ids) if ids is not None else [f"passage {i}" for i in range(len(texts))]
-        return check_vectors(out, labels, out.shape[1])
-
-
-class FixedQueryEmbedder:
-    """The real embedder with a broken query vector (NaN, inf or scaled by 1e-29)."""
-
-    def __init__(self, inner: Any, kind: str) -> None:
-        self.inner, self.kind = inner, kind
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        v = np.array(self.inner.embed_query(text), dtype=np.float32)
-        if self.kind == "nan":
-            v[:] = np.nan
-        elif self.kind == "inf":
-            v[0] = np.inf
-        else:
-            v *= np.float32(1e-29)
-        return v
-
-    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return np.stack([self.embed_query(t) for t in texts])
-
-
-# --- the run ---------------------------------------------------------------------------------
-
-
-class FaultRun:
-    def __init__(self, knowledge_dir: Path, n_lookups: int) -> None:
-        self.scratch = Scratch()
-        self.kb = self.scratch.root / "kb"
-        shutil.copytree(knowledge_dir, self.kb)
-        self.n_lookups = n_lookups
-        self.qs = golden_queries()
-        self.data = self.scratch.dir("data")
-        self.settings = make_settings(self.data, self.kb, pg_dsn=self.scratch.pg_dsn(), sidecar_enabled=True)
-        from rag_core.components import make_embedder, make_stores
-
-        self.embedder = make_embedder(self.settings)
-        self.stores = make_stores(self.settings)
         self.lines: list[str] = []
+        self.out = sys.stdout  # pytest's own report goes to stderr (``main``)
 
-    def close(self) -> None:
-        from rag_core.stores.milvus_server import stop_server
+    def pytest_runtest_logreport(self, report: Any) -> None:
+        row = dict(report.user_properties).get("fault_row")
+        if report.when == "call" and row:
+            self._print(row)
+        elif report.failed and not row:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            reason = (crash.message if crash else str(report.longrepr)).strip().splitlines()[0][:200]
+            name = report.nodeid.rsplit("[", 1)[-1].rstrip("]")
+            self._print(f"{name:6} | injected: - | product: bench step raised: {reason} | FAIL")
 
-        for s in self.stores:
-            s.close()
-        stop_server(self.data)
-        self.scratch.close()
-
-    def ingest(self, settings: RagSettings | None = None, embedder: Any = None, **kw: Any) -> Any:
-        from rag_core.ingest.pipeline import ingest
-
-        return ingest(settings or self.settings, embedder or self.embedder, self.stores, progress=False, **kw)
-
-    def hashes(self) -> dict[str, dict[str, tuple[str, str]]]:
-        return {s.name: s.chunk_hashes() for s in self.stores}
-
-    def tool(self, settings: RagSettings | None = None, **kw: Any) -> Any:
-        from rag_core.lookup.tool import LookupKnowledgeTool
-
-        settings = settings or self.settings
-        kw.setdefault("embedder", self.embedder)
-        kw.setdefault("store", Borrowed(self.stores[0]))
-        if settings.sidecar_enabled:
-            kw.setdefault("sidecar", Borrowed(self.stores[1]))
-        return LookupKnowledgeTool(settings, **kw)
-
-    def emit(self, row: str, injected: str, did: str, lost: int | None, failed: int | None, ok: bool) -> None:
-        """Print (and keep) the fault's line; see the module docstring."""
-        text = line(row, injected, did, lost, failed, ok)
+    def _print(self, text: str) -> None:
         self.lines.append(text)
-        print(text, flush=True)
-
-    # --- faults ------------------------------------------------------------------------------
-
-    def setup(self) -> None:
-        t0 = time.perf_counter()
-        report = self.ingest()
-        log(
-            f"index built: {report.chunks_total} chunks in {time.perf_counter() - t0:.0f} s "
-            f"({', '.join(f'{k}={v.added}' for k, v in report.stores.items())})"
-        )
-
-    def row1_wipe(self) -> None:
-        from rag_core.ingest.pipeline import IngestRefusedError
-
-        before = self.hashes()
-        empty = self.scratch.dir("empty")
-        wrong = self.scratch.dir("wrong")
-        (wrong / "notes.md").write_text("# Notes\n\nnothing to do with runbooks\n")
-        did = []
-        for name, path in (("empty dir", empty), ("wrong dir", wrong)):
-            try:
-                self.ingest(knowledge_dir=path)
-                did.append(f"{name}: ingested (NOT refused)")
-            except IngestRefusedError as exc:
-                did.append(f"{name}: refused ({str(exc)[:70]}...)")
-        after = self.hashes()
-        lost = rows_lost(before, after)
-        tool = self.tool()
-        failed, _, _ = run_lookups(tool, self.qs)
-        tool.close()
-        ok = all("refused" in d and "NOT" not in d for d in did)
-        self.emit(
-            "row 1",
-            f"`rag ingest` on an empty dir and on a wrong dir (1 unrelated doc) over {len(before['milvus'])} chunks",
-            "; ".join(did),
-            lost,
-            failed,
-            ok,
-        )
-
-    def row2_nan(self) -> None:
-        doc = self.kb / "kubernetes" / "KubePodCrashLooping.md"
-        original = doc.read_text()
-        doc.write_text(original + f"\n\n## Extra\n\nA new section ({NAN_MARKER}).\n")
-        other = self.kb / "node" / "NodeFileDescriptorLimit.md"
-        other_original = other.read_text()
-        other.write_text(other_original + "\n\n## Extra\n\nA healthy new section about file descriptors.\n")
-        before = self.hashes()
-        try:
-            report = self.ingest(embedder=NanEmbedder(self.embedder))
-            skipped = list(
-                dict.fromkeys(
-                    f"{i.path}" + (f":{i.line}" if i.line else "") + f" ({i.reason[:80]})"
-                    for i in report.skipped
-                    if "_index.md" not in i.path
-                )
-            )
-            did = (
-                f"ingest returned; skipped {skipped or 'nothing'}; "
-                f"{report.stores['milvus'].added} added/{report.stores['milvus'].updated} updated in milvus"
-                f"; partial={report.partial}"
-            )
-            fd_doc = "node/NodeFileDescriptorLimit.md"
-            now = self.stores[0].chunk_hashes()
-            healthy_in = {v for v in now.values() if v[0] == fd_doc} != {
-                v for v in before["milvus"].values() if v[0] == fd_doc
-            }
-            did += f"; the other changed document {'was' if healthy_in else 'was NOT'} ingested"
-            ok = any("KubePodCrashLooping" in s for s in skipped) and healthy_in
-        except Exception as exc:
-            did, ok = f"ingest raised {type(exc).__name__}: {str(exc)[:120]}", False
-        after = self.hashes()
-        lost = rows_lost(before, after)
-        doc.write_text(original)
-        other.write_text(other_original)
-        self.ingest()  # back to the corpus as it was, for the next faults
-        tool = self.tool()
-        failed, _, _ = run_lookups(tool, self.qs)
-        tool.close()
-        self.emit(
-            "row 2",
-            "NaN embedding for one new chunk of kubernetes/KubePodCrashLooping.md during "
-            "ingest() (another document changed too)",
-            did,
-            lost,
-            failed,
-            ok,
-        )
-
-    def row5_vectors(self) -> None:
-        from rag_core.models import Chunk
-        from rag_core.stores.vectors import VectorCheckError
-
-        before = self.hashes()
-        dim = self.embedder.dimension
-        good = np.array(self.embedder.embed_query("probe"), dtype=np.float32)
-        bad = {
-            "nan": np.full(dim, np.nan, np.float32),
-            "inf": np.r_[np.inf, np.zeros(dim - 1)].astype(np.float32),
-            "tiny": good * np.float32(1e-29),
-        }
-        chunk = Chunk(
-            chunk_id="fault-row5",
-            doc_id="fault/row5.md",
-            title="t",
-            breadcrumb="t",
-            category="fault",
-            text="fault injection",
-            start=0,
-            end=1,
-            ordinal=0,
-            content_hash="x",
-        )
-        rejected, accepted = 0, []
-        for store in self.stores:
-            for kind, v in bad.items():
-                for op in ("upsert", "search"):
-                    try:
-                        if op == "upsert":
-                            store.upsert([chunk], v[None, :])
-                        else:
-                            store.search(v, 5)
-                        accepted.append(f"{store.name} {op} {kind}")
-                    except (VectorCheckError, ValueError):
-                        rejected += 1
-        failed_total, statuses = 0, []
-        for kind in bad:
-            tool = self.tool(embedder=FixedQueryEmbedder(self.embedder, kind))
-            failed, _, results = run_lookups(tool, self.qs[:5])
-            tool.close()
-            claims = [r for r in results if r.relevance_level.value in ("PRECISE", "RELEVANT")]
-            failed_total += failed + len(claims)
-            statuses.append(f"{kind}: " + "/".join(sorted({r.status for r in results})))
-        after = self.hashes()
-        lost = rows_lost(before, after)
-        lost += sum(1 for n in after if "fault-row5" in after[n])  # a bad row written is a corrupt row
-        did = (
-            f"{rejected}/{rejected + len(accepted)} bad stored/query vectors rejected by both stores"
-            + (f" (accepted: {', '.join(accepted)})" if accepted else "")
-            + f"; lookups with a bad query vector: {'; '.join(statuses)}, strict JSON, no RELEVANT claim"
-        )
-        self.emit(
-            "row 5",
-            "NaN / inf / 1e-29-scaled vectors: upsert + search on Milvus and pgvector, "
-            f"and as the query vector of {len(self.qs[:5])} lookups each",
-            did,
-            lost,
-            failed_total,
-            not accepted,
-        )
-
-    def row6_hung_sidecar(self) -> None:
-        from rag_core.traces.recorder import ToolInvocationRecorder
-
-        n = self.n_lookups
-        qs = [self.qs[i % len(self.qs)] for i in range(n)]
-        # Sidecar off: the same caller-side trace work (rows go to a spool only).
-        off = self.settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": True})
-        tool_off = self.tool(off, recorder=ToolInvocationRecorder(None, self.scratch.dir("off") / "spool.jsonl"))
-        run_lookups(tool_off, qs[:3])  # warm caches
-        hung = HungServer()
-        dsn = f"postgresql://rag:secret@127.0.0.1:{hung.port}/rag"
-        hung_settings = RagSettings(
-            **{**self.settings.model_dump(), "pg_dsn": dsn, "sidecar_enabled": True, "trace_enabled": True},
-            _env_file=None,
-        )
-        from rag_core.lookup.tool import LookupKnowledgeTool
-
-        tool = LookupKnowledgeTool(hung_settings, embedder=self.embedder, store=Borrowed(self.stores[0]))
-        failed_off = failed_hung = 0
-        ms_off, ms_hung, results = [], [], []
-        for i, q in enumerate(qs):  # interleaved, order alternating: load hits both series alike
-            for which in (0, 1) if i % 2 else (1, 0):
-                if which:
-                    f, ms, res = run_lookups(tool, [q])
-                    failed_hung, ms_hung, results = failed_hung + f, ms_hung + ms, results + res
-                else:
-                    f, ms, _ = run_lookups(tool_off, [q])
-                    failed_off, ms_off = failed_off + f, ms_off + ms
-        tool_off.close()
-        t0 = time.perf_counter()
-        tool.close()
-        close_s = time.perf_counter() - t0
-        from rag_core.traces.recorder import JsonlSpool
-
-        spooled = len(JsonlSpool(hung_settings.trace_spool_path).rows())
-        hung.close()
-        p50_off, p50_hung = statistics.median(ms_off), statistics.median(ms_hung)
-        ratio = p50_hung / p50_off
-        paired = statistics.median(h / o for h, o in zip(ms_hung, ms_off, strict=True))
-        skipped = sum(1 for r in results if (r.retrieval_trace.sidecar.reason or "").startswith("skipped"))
-        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-        did = (
-            f"lookup p50 {p50_hung:.1f} ms hung vs {p50_off:.1f} ms sidecar off (ratio {ratio:.2f}; "
-            f"median of paired ratios {paired:.2f}; load average {load}); "
-            f"first lookup {ms_hung[0]:.0f} ms, {skipped}/{n} sidecar calls skipped by the breaker, "
-            f"{len(hung.conns)} connections dialled; close() {close_s:.2f} s; "
-            f"{spooled}/{n} traces spooled (trace store on the same hung server)"
-        )
-        self.emit(
-            "row 6",
-            f"sidecar PostgreSQL accepts TCP and never answers ({n} lookups)",
-            did,
-            n - spooled,
-            failed_off + failed_hung,
-            ratio <= 1.10 and close_s <= hung_settings.pg_connect_timeout_s + 0.5,
-        )
-
-    def row7_damaged_index(self) -> None:
-        from rag_core.health import check_health
-
-        main = self.stores[0]
-        expected = self.hashes()
-        victims = sorted(expected["milvus"])[::10]
-        main.delete_chunks(victims)
-        main.flush()
-        tool = self.tool(self.settings.model_copy(update={"sidecar_enabled": False}))
-        health = tool.warm_up()
-        failed, _, results = run_lookups(tool, self.qs, broken_store=True)
-        in_trace = sum(1 for r in results if "index check failed" in (r.retrieval_trace.error or ""))
-        tool.close()
-        self.ingest()  # the repair: the incremental ingest re-adds what is missing
-        healed = check_health(self.settings, self.stores, self.embedder.identity())
-        after = self.hashes()
-        lost = rows_lost(expected, after)
-        did = (
-            f"warm_up: {'ok' if health.ok else health.summary()[:110]}; {in_trace}/{len(results)} lookups "
-            f"carry the error in the trace (status {'/'.join(sorted({r.status for r in results}))}); "
-            f"after `rag ingest`: doctor {'ok' if healed.ok else healed.summary()[:80]}"
-        )
-        self.emit(
-            "row 7",
-            f"{len(victims)} of {len(expected['milvus'])} chunks deleted from the Milvus index under a live tool",
-            did,
-            lost,
-            failed,
-            not health.ok and healed.ok,
-        )
-
-    def row8_rebuild(self) -> None:
-        from bench.serving import run_rebuild
-
-        queries = list(dict.fromkeys(self.qs))[:12]
-        stores = [Borrowed(s) for s in self.stores]
-        run = run_rebuild(self.settings, self.embedder, queries, stores, pg_dsn=self.scratch.pg_dsn())
-        did = (
-            f"`rag ingest --rebuild --sidecar` exit {run.rebuild_returncode} in {run.rebuild_seconds:.1f} s; "
-            f"{len(run.bad)}/{run.lookups} lookups degraded or without the documents they found before "
-            f"({run.lookups_during_rebuild} during the rebuild)"
-            + (f", e.g. {run.bad[0][:120]}" if run.bad else "")
-            + f"; {run.rows_after}/{run.rows_before} rows after (both stores)"
-        )
-        self.emit(
-            "row 8",
-            "`rag ingest --rebuild` of the same corpus in another process while this one loops lookups "
-            "(Milvus main + pgvector sidecar)",
-            did,
-            run.lost_chunk_ids,
-            len(run.bad),
-            run.rebuild_returncode == 0 and run.lookups_during_rebuild >= 8 and run.rows_after == run.rows_before,
-        )
-
-    def trace_outage(self) -> None:
-        from psycopg.conninfo import conninfo_to_dict
-
-        from rag_core.traces.recorder import JsonlSpool, ToolInvocationRecorder
-        from rag_core.traces.store import TraceStore
-
-        info = conninfo_to_dict(self.scratch.pg_dsn())
-        unix = f"{info['host']}/.s.PGSQL.{info.get('port', 5432)}"
-        proxy = SwitchableProxy(unix)
-        dsn = (
-            f"host=127.0.0.1 port={proxy.port} user={info.get('user', 'postgres')} "
-            f"dbname={info.get('dbname', 'postgres')}"
-        )
-        table = "tool_invocation_faults"
-        direct = TraceStore(self.scratch.pg_dsn(), table)
-        direct.ensure_schema()
-        spool = self.scratch.dir("trace") / "spool.jsonl"
-        recorder = ToolInvocationRecorder(
-            lambda: TraceStore(dsn, table, connect_timeout=2), spool, retry_interval=0.5, max_retry_interval=2.0
-        )
-        tool = self.tool(
-            self.settings.model_copy(update={"sidecar_enabled": False, "trace_enabled": True}), recorder=recorder
-        )
-        threads, per_thread = 4, max(5, self.n_lookups // 6)
-        failed = [0] * threads
-
-        def burst() -> None:  # 4 threads at once, per_thread lookups each
-            def worker(k: int) -> None:
-                qs = [self.qs[(k + i) % len(self.qs)] for i in range(per_thread)]
-                failed[k] += run_lookups(tool, qs)[0]
-
-            pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
-            for t in pool:
-                t.start()
-            for t in pool:
-                t.join()
-
-        burst()  # store up
-        recorder.flush(30)
-        proxy.down()
-        burst()  # store down
-        recorder.flush(30, reconnect=False)
-        spooled_during = len(JsonlSpool(spool).rows())
-        breaker_failures = recorder.breaker.failures
-        proxy.up()
-        burst()  # back up: the spool is replayed
-        recorder.flush(30)
-        tool.close()
-        total = 3 * threads * per_thread
-        stored = direct.count()
-        direct.close()
-        proxy.down()
-        did = (
-            f"{spooled_during} rows spooled during the outage ({breaker_failures} failed connects), "
-            f"replayed after; {stored}/{total} rows in {table}"
-        )
-        self.emit(
-            "trace",
-            f"trace store cut (connection refused) during {threads}-thread lookups, then back",
-            did,
-            total - stored,
-            sum(failed),
-            stored == total,
-        )
+        print(text, file=self.out, flush=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import pytest
+
     options: dict[str, dict[str, Any]] = {
         "--knowledge-dir": dict(type=Path, default=RUNBOOKS),
-        "--only": dict(nargs="*", help="run only these faults (row1 row2 row5 row6 row7 row8 trace)"),
+        "--only": dict(nargs="*", choices=FAULTS, help="run only these faults"),
         "--lookups": dict(type=int, default=150, help="lookups per latency series (row 6)"),
     }
     args = parse_command_line(__doc__, options, argv, prog="python -m bench.faults")
     if not args.knowledge_dir.is_dir():
         print(f"knowledge dir {args.knowledge_dir} not found (RUNBOOKS corpus)")
         return 2
-    run = FaultRun(args.knowledge_dir, args.lookups)
-    faults: dict[str, Callable[[], None]] = {
-        "row1": run.row1_wipe,
-        "row2": run.row2_nan,
-        "row5": run.row5_vectors,
-        "row6": run.row6_hung_sidecar,
-        "row7": run.row7_damaged_index,
-        "row8": run.row8_rebuild,
-        "trace": run.trace_outage,
-    }
-    steps = [run.setup] + [fn for name, fn in faults.items() if args.only is None or name in args.only]
-    try:
-        for step in steps:
-            log(f"{step.__name__} ...")
-            try:
-                step()
-            except Exception as exc:  # one broken fault must not hide the others
-                run.emit(
-                    step.__name__, "-", f"bench step raised {type(exc).__name__}: {str(exc)[:200]}", None, None, False
-                )
-    finally:
-        run.close()
-    return 0 if all(t.endswith("PASS") for t in run.lines) else 1
+    os.environ["RAG_FAULTS_KNOWLEDGE_DIR"] = str(args.knowledge_dir)
+    os.environ["RAG_FAULTS_LOOKUPS"] = str(args.lookups)
+    select = ["-k", " or ".join(args.only)] if args.only else []
+    rows = FaultRows()
+    log(f"running {TESTS.name} (-m faults)")
+    with contextlib.redirect_stdout(sys.stderr):  # pytest's own report beside the logs
+        code = pytest.main([str(TESTS), "-m", "faults", "-s", "-p", "no:cacheprovider", *select], plugins=[rows])
+    return 0 if code == 0 and rows.lines else 1
 
 
 if __name__ == "__main__":

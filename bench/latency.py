@@ -182,8 +182,12 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
 
 def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
     """Query embedding latency with torch's default intra-op threads and with one thread (a
-    diagnostic: on a busy machine spinning OpenMP threads can make the default much slower)."""
-    import torch
+    diagnostic: on a busy machine spinning OpenMP threads can make the default much slower);
+    empty without torch (the default set-up's backends do not use it)."""
+    try:
+        import torch
+    except ImportError:
+        return {}
 
     default = torch.get_num_threads()
     out: dict[str, Any] = {}

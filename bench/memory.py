@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import log, summarize
+from bench.common import error_entry, log, summarize
 from bench.context import BenchContext
 from rag_core.settings import PROJECT_ROOT
 
@@ -154,7 +154,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     try:
         out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, queries, lookups)
     except Exception as exc:
-        out["baseline"] = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+        out["baseline"] = error_entry(exc, 800)
     if not collection:
         out["large"] = {"error": "no large Milvus collection was kept by the scale benchmark"}
         return out
@@ -165,7 +165,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
         out["large"] = measure(data_dir, collection["collection"], ctx.knowledge_dir, queries, lookups)
         out["large"]["index"] = collection.get("index")
     except Exception as exc:
-        out["large"] = {"error": f"{type(exc).__name__}: {exc}"[:800]}
+        out["large"] = error_entry(exc, 800)
     finally:
         from rag_core.stores.milvus_server import stop_server
 

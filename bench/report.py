@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bench.cold_lookup import COLD_GOAL_S
 from bench.engine import GOALS as ENGINE_GOALS
@@ -58,18 +58,13 @@ def _ok(r: dict | None) -> bool:
     return isinstance(r, dict) and "error" not in r
 
 
-def _store_p50(s: dict[str, Any]) -> float:
-    """A latency path's store p50 (``common.STORE_MS_MEANS``; older results: dense + lexical)."""
-    return s["store"]["p50"] if "store" in s else s["store_dense"]["p50"] + s["store_lexical"]["p50"]
-
-
 # --- targets: a table of goals -----------------------------------------------------------------------------
 
 
 def _overhead(path: str) -> Goal:
     def read(p: dict[str, Any]) -> Reading:
         s = p["stages_ms"]
-        store = _store_p50(s)
+        store = s["store"]["p50"]
         return Reading(
             f"overhead p50 {_f(s['pipeline_overhead']['p50'], 2)} ms vs end-to-end p50 {_f(s['e2e']['p50'], 2)} ms "
             f"(embedding p50 {_f(s['embed']['p50'], 2)} ms, store p50 {_f(store, 2)} ms)",
@@ -130,54 +125,27 @@ def _cold_lookup(c: dict[str, Any]) -> Reading:
     )
 
 
+def _goal(id: str, target: str, op: Literal["<=", ">="], limit: float, limit_text: str, **kw: Any) -> Goal:
+    """A goal on the section named like its ``id`` (``source`` to override)."""
+    return Goal(id, target, limit_text, op, limit, kw.pop("source", (id,)), kw.pop("read"), kw.pop("show"), **kw)
+
+
 _RAW, _RE, _CASES = f"{100 * TARGET_RATIO:.0f} %", f"{100 * TARGET_REINGEST:.0f} %", f"{TARGET_CASES_PER_S:,.0f}"
 GOALS: tuple[Goal, ...] = (
     _overhead("milvus"),
     _overhead("pgvector"),
     _search_100k("pgvector", TARGET_PG_VS_NUMPY, "pgvector HNSW"),
     _search_100k("milvus", TARGET_MILVUS_VS_NUMPY, "Milvus (embedded server)"),
-    Goal(
-        "ingest_vs_raw",
-        f"Ingestion >= {_RAW} of raw embedding throughput",
-        f">= {_RAW}",
-        ">=",
-        TARGET_RATIO,
-        ("ingestion",),
-        _ingest_vs_raw,
-        as_percent,
-    ),
-    Goal(
-        "reingest",
-        f"Unchanged re-ingest <= {_RE} of the first ingest",
-        f"<= {_RE}",
-        "<=",
-        TARGET_REINGEST,
-        ("ingestion",),
-        _reingest,
-        as_percent,
-    ),
-    Goal(
-        "evaluation",
-        f"Offline evaluation >= {_CASES} cases/s",
-        f">= {_CASES} cases/s",
-        ">=",
-        TARGET_CASES_PER_S,
-        ("evaluation",),
-        _evaluation,
-        lambda v: f"{v:,.0f} cases/s",
-    ),
-    Goal(
-        "cold_lookup",
-        f"A one-shot `rag lookup` (fresh process) <= {COLD_GOAL_S:g} s",
-        f"<= {COLD_GOAL_S:g} s",
-        "<=",
-        COLD_GOAL_S,
-        ("cold_lookup",),
-        _cold_lookup,
-        lambda v: f"{v:.2f} s",
-    ),
+    _goal("ingest_vs_raw", f"Ingestion >= {_RAW} of raw embedding throughput", ">=", TARGET_RATIO, f">= {_RAW}",
+          source=("ingestion",), read=_ingest_vs_raw, show=as_percent),
+    _goal("reingest", f"Unchanged re-ingest <= {_RE} of the first ingest", "<=", TARGET_REINGEST, f"<= {_RE}",
+          source=("ingestion",), read=_reingest, show=as_percent),
+    _goal("evaluation", f"Offline evaluation >= {_CASES} cases/s", ">=", TARGET_CASES_PER_S, f">= {_CASES} cases/s",
+          read=_evaluation, show=lambda v: f"{v:,.0f} cases/s"),
+    _goal("cold_lookup", f"A one-shot `rag lookup` (fresh process) <= {COLD_GOAL_S:g} s", "<=", COLD_GOAL_S,
+          f"<= {COLD_GOAL_S:g} s", read=_cold_lookup, show=lambda v: f"{v:.2f} s"),
     *ENGINE_GOALS,
-)
+)  # fmt: skip
 
 
 def evaluate_targets(r: Results) -> list[dict[str, Any]]:
@@ -202,6 +170,7 @@ TARGET_COLUMNS: tuple[Column[dict[str, Any]], ...] = (
 
 
 def chart(r: dict[str, Any], path: Path) -> Path | None:
+    """Search latency p50 vs size per store (best configuration; dashed: filtered), log-log."""
     sizes = (r.get("scale") or {}).get("sizes") or {}
     if not sizes:
         return None
@@ -215,29 +184,18 @@ def chart(r: dict[str, Any], path: Path) -> Path | None:
         for store, s in res["stores"].items():
             best = s.get("best") if isinstance(s, dict) else None
             if best and best["single_ms"]["p50"] is not None:
-                label = {"numpy": "NumPy exact", "milvus": "Milvus", "pgvector": "pgvector"}[store]
-                series.setdefault(label, []).append(
-                    (int(n), best["single_ms"]["p50"], best["filtered_single_ms"]["p50"])
-                )
+                point = (int(n), best["single_ms"]["p50"], best["filtered_single_ms"]["p50"])
+                series.setdefault(store, []).append(point)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    colors = {"NumPy exact": "tab:gray", "Milvus": "tab:blue", "pgvector": "tab:orange"}
-    for label, pts in sorted(series.items()):
-        pts.sort()
-        xs = [p[0] for p in pts]
-        ax.plot(xs, [p[1] for p in pts], marker="o", color=colors.get(label), label=f"{label} (best config)")
-        if all(p[2] is not None for p in pts):
-            ax.plot(
-                xs,
-                [p[2] for p in pts],
-                marker="x",
-                linestyle="--",
-                color=colors.get(label),
-                label=f"{label}, filtered (~3 %)",
-            )
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("chunks in the store")
-    ax.set_ylabel("single-query search latency p50 (ms)")
+    styles = {"numpy": ("NumPy exact", "tab:gray"), "milvus": ("Milvus", "tab:blue")}
+    styles["pgvector"] = ("pgvector", "tab:orange")
+    for store, pts in sorted(series.items(), key=lambda kv: styles[kv[0]][0]):
+        label, color = styles[store]
+        xs, single, filtered = zip(*sorted(pts), strict=True)
+        ax.plot(xs, single, marker="o", color=color, label=f"{label} (best config)")
+        if None not in filtered:
+            ax.plot(xs, filtered, marker="x", linestyle="--", color=color, label=f"{label}, filtered (~3 %)")
+    ax.set(xscale="log", yscale="log", xlabel="chunks in the store", ylabel="single-query search latency p50 (ms)")
     ax.set_title("Store search latency vs size (top-10, 384-d, cosine)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -491,18 +449,6 @@ def _scale_md(sc: dict | None, chart_name: str | None) -> list[str]:
             md_table(["size", "MilvusStore.search", "PgVectorStore.search"], api_rows),
             "",
         ]
-    prof = ((sc["sizes"].get("100000") or {}).get("stores", {}).get("milvus") or {}).get("profile")
-    if prof and "engine_ms_p50" in prof:
-        out += [
-            "### Where a Milvus Lite search spends its time (100k, best configuration)",
-            "",
-            f"Through pymilvus/gRPC a single search took {prof['client_ms_p50']} ms (p50 of 3), of which "
-            f"{prof['engine_ms_p50']} ms inside the in-process Milvus Lite engine (`Collection.search` called "
-            "directly). cProfile of the engine call, ms per query, by self time:",
-            "",
-            _profile_table(prof["engine_top_functions"]),
-            "",
-        ]
     if sc.get("skipped"):
         out += ["### Skipped", ""]
         for s in sc["skipped"]:
@@ -684,14 +630,14 @@ def _engine_md(eng: dict | None) -> list[str]:
     out = ["## Main path engine (embedded Milvus server)", ""]
     lk = eng.get("lookup") or {}
     if "milvus" in lk:
-        ne, st = lk["without_embedding"], lk.get("store") or lk.get("store_dense_plus_lexical") or {}
+        ne, st = lk["without_embedding"], lk.get("store") or {}
         head = ["path", "lookup p50 ms", "without query embedding p50 ms", "store p50 ms"]
         rows = [
             [name, _f(lk[name]["p50"]), _f(ne[name]["p50"]), _f((st.get(name) or {}).get("p50"))]
             for name in ("milvus", "pgvector", "floor")
         ]
         out += [md_table(head, rows), ""]
-        out += [f"Store: {lk.get('store_means', 'dense + lexical calls summed')}.", ""]
+        out += [f"Store: {lk['store_means']}.", ""]
     fl = eng.get("flush") or {}
     if "flushed_ms" in fl:
         out += [
@@ -765,19 +711,6 @@ def _overhead_stages(path: str) -> Callable[[Results], str]:
     return read
 
 
-def _milvus_engine_split(r: Results) -> str:
-    """Older results only (Milvus Lite 3 ran in-process): client round trip vs the engine call."""
-    prof = section(r, "scale", "sizes", "100000", "stores", "milvus", "profile")
-    if "engine_ms_p50" not in prof:
-        return ""
-    top = ", ".join(f"`{t['function']}` {t['tottime_ms']:.1f} ms" for t in prof["engine_top_functions"][:3])
-    return (
-        f"A single search took {prof['client_ms_p50']} ms through pymilvus/gRPC, of which {prof['engine_ms_p50']} ms "
-        f"inside the in-process Milvus Lite engine; the engine's top functions by self time: {top} (full table in "
-        "the scale section)."
-    )
-
-
 def _stage_seconds(key: str, label: str, digits: int) -> Callable[[Results], str]:
     return lambda r: _largest_first(section(r, "ingestion", key), label, "s", digits)
 
@@ -813,7 +746,6 @@ WHY: dict[str, _Why] = {
         "Milvus search at 100k",
         "What would fix it: the embedded engine searches every row (milvus-lite 2.5: FLAT only; Milvus Lite 3: in "
         "Python): beyond about 100k chunks use a Milvus server (`RAG_MILVUS_URI`) with HNSW, or smaller collections.",
-        _milvus_engine_split,
     ),
     "search_100k_pgvector": _Why(
         "pgvector search at 100k",
@@ -937,7 +869,7 @@ def summary_text(r: dict[str, Any]) -> str:
             lines.append(
                 f"latency {p}: e2e p50/p95/p99 {s['e2e']['p50']:.1f}/{s['e2e']['p95']:.1f}/{s['e2e']['p99']:.1f} ms; "
                 f"embed p50 {s['embed']['p50']:.1f} ms, "
-                f"store p50 {_store_p50(s):.1f} ms (wall time of the store calls), "
+                f"store p50 {s['store']['p50']:.1f} ms (wall time of the store calls), "
                 f"overhead p50 {s['pipeline_overhead']['p50']:.2f} ms"
             )
     for n, res in ((r.get("scale") or {}).get("sizes") or {}).items():

@@ -30,14 +30,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, log, progress, ratio
+from bench.common import Budget, error_entry, log, progress, ratio
 from bench.harness import Stats, Target, measure
+from rag_core.models import Chunk
+from rag_core.text import lexical_string
 
 RARE = "bench_rare"
 COLLECTION = "bench_chunks"
@@ -62,10 +64,8 @@ class ScaleOptions:
     milvus_hnsw_max_size: int = 0  # the embedded engine (milvus-lite 2.5) has no HNSW
     milvus_max_size: int = 300_000
     pg_max_size: int = 100_000
-    pg_parallel_workers: int = 1
     single_queries: int = 20
     single_queries_large: int = 8  # Milvus Lite at >= 50k rows: each query can take ~1 s
-    insert_batch: int = 256  # milvus-lite 2.5 inserts cost superlinear in the batch (see MilvusStore)
     keep_milvus_size: int | None = TARGET_SIZE  # kept (FLAT, released) for the memory benchmark
     overlap_pg_build: bool = True
     budget: Budget | None = None
@@ -77,45 +77,25 @@ class ScaleOptions:
 
 @dataclass
 class BaseData:
-    """Source rows: vectors (n, dim) float32 unit rows and one payload dict per row."""
+    """Source rows: vectors (n, dim) float32 unit rows and the chunk of each row (its payload)."""
 
     vectors: np.ndarray
-    meta: list[dict[str, str]]
+    chunks: list[Chunk]
 
     @classmethod
-    def from_corpus(cls, chunks: Sequence[Any], vectors: np.ndarray) -> BaseData:
-        from rag_core.text import lexical_string
-
-        meta = [
-            {
-                "doc_id": c.doc_id,
-                "title": c.title,
-                "breadcrumb": c.breadcrumb,
-                "category": c.category,
-                "text": c.text,
-                "lexical": lexical_string(c.embed_text),
-            }
-            for c in chunks
-        ]
-        return cls(np.asarray(vectors, dtype=np.float32), meta)
+    def from_corpus(cls, chunks: Sequence[Chunk], vectors: np.ndarray) -> BaseData:
+        return cls(np.asarray(vectors, dtype=np.float32), list(chunks))
 
     @classmethod
     def synthetic(cls, n: int = 300, dim: int = 384, seed: int = 0) -> BaseData:
-        rng = np.random.default_rng(seed)
-        v = rng.standard_normal((n, dim)).astype(np.float32)
+        v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
-        meta = [
-            {
-                "doc_id": f"synthetic/doc{i % 50}.md",
-                "title": f"Doc {i % 50}",
-                "breadcrumb": f"Doc {i % 50} > Part",
-                "category": ("alpha", "beta", "gamma")[i % 3],
-                "text": f"synthetic chunk {i}",
-                "lexical": f"synthetic chunk {i}",
-            }
+        chunks = [
+            Chunk(f"s{i}", f"synthetic/doc{i % 50}.md", f"Doc {i % 50}", f"Doc {i % 50} > Part",
+                  ("alpha", "beta", "gamma")[i % 3], f"synthetic chunk {i}", 0, 1, i, "")
             for i in range(n)
-        ]
-        return cls(v, meta)
+        ]  # fmt: skip
+        return cls(v, chunks)
 
 
 @dataclass
@@ -332,53 +312,32 @@ def numpy_configs(ds: Dataset, k: int) -> list[ConfigRow]:
 # --- Milvus (the embedded server) -------------------------------------------------------------------------
 
 
-def _milvus_rows(ds: Dataset, base: BaseData, start: int, end: int) -> list[dict[str, Any]]:
-    rows = []
-    for i in range(start, end):
-        m = base.meta[ds.source[i]]
-        rows.append(
-            {
-                "chunk_id": f"r{i}",
-                "doc_id": m["doc_id"],
-                "title": m["title"],
-                "breadcrumb": m["breadcrumb"],
-                "category": RARE if ds.rare[i] else m["category"],
-                "text": m["text"],
-                "content_hash": "",
-                "lexical": m["lexical"],
-                "vector": ds.X[i].tolist(),
-            }
-        )
-    return rows
+def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
+    """Row ``i`` as a chunk: id ``r{i}``, its source chunk's payload, category ``RARE`` when rare."""
+    return [
+        replace(base.chunks[src], chunk_id=f"r{i}", category=RARE if rare else base.chunks[src].category)
+        for i, (src, rare) in enumerate(zip(ds.source.tolist(), ds.rare.tolist(), strict=True))
+    ]
 
 
-def milvus_load(uri: str, ds: Dataset, base: BaseData, opts: ScaleOptions) -> dict[str, Any]:
-    """Create the product schema (MilvusStore, FLAT) and insert every row with raw pymilvus.
-    Returns the client (``"client"``) and the setup seconds and rows/s."""
+def milvus_load(uri: str, ds: Dataset, base: BaseData) -> dict[str, Any]:
+    """The product schema (FLAT) filled by ``MilvusStore.bulk_load``; then a raw client for the
+    index sweeps (``"client"``) and the setup seconds and rows/s."""
     from pymilvus import MilvusClient
 
     from rag_core.stores.milvus import MilvusStore
 
     store = MilvusStore(uri, COLLECTION, index_type="FLAT")
-    store.ensure_schema(ds.X.shape[1])
-    store.close()
-    client = MilvusClient(uri)
-    n = len(ds.X)
-    t0 = time.perf_counter()
-    with progress(total=n, enabled=opts.show_progress, desc=f"milvus insert {n:,}", unit="row") as bar:
-        for start in range(0, n, opts.insert_batch):
-            end = min(n, start + opts.insert_batch)
-            client.insert(COLLECTION, _milvus_rows(ds, base, start, end))
-            bar.update(end - start)
-    insert_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    client.flush(COLLECTION)
-    flush_s = time.perf_counter() - t0
+    try:
+        store.ensure_schema(ds.X.shape[1])
+        done = store.bulk_load(rows_as_chunks(ds, base), ds.X)
+    finally:
+        store.close()
     return {
-        "client": client,
-        "insert_s": round(insert_s, 2),
-        "insert_rows_per_s": round(n / insert_s, 1),
-        "flush_s": round(flush_s, 2),
+        "client": MilvusClient(uri),
+        "insert_s": round(done.write_s, 2),
+        "insert_rows_per_s": round(done.rows / done.write_s, 1),
+        "flush_s": round(done.index_s, 2),
     }
 
 
@@ -426,7 +385,7 @@ def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     terms = []
     for _ in range(n + 1):
-        words = base.meta[int(rng.integers(0, len(base.meta)))]["lexical"].split() or ["pod"]
+        words = lexical_string(base.chunks[int(rng.integers(0, len(base.chunks)))].embed_text).split() or ["pod"]
         terms.append(" ".join(rng.choice(words, size=min(3, len(words)), replace=False)))
 
     def search(_h: None, text: str) -> Any:
@@ -445,63 +404,27 @@ def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
 # --- pgvector ----------------------------------------------------------------------------------------
 
 
-def pg_load(dsn: str, table: str, ds: Dataset, base: BaseData, opts: ScaleOptions) -> dict[str, Any]:
-    """Product table (PgVectorStore.ensure_schema), bulk COPY (binary) with the HNSW and full-text
-    indexes dropped, then the HNSW index built as the product builds it (pgvector defaults)."""
+def pg_load(dsn: str, table: str, ds: Dataset, base: BaseData) -> dict[str, Any]:
+    """The product table filled by ``PgVectorStore.bulk_load`` (COPY, then the HNSW and full-text
+    index builds); setup seconds, rows/s and the HNSW index size."""
     import psycopg
-    from pgvector.psycopg import register_vector
 
     from rag_core.stores.pgvector import PgVectorStore
 
     store = PgVectorStore(dsn, table)
-    store.drop()
-    store.ensure_schema(ds.X.shape[1])
-    store.close()
-    n = len(ds.X)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        register_vector(conn)
-        conn.execute(f"DROP INDEX IF EXISTS {table}_embedding_hnsw")
-        conn.execute(f"DROP INDEX IF EXISTS {table}_lexical_gin")
-        t0 = time.perf_counter()
-        with (
-            conn.cursor() as cur,
-            cur.copy(
-                f"COPY {table} (chunk_id, doc_id, title, breadcrumb, category, text, content_hash, lexical, "
-                "embedding) FROM STDIN WITH (FORMAT BINARY)"
-            ) as copy,
-        ):
-            copy.set_types(["text"] * 8 + ["vector"])
-            for i in range(n):
-                m = base.meta[ds.source[i]]
-                copy.write_row(
-                    (
-                        f"r{i}",
-                        m["doc_id"],
-                        m["title"],
-                        m["breadcrumb"],
-                        RARE if ds.rare[i] else m["category"],
-                        m["text"].replace("\x00", ""),
-                        "",
-                        m["lexical"],
-                        ds.X[i],
-                    )
-                )
-        conn.execute(f"ANALYZE {table}")
-        copy_s = time.perf_counter() - t0
-        conn.execute("SET maintenance_work_mem = '1GB'")
-        conn.execute(f"SET max_parallel_maintenance_workers = {int(opts.pg_parallel_workers)}")
-        t0 = time.perf_counter()
-        conn.execute(
-            f"CREATE INDEX {table}_embedding_hnsw ON {table} USING hnsw (embedding vector_cosine_ops) "
-            f"WITH (m = {opts.hnsw_m}, ef_construction = {opts.hnsw_ef_construction})"
-        )
-        build_s = time.perf_counter() - t0
-        size = conn.execute(f"SELECT pg_relation_size('{table}_embedding_hnsw')").fetchone()[0]
+    try:
+        store.drop()
+        store.ensure_schema(ds.X.shape[1])
+        done = store.bulk_load(rows_as_chunks(ds, base), ds.X)
+    finally:
+        store.close()
+    with psycopg.connect(dsn) as conn:
+        size = conn.execute("SELECT pg_relation_size(%s::regclass)", (f"{table}_embedding_hnsw",)).fetchone()
     return {
-        "copy_s": round(copy_s, 2),
-        "copy_rows_per_s": round(n / copy_s, 1),
-        "hnsw_build_s": round(build_s, 2),
-        "hnsw_index_mb": round(size / 2**20, 1),
+        "copy_s": round(done.write_s, 2),
+        "copy_rows_per_s": round(done.rows / done.write_s, 1),
+        "hnsw_build_s": round(done.index_s, 2),
+        "hnsw_index_mb": round((size[0] if size else 0) / 2**20, 1),
     }
 
 
@@ -672,7 +595,7 @@ class ScaleRun:
             loaded = fut.result()
         except Exception as exc:
             log(f"scale {sr.n:,}: {b.name} load failed: {exc}")
-            sr.res["stores"][b.name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            sr.res["stores"][b.name] = error_entry(exc)
             return
         sr.res["setup"][b.name] = loaded.setup
         try:
@@ -685,7 +608,7 @@ class ScaleRun:
             return b.measure(self, sr, handle)
         except Exception as exc:  # one store failing must not lose the others
             log(f"scale {sr.n:,}: {b.name} failed: {exc}")
-            return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+            return error_entry(exc)
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:
@@ -749,7 +672,7 @@ def _pg_wanted(run: ScaleRun, sr: SizeRun) -> bool:
 def _pg_load(run: ScaleRun, sr: SizeRun) -> Loaded:
     assert run.opts.pg_dsn is not None
     pg = _PgTable(run.opts.pg_dsn(), f"bench_scale_{sr.n}")
-    setup = pg_load(pg.dsn, pg.table, sr.ds, run.base, run.opts)
+    setup = pg_load(pg.dsn, pg.table, sr.ds, run.base)
     run.est.learn("pg_copy", sr.n, setup["copy_s"])
     run.est.learn("pg_build", sr.n, setup["hnsw_build_s"])
     return Loaded(pg, setup)
@@ -817,7 +740,7 @@ def _milvus_load(run: ScaleRun, sr: SizeRun) -> Loaded:
     data_dir = run.work / f"milvus-{sr.n}"
     uri = ensure_server(data_dir).uri
     try:
-        setup = milvus_load(uri, sr.ds, run.base, run.opts)
+        setup = milvus_load(uri, sr.ds, run.base)
     except Exception:
         stop_server(data_dir)
         raise

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import CapturingRecorder, summarize
+from bench.common import CapturingRecorder, chunk_dir, summarize
 from rag_core.settings import RagSettings
 
 _CLI = "from rag_core.cli import app; app()"
@@ -93,14 +93,32 @@ def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path,
     )
 
 
+def _cli_while(
+    args: list[str], env: dict[str, str], worker: Any, threads: int, running: threading.Event, timeout_s: float
+) -> tuple[str, int | None, float]:
+    """Run `rag ARGS` in another process while ``threads`` threads run ``worker(n)`` (they loop
+    while ``running`` is set; cleared when the process ends). (output tail, exit code, seconds)."""
+    pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
+    t0 = time.perf_counter()
+    cmd = [sys.executable, "-c", _CLI, *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for t in pool:
+        t.start()
+    try:
+        output = proc.communicate(timeout=timeout_s)[0][-2000:]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output = "timed out"
+    seconds = time.perf_counter() - t0
+    running.clear()
+    for t in pool:
+        t.join(60)
+    return output, proc.returncode, seconds
+
+
 def chunk_texts(kb: Path, settings: RagSettings) -> dict[str, str]:
     """``{chunk_id: text}`` of the knowledge base at ``kb`` as ingestion chunks it."""
-    from rag_core.ingest.documents import scan_documents
-    from rag_core.ingest.pipeline import IngestReport, chunk_documents
-
-    docs, _ = scan_documents(kb)
-    _, chunks = chunk_documents(docs, settings, IngestReport(str(kb)))
-    return {c.chunk_id: c.text for c in chunks}
+    return {c.chunk_id: c.text for c in chunk_dir(kb, settings)}
 
 
 def run(
@@ -166,34 +184,8 @@ def run(
             one(queries[(n + i * threads) % len(queries)], f"serve-{n}")
             i += 1
 
-    env = dict(
-        os.environ,
-        RAG_DATA_DIR=str(settings.data_dir),
-        RAG_KNOWLEDGE_DIR=str(kb),
-        HF_HUB_OFFLINE="1",
-        RAG_EMBEDDING_MODEL=settings.embedding_model,
-    )
-    pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CLI, "ingest", "--json"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    for t in pool:
-        t.start()
-    try:
-        out.ingest_output = proc.communicate(timeout=timeout_s)[0][-2000:]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out.ingest_output = "timed out"
-    out.ingest_seconds = time.perf_counter() - t0
-    out.ingest_returncode = proc.returncode
-    ingesting.clear()
-    for t in pool:
-        t.join(60)
+    cli = _cli_while(["ingest", "--json"], rebuild_env(settings), worker, threads, ingesting, timeout_s)
+    out.ingest_output, out.ingest_returncode, out.ingest_seconds = cli
     for i in range(after_lookups):
         one(queries[i % len(queries)], "serve-after")
     title = Path(changes["added"]).stem
@@ -326,26 +318,9 @@ def run_rebuild(
                 if problem:
                     out.bad.append(f"{q[:40]!r}: {problem}"[:300])
 
-    args = [sys.executable, "-c", _CLI, "ingest", "--rebuild", "--json"]
-    if pg_dsn:
-        args.append("--sidecar")
-    pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        args, env=rebuild_env(settings, pg_dsn), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    for t in pool:
-        t.start()
-    try:
-        out.rebuild_output = proc.communicate(timeout=timeout_s)[0][-2000:]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out.rebuild_output = "timed out"
-    out.rebuild_seconds = time.perf_counter() - t0
-    out.rebuild_returncode = proc.returncode
-    rebuilding.clear()
-    for t in pool:
-        t.join(60)
+    args = ["ingest", "--rebuild", "--json", *(["--sidecar"] if pg_dsn else [])]
+    cli = _cli_while(args, rebuild_env(settings, pg_dsn), worker, threads, rebuilding, timeout_s)
+    out.rebuild_output, out.rebuild_returncode, out.rebuild_seconds = cli
     after = [set(s.chunk_hashes()) for s in stores]
     out.rows_after = sum(map(len, after))
     out.lost_chunk_ids = sum(len(b - a) for b, a in zip(before, after, strict=True))

@@ -18,7 +18,13 @@ VISIBLE_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
 
 # The README set-up leaves torch out: tests marked sentence_transformers skip then, and CI runs
 # them in a second step after installing the extra (`make test-sentence-transformers`).
+# Tests marked faults (tests/test_faults.py, slow) run only when asked: `-m faults` (`make faults`).
 def pytest_collection_modifyitems(config, items):
+    if "faults" not in (config.option.markexpr or ""):
+        skip_faults = pytest.mark.skip(reason="fault injection: run with -m faults (make faults)")
+        for item in items:
+            if "faults" in item.keywords:
+                item.add_marker(skip_faults)
     if find_spec("sentence_transformers") is not None:
         return
     skip = pytest.mark.skip(reason="needs the sentence-transformers extra: pip install '.[sentence-transformers]'")

@@ -22,28 +22,31 @@ def test_evaluation_benchmark_reports_throughput(tmp_path):
 
 
 @pytest.mark.integration
-def test_scale_benchmark_tiny(tmp_path):
+def test_scale_benchmark_tiny(tmp_path, pg_dsn):
     base = scale.BaseData.synthetic(n=200, dim=32, seed=1)
     rng = np.random.default_rng(2)
     queries = base.vectors[:6] + 0.05 * rng.standard_normal((6, 32)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
     opts = scale.ScaleOptions(
         sizes=(2000,),
-        stores=("numpy", "milvus"),
         milvus_ef=(16,),
+        pg_ef=(40,),
         single_queries=3,
-        insert_batch=1000,
         keep_milvus_size=None,
         show_progress=False,
         workdir=tmp_path,
+        pg_dsn=lambda: pg_dsn,
     )
     out = scale.run(base, queries, opts)
 
     assert set(out) >= {"method", "sizes", "skipped", "targets"}
     res = out["sizes"]["2000"]
     assert res["rows"] == 2000 and 0 < res["rare_rows"] < 2000
-    assert set(res["stores"]) == {"numpy", "milvus"}
-    assert "error" not in res["stores"]["milvus"], res["stores"]["milvus"]
+    assert set(res["stores"]) == {"numpy", "milvus", "pgvector"}
+    for name in ("milvus", "pgvector"):  # loaded by the stores' bulk_load
+        assert "error" not in res["stores"][name], res["stores"][name]
+    assert res["setup"]["pgvector"]["copy_rows_per_s"] > 0 and res["setup"]["pgvector"]["hnsw_index_mb"] > 0
+    assert res["stores"]["pgvector"]["store_api"]["recall@10"] > 0
     names = [c["config"] for c in res["stores"]["milvus"]["configs"]]
     assert names == ["FLAT"]  # the embedded engine has no HNSW: skipped with the reason recorded
     assert any(s["what"] == "milvus HNSW" for s in out["skipped"])

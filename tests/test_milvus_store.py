@@ -50,6 +50,25 @@ def store(request, tmp_path):
         stop_server(tmp_path)
 
 
+def test_bulk_load_fills_an_empty_collection_like_upsert_and_refuses_a_filled_one(store):
+    vecs = unit(600)
+    chunks = [chunk(i, category="rare" if i % 7 == 0 else "cat") for i in range(600)]  # > one insert batch
+    chunks[3] = chunk(3, text="etcd leader election")
+    done = store.bulk_load(chunks, vecs)
+    assert done.rows == 600 and done.write_s > 0 and done.index_s >= 0
+    assert store.count() == 600 and store.pending_rows == 0
+    assert store.chunk_hashes()["c599"] == ("d.md", "h599")
+    assert [h.chunk_id for h in store.search(vecs[42], 1, "rare")] == ["c42"]
+    assert store.search_lexical(["etcd", "leader"], vecs[0], 3)[0].chunk_id == "c3"  # lexical column written
+    with pytest.raises(StoreError, match="empty"):
+        store.bulk_load([chunk(9999)], unit(1))
+    bad = unit(1)
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="c5000"):
+        store.bulk_load([chunk(5000)], bad)
+    assert store.count() == 600
+
+
 @pytest.mark.integration
 def test_upsert_search_count_and_hashes(store):
     vecs = unit(5)

@@ -96,6 +96,24 @@ def test_schema_has_vector_column_and_all_indexes(store, pg_dsn, pg_table):
     assert store.count() == 0 and store.chunk_hashes() == {}
 
 
+def test_bulk_load_fills_an_empty_table_with_its_indexes_and_refuses_a_filled_one(store, pg_dsn, pg_table):
+    store.ensure_schema(DIM)
+    vecs = unit(300)
+    chunks = [chunk(i, category="rare" if i % 5 == 0 else "k8s", text="kube pod restart") for i in range(300)]
+    done = store.bulk_load(chunks, vecs)
+    assert done.rows == 300 and done.write_s > 0 and done.index_s > 0
+    assert store.count() == 300 and store.chunk_hashes()["c00007"] == ("doc-a.md", "h7")
+    with psycopg.connect(pg_dsn) as conn:
+        defs = [r[0] for r in conn.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s", (pg_table,))]
+    assert any("USING hnsw" in d for d in defs) and any("USING gin" in d for d in defs)
+    q = vecs[10]
+    assert [h.chunk_id for h in store.search(q, 5, "rare")] == exact_ids(pg_dsn, pg_table, q, 5, "rare")
+    assert len(store.search_lexical(lexical_tokens("pod restart"), q, 5)) == 5
+    with pytest.raises(StoreError, match="empty"):
+        store.bulk_load([chunk(999)], unit(1))
+    assert store.count() == 300
+
+
 def test_missing_table_reads_empty_and_search_says_run_ingestion(store):
     assert store.count() == 0
     assert store.chunk_hashes() == {}

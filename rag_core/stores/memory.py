@@ -10,6 +10,7 @@ b = 0.75; Robertson & Zaragoza 2009).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -17,7 +18,14 @@ import numpy as np
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
-from rag_core.stores.base import DimensionMismatchError, StoredChunk, check_vectors, cosine_to_similarity
+from rag_core.stores.base import (
+    BulkLoad,
+    DimensionMismatchError,
+    StoredChunk,
+    StoreError,
+    check_vectors,
+    cosine_to_similarity,
+)
 from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
 from rag_core.text import lexical_string
 
@@ -62,6 +70,14 @@ class InMemoryStore:
                 self._vectors[chunk.chunk_id] = np.asarray(vector, dtype=np.float32)
                 self._lexical[chunk.chunk_id] = lexical_string(chunk.embed_text).split()
             self._invalidate()
+
+    def bulk_load(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> BulkLoad:
+        """``upsert`` into an empty store (``VectorStore.bulk_load``); StoreError when not empty."""
+        if self._chunks:
+            raise StoreError(f"bulk_load needs an empty store; the in-memory store holds {len(self._chunks)} chunks")
+        t0 = time.perf_counter()
+        self.upsert(chunks, vectors)
+        return BulkLoad(len(chunks), time.perf_counter() - t0, 0.0)
 
     def delete_documents(self, doc_ids: Sequence[str]) -> None:
         """Remove every chunk of ``doc_ids``."""

@@ -36,6 +36,7 @@ from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings, redact_dsn
 from rag_core.stores import milvus_server
 from rag_core.stores.base import (
+    BulkLoad,
     DimensionMismatchError,
     StoredChunk,
     StoreError,
@@ -105,9 +106,10 @@ def check_chunk_fits(chunk: Chunk) -> None:
     varchar_row(chunk)
 
 
-def varchar_row(chunk: Chunk) -> dict[str, str]:
-    """The VARCHAR columns of ``chunk``'s row; ValueError naming the chunk and field when a value
-    exceeds its VARCHAR limit in UTF-8 bytes."""
+def varchar_row(chunk: Chunk, lexical: str | None = None) -> dict[str, str]:
+    """The VARCHAR columns of ``chunk``'s row (``lexical``: its lexical string when already
+    computed); ValueError naming the chunk and field when a value exceeds its VARCHAR limit in
+    UTF-8 bytes."""
     row = {
         "chunk_id": chunk.chunk_id,
         "doc_id": chunk.doc_id,
@@ -116,7 +118,7 @@ def varchar_row(chunk: Chunk) -> dict[str, str]:
         "category": chunk.category,
         "text": chunk.text,
         "content_hash": chunk.content_hash,
-        "lexical": lexical_string(chunk.embed_text),
+        "lexical": lexical_string(chunk.embed_text) if lexical is None else lexical,
     }
     for field, value in row.items():
         size = len(value.encode("utf-8"))
@@ -478,6 +480,28 @@ class MilvusStore:
             part = rows[i : i + UPSERT_ROWS]
             self._call("upsert", lambda c, part=part: c.upsert(self._name, part))
             self.pending_rows += len(part)
+
+    def bulk_load(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> BulkLoad:
+        """Insert ``chunks`` into the empty collection in ``UPSERT_ROWS`` batches, then flush
+        (``VectorStore.bulk_load``). Chunks sharing an embed text share one lexical string.
+        ValueError names a bad chunk or vector and StoreError reports a non-empty collection,
+        both before any write."""
+        check_vectors([c.chunk_id for c in chunks], vectors, vectors.shape[1])
+        if self.count():
+            raise StoreError(f"bulk_load needs an empty collection; {self.collection!r} holds {self.count()} chunks")
+        lexical: dict[str, str] = {}
+        t0 = time.perf_counter()
+        for i in range(0, len(chunks), UPSERT_ROWS):
+            part = [
+                {**varchar_row(c, lexical.get(c.embed_text)), "vector": v.tolist()}
+                for c, v in zip(chunks[i : i + UPSERT_ROWS], vectors[i : i + UPSERT_ROWS], strict=True)
+            ]
+            for c, row in zip(chunks[i : i + UPSERT_ROWS], part, strict=True):
+                lexical.setdefault(c.embed_text, row["lexical"])
+            self._call("insert", lambda cl, part=part: cl.insert(self._name, part))
+        write_s = time.perf_counter() - t0
+        self.flush()
+        return BulkLoad(len(chunks), write_s, time.perf_counter() - t0 - write_s)
 
     def flush(self) -> None:
         """Seal written rows into persisted segments (call after each ingest write stage).

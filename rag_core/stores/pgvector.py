@@ -42,6 +42,7 @@ from rag_core.models import Chunk, StoreHit
 from rag_core.secrets import redacted
 from rag_core.settings import RagSettings
 from rag_core.stores.base import (
+    BulkLoad,
     DimensionMismatchError,
     StoredChunk,
     StoreError,
@@ -359,6 +360,47 @@ class PgVectorStore:
         self._run("upsert", write)
         self._stats = None
 
+    def bulk_load(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> BulkLoad:
+        """Fill the empty table by binary COPY with its HNSW and full-text indexes dropped, then
+        ANALYZE and rebuild both (pgvector's default HNSW parameters, as ``ensure_schema`` makes
+        it; ``maintenance_work_mem`` raised to 1 GB for the build so the graph stays in memory)
+        in one transaction (``VectorStore.bulk_load``). Chunks sharing an embed text share one
+        lexical string. ValueError / DimensionMismatchError name a bad vector and StoreError
+        reports a non-empty table, both before any write."""
+        vectors = np.asarray(vectors, dtype=np.float32)
+        check_vectors([c.chunk_id for c in chunks], vectors, self._require_dim())
+        lexical: dict[str, str] = {}
+        copy_sql = sql.SQL("COPY {t} ({cols}) FROM STDIN WITH (FORMAT BINARY)").format(
+            t=self._ident, cols=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS)
+        )
+        rebuilt = (self._index("embedding_hnsw"), self._index("lexical_gin"))
+
+        def load(conn: psycopg.Connection) -> BulkLoad:
+            with conn.transaction():
+                self._lock_table(conn)
+                if not self._is_empty(conn):
+                    raise StoreError(f"bulk_load needs an empty table; pgvector table {self.table!r} holds rows")
+                for index in rebuilt:
+                    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=index))
+                t0 = time.perf_counter()
+                with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                    copy.set_types(["text"] * (len(_COLUMNS) - 1) + ["vector"])
+                    for c, v in zip(chunks, vectors, strict=True):
+                        text = c.embed_text
+                        if text not in lexical:
+                            lexical[text] = lexical_string(text)
+                        copy.write_row(_row(c, v, lexical[text]))
+                conn.execute(self._sql("ANALYZE {t}"))
+                write_s = time.perf_counter() - t0
+                _set_local(conn, {"maintenance_work_mem": "1GB"})
+                for statement in self._ddl(self._require_dim()):
+                    conn.execute(statement)  # IF NOT EXISTS: builds the two dropped indexes only
+            return BulkLoad(len(chunks), write_s, time.perf_counter() - t0 - write_s)
+
+        done = self._run("bulk_load", load)
+        self._stats = None
+        return done
+
     def _is_empty(self, conn: psycopg.Connection) -> bool:
         return not one_row(conn.execute(self._sql("SELECT EXISTS (SELECT 1 FROM {t})")))[0]
 
@@ -640,7 +682,7 @@ class PgVectorStore:
         )
 
 
-def _row(chunk: Chunk, vector: np.ndarray) -> tuple[Any, ...]:
+def _row(chunk: Chunk, vector: np.ndarray, lexical: str | None = None) -> tuple[Any, ...]:
     values = (
         chunk.chunk_id,
         chunk.doc_id,
@@ -649,7 +691,7 @@ def _row(chunk: Chunk, vector: np.ndarray) -> tuple[Any, ...]:
         chunk.category,
         chunk.text,
         chunk.content_hash,
-        lexical_string(chunk.embed_text),
+        lexical_string(chunk.embed_text) if lexical is None else lexical,
     )
     # PostgreSQL text cannot hold NUL bytes; they carry no meaning in Markdown.
     return (*(v.replace("\x00", "") for v in values), vector)
