@@ -44,7 +44,7 @@ class CountingRecorder:
         with self._lock:
             self.rows += 1
 
-    def flush(self, timeout: float | None = None) -> bool:
+    def flush(self, timeout: float | None = None, reconnect: bool = True) -> bool:
         return True
 
     def close(self) -> None:

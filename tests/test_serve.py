@@ -44,7 +44,7 @@ class CapturingRecorder:
         with self._lock:
             self.rows.append(row.model_dump(mode="json"))
 
-    def flush(self, timeout=None):
+    def flush(self, timeout=None, reconnect=True):
         return True
 
     def close(self):

@@ -1,12 +1,15 @@
 """`rag serve` as its own process on the real stack (the sample knowledge base in the embedded
 Milvus, the default embedder), reached by clients this project did not write: the MCP Python
-SDK's client over stdio and over streamable HTTP, and plain HTTP. Each answer's evidence docIds
-equal the same lookup called in process."""
+SDK's client over stdio and over streamable HTTP, the MCP TypeScript SDK's client (node, from
+npm: tests/js) over both, and plain HTTP. Each answer's evidence docIds equal the same lookup
+called in process."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +29,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
 QUERIES = ["RedisMemoryHigh fired on redis-main", "kafka consumer lag keeps growing", "checkout pod OOMKilled"]
 RAG = [sys.executable, "-c", "from rag_core.cli import main; main()"]
+JS_DIR = REPO / "tests" / "js"
 
 
 def _env(settings, **extra: str) -> dict[str, str]:
@@ -111,3 +115,40 @@ def test_plain_http_answers_like_python(http_server, python_answers):
         ready = http.get("/readyz").json()
     assert answers == python_answers
     assert ready["ready"] and ready["mainStore"] == "up"
+
+
+def _node() -> str:
+    """The node binary, with the TypeScript SDK installed in tests/js (skip otherwise)."""
+    node = shutil.which("node")
+    if node is None or shutil.which("npm") is None:
+        pytest.skip("node/npm not on PATH: the MCP TypeScript SDK client test needs Node.js >= 18")
+    if not (JS_DIR / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        pytest.skip("tests/js/node_modules is absent: run `npm ci --prefix tests/js` (CI does, in .ci/run)")
+    return node
+
+
+def _run_js_client(args: list[str], env: dict[str, str] | None = None) -> dict:
+    done = subprocess.run(
+        [_node(), str(JS_DIR / "lookup_client.mjs"), *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def test_typescript_sdk_client_over_streamable_http_answers_like_python(http_server, python_answers):
+    out = _run_js_client(["--http", f"{http_server}/mcp", *QUERIES])
+    assert out["tools"] == ["lookup_knowledge"]
+    assert out["errors"] == {}
+    assert out["answers"] == python_answers and all(out["answers"].values())
+
+
+def test_typescript_sdk_client_over_stdio_answers_like_python(sample_kb, python_answers):
+    out = _run_js_client(["--stdio", *RAG, "serve", "--stdio", "--", *QUERIES], env=_env(sample_kb))
+    assert out["tools"] == ["lookup_knowledge"]
+    assert out["errors"] == {}
+    assert out["answers"] == python_answers

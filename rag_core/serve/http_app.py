@@ -80,6 +80,9 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
     )
     mcp_routes = mcp.streamable_http_app(
         streamable_http_path="/mcp",
+        # One JSON body per tool call instead of an SSE stream per POST (the spec allows either;
+        # the answer is one message, and the SSE machinery cost more than the JSON encoding).
+        json_response=True,
         host=settings.serve_host,
         transport_security=security,
         max_request_body_size=settings.serve_max_request_bytes,

@@ -103,9 +103,17 @@ def build_mcp_server(service: LookupService, transport: str = "mcp-stdio") -> Se
             contents=[types.TextResourceContents(uri=uri, mime_type="text/markdown", text=_document_text(service, uri))]
         )
 
+    input_schema = tool_entry.input_schema
+
+    def tool_input_schema(name: str) -> dict[str, Any] | None:
+        # Given to the SDK so that checking a call's Mcp-Param-* headers does not run (and
+        # serialise) the whole tools/list handler on every tools/call.
+        return input_schema if name == TOOL_NAME else None
+
     return Server(
         SERVER_NAME,
         instructions=TOOL_DESCRIPTION,
+        get_tool_input_schema=tool_input_schema,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,

@@ -9,7 +9,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 #: Longest accepted ``sessionId`` (characters); the trace column holds it whole.
 MAX_SESSION_ID_CHARS: Final = 200
 ARGUMENTS: Final = ("query", "sessionId")
+#: Longest a served answer waits for its trace row to reach the trace store or the spool
+#: (seconds): a process killed after answering then loses no row. Past it (a trace store that
+#: hangs on connect) the answer goes out anyway; the row is still queued.
+TRACE_ACK_TIMEOUT_S: Final = 2.0
 
 
 def served_input_schema() -> dict[str, Any]:
@@ -130,9 +134,19 @@ class LookupService:
                 run = functools.partial(self.tool.lookup, checked.query, session, transport=transport)
             # Not abandoned on cancellation: a client that disconnects mid-call still gets its
             # trace row written (the tool records it in this thread).
-            return await anyio.to_thread.run_sync(run)
+            return await anyio.to_thread.run_sync(self._traced, run)
         finally:
             self._leave()
+
+    def _traced(self, run: Callable[[], LookupResult]) -> LookupResult:
+        """``run()`` (the lookup, which queues its trace row), then wait until the recorder has
+        put that row in the trace store or the spool (at most ``TRACE_ACK_TIMEOUT_S``): an
+        answer is only sent once its row survives a SIGKILL of this process."""
+        result = run()
+        recorder = self.tool.recorder
+        if recorder is not None and not recorder.flush(TRACE_ACK_TIMEOUT_S, reconnect=False):
+            log.debug("trace row not yet durable after %.1f s; answering anyway", TRACE_ACK_TIMEOUT_S)
+        return result
 
     def readiness(self) -> dict[str, Any]:
         """Readiness for ``GET /readyz``: ``ready`` (loaded and the main store passed its
