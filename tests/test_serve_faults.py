@@ -40,7 +40,7 @@ from rag_core.traces.store import TraceStore  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
-RAG = [sys.executable, "-c", "from rag_core.cli_entry import main; main()"]
+RAG = [sys.executable, "-c", "from rag_core.cli import main; main()"]
 QUERIES = ["RedisMemoryHigh fired on redis-main", "kafka consumer lag keeps growing", "checkout pod OOMKilled"]
 CLIENTS = 6
 
