@@ -31,7 +31,7 @@ from rag_core.embedding import Embedder, make_embedder
 from rag_core.fileio import temp_beside
 from rag_core.health import SAMPLE_SIZE, write_index_state
 from rag_core.ingest.apply import StalePlanError, StoreWriter
-from rag_core.ingest.documents import doc_id_for, list_markdown, load_documents
+from rag_core.ingest.documents import list_doc_ids, load_documents
 from rag_core.ingest.embed import ChunkEmbeddings, embed_plan
 from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.ingest.plan import (
@@ -182,9 +182,8 @@ def ingest(
     root = Path(knowledge_dir or settings.knowledge_dir)
     report = IngestReport(knowledge_dir=str(root))
     with _stage(report, "scan"):
-        paths, listing_issues = list_markdown(root)
-    doc_ids = [doc_id_for(p, root) for p in paths]
-    report.documents_seen = len(paths)
+        doc_ids, listing_issues = list_doc_ids(root)  # root / doc_id is the file
+    report.documents_seen = len(doc_ids)
     report.skipped.extend(listing_issues)
     with _stage(report, "plan"):
         states = [read_store_state(store) for store in stores]
@@ -198,16 +197,16 @@ def ingest(
             l0 = stack.enter_context(_L0Writer(settings.l0_index_path))
             pairs = zip(stores, states, strict=True)
             writers = [stack.enter_context(StoreWriter(st, s, run.identity, rebuild)) for st, s in pairs]
-            bar = stack.enter_context(_Progress(len(paths), progress))
-            for i in range(0, len(paths), step):
-                run.batch(paths[i : i + step], writers, bar, l0)
+            bar = stack.enter_context(_Progress(len(doc_ids), progress))
+            for i in range(0, len(doc_ids), step):
+                run.batch(doc_ids[i : i + step], writers, bar, l0)
             with _stage(report, "finish"):
-                listed = set(doc_ids)
+                # Each batch took its documents out of by_doc: what is left is no longer in the tree.
                 for writer, by_doc in zip(writers, run.by_doc, strict=True):
-                    writer.finish([cid for doc, held in by_doc.items() if doc not in listed for cid in held])
+                    writer.finish([cid for held in by_doc.values() for cid in held])
     except KeyboardInterrupt:
         raise IngestInterrupted(
-            f"ingest interrupted after {run.documents_done} of {len(paths)} documents "
+            f"ingest interrupted after {run.documents_done} of {len(doc_ids)} documents "
             f"({run.chunks_written} chunks written, {run.chunks_cached} embedded and cached): "
             "run it again to resume (cached chunks are not embedded again)"
         ) from None
@@ -259,9 +258,10 @@ class _Run:
         self.sample = _Sample(SAMPLE_SIZE)
         self.documents_done = self.chunks_written = self.chunks_cached = 0
 
-    def batch(self, paths: Sequence[Path], writers: Sequence[StoreWriter], bar: _Progress, l0: _L0Writer) -> None:
-        """Load, chunk, plan, embed and write one batch of files."""
+    def batch(self, doc_ids: Sequence[str], writers: Sequence[StoreWriter], bar: _Progress, l0: _L0Writer) -> None:
+        """Load, chunk, plan, embed and write one batch of files (``doc_ids`` under the root)."""
         report = self.report
+        paths = [self.root / d for d in doc_ids]
         with _stage(report, "scan"):
             docs, issues = load_documents(paths, self.root, max_bytes=self.settings.max_document_bytes)
         with _stage(report, "chunk"):
@@ -270,7 +270,7 @@ class _Run:
         with _stage(report, "plan"):
             skipped = (*issues, *chunked.issues)
             protected = {i.path for i in skipped}
-            batch_ids = {doc_id_for(p, self.root) for p in paths}
+            batch_ids = set(doc_ids)
             plans = {}
             for name, recorded, by_doc in zip(self.names, self.recorded, self.by_doc, strict=True):
                 held = {cid: h for doc in batch_ids for cid, h in by_doc.pop(doc, {}).items()}
