@@ -1,21 +1,30 @@
-"""Knowledge-base scale benchmark (issue 23): our own ingest overhead and L0 lookup cost at
-10k documents (100k with ``--kb-docs 100000``), generated from the real corpora.
+"""Knowledge-base scale benchmark (issue 23): our own ingest overhead, peak memory and L0 lookup
+cost at 10k documents (100k with ``--docs 100000``), generated from the real corpora.
 
-``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000]`` (``make bench`` runs it as
-``kb_scale``). The knowledge base is generated at run time in a scratch dir, never committed:
-every document recombines sections of the runbooks in ``../shared/corpora`` (English and
-Chinese), under a varied name (a service name joined to the source alert name), folder
-(team / category), frontmatter (title, category or none, keywords, entities, aliases) and a
-service line; document ``i`` depends only on the seed and ``i``, so the 1k knowledge base is the
-first 1k documents of the 10k one. Skipped with a clear message when the corpora are absent.
+``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 100] [--no-l0]``
+(``make bench`` runs it as ``kb_scale``). The knowledge base is generated at run time in a
+scratch dir, never committed: every document recombines sections of the runbooks in
+``../shared/corpora`` (English and Chinese), under a varied name (a service name joined to the
+source alert name), folder (team / category), frontmatter (title, category or none, keywords,
+entities, aliases) and a service line; document ``i`` depends only on the seed and ``i``, so the
+1k knowledge base is the first 1k documents of the 10k one. Skipped with a clear message when
+the corpora are absent.
 
-Ingest: the real ``rag_core.ingest.pipeline.ingest`` on the embedded defaults' code path with a
-fast fake embedder (hash-seeded unit vectors, whitespace token count) and a store that keeps only
-chunk ids and hashes, so the figures are parsing, chunking, planning, the L0 build, the
-embedding cache and the store calls, not the model nor a server. Each ingest runs in its own
-process (peak RSS is that process's ``ru_maxrss``): a first ingest, an unchanged re-ingest and one
-with 1 % of the documents changed. (Streaming ingest in bounded batches, ``--batch-docs``, is not
-built yet: the argument is passed through for it.)
+Ingest: the real ``rag_core.ingest.pipeline.ingest`` with a fast fake embedder (hash-seeded unit
+vectors, whitespace token count) and a store that keeps only chunk ids and hashes in a SQLite
+file (a real store's rows live in its server), so the figures are listing, parsing, chunking,
+planning, the L0 build, the embedding cache and the store calls, not the model. Each ingest
+runs in its own process (peak RSS is that process's ``ru_maxrss``). At every size: a first
+ingest streamed in ``--batch-docs`` batches and (up to ``--whole-max`` documents) one of the
+whole tree in one batch, the memory profile before streaming; peak RSS ratios against 1k and
+10k. At ``--reingest-docs``: an unchanged re-ingest, one with 1 % of the documents changed, and
+an ingest interrupted (KeyboardInterrupt, as Ctrl-C) half way through its embeddings then run
+again: passages re-embedded on resume (0 expected).
+
+Real model (``--real-docs``, default 100 documents: a real 10k ingest takes most of an hour on
+this machine): the default settings' embedder on the first documents, raw encode of their chunk
+texts (length-sorted, 256 per call, as the embed stage), a full ingest, raw encode again, in one
+process; chunks/s of each, the ratio, and the 10k time extrapolated from it (said as such).
 
 Known limit: the two real corpora share relative doc ids (``node/X.md`` in both languages), so
 the "real corpora" L0 row indexes the 111 distinct ids, not all 157 documents.
