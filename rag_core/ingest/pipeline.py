@@ -359,7 +359,8 @@ class _L0Writer:
         return self
 
     def add(self, documents: Sequence[KnowledgeDocument], chunk_counts: Counter[str]) -> None:
-        for entry in L0Index.build(documents, chunk_counts).entries.values():
+        # Not L0Index.build: the index's query-side caches would fill with every batch's names.
+        for entry in L0Index.entries_of(documents, chunk_counts):
             self._file.write(("" if self._first else ", ") + json.dumps(asdict(entry), ensure_ascii=False))
             self._first = False
 
