@@ -263,6 +263,14 @@ class L0Index:
     def build(cls, documents: Iterable[KnowledgeDocument], chunk_counts: Mapping[str, int] | None = None) -> L0Index:
         """Index documents: names are title, H1, file stem and aliases (deduplicated);
         ``chunk_counts`` maps doc id -> number of chunks (the rerank's document support)."""
+        return cls(cls.entries_of(documents, chunk_counts))
+
+    @staticmethod
+    def entries_of(
+        documents: Iterable[KnowledgeDocument], chunk_counts: Mapping[str, int] | None = None
+    ) -> list[L0Entry]:
+        """The ``L0Entry`` of each document, as ``build`` indexes them, without building the
+        index (the streaming ingest writes entries batch by batch: ``save``'s JSON list)."""
         entries = []
         counts = chunk_counts or {}
         for doc in documents:
@@ -281,7 +289,7 @@ class L0Index:
                     counts.get(doc.doc_id),
                 )
             )
-        return cls(entries)
+        return entries
 
     def save(self, path: Path) -> None:
         write_text_atomic(path, json.dumps([asdict(e) for e in self.entries.values()], ensure_ascii=False))

@@ -112,6 +112,11 @@ class RagSettings(BaseSettings):
         le=1.0,
         description="An ingest that would remove more than this share of an index's documents stops unless --prune",
     )
+    ingest_batch_docs: int = Field(
+        1000,
+        ge=1,
+        description="Documents per ingest batch (load, chunk, embed, write): bounds ingest memory, not the corpus",
+    )
     max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")

@@ -72,6 +72,11 @@ def ingest(
             soft_wrap=True,
         )
         raise typer.Exit(1) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line; the next run resumes from the cache
+        console.print(
+            f"[yellow]{exc or 'ingest interrupted: run it again to resume'}[/yellow]", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(130) from None
     finally:
         for s in stores:
             s.close()
@@ -83,9 +88,10 @@ def ingest(
         print_ingest_report(console, report)
     if report.partial:  # exit 3: the index is usable, but some documents are missing from it
         failed = [i for i in report.skipped if is_failure(i)]
+        names = sorted({i.path for i in failed})
+        more = f" and {len(names) - 10} more (listed above)" if len(names) > 10 else ""
         console.print(
-            f"[yellow]partial ingest: {len(failed)} document(s) skipped: "
-            f"{', '.join(sorted({i.path for i in failed}))}[/yellow]",
+            f"[yellow]partial ingest: {len(failed)} document(s) skipped: {', '.join(names[:10])}{more}[/yellow]",
             highlight=False,
             soft_wrap=True,
         )

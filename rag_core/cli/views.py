@@ -42,12 +42,12 @@ def print_ingest_report(console: Console, report: IngestReport) -> None:
         console.print(
             f"[yellow]{name}: embedding model changed ({change}): every chunk re-embedded[/yellow]", highlight=False
         )
-    for title, issues in (("Skipped", report.skipped), ("Warnings (ingested)", report.warnings)):
+    # One line per file (file:line (heading): reason), so 1,000 bad files stay greppable.
+    for title, issues in (("skipped", report.skipped), ("warning (ingested)", report.warnings)):
+        for issue in issues:
+            console.print(f"{title}: {issue}", highlight=False, markup=False, soft_wrap=True)
         if issues:
-            s = table("document", "line", "heading", "reason", title=title)
-            for issue in issues:
-                s.add_row(issue.path, str(issue.line or ""), issue.heading or "", issue.reason)
-            console.print(s)
+            console.print(f"{len(issues)} file(s) {title}", highlight=False)
     stages = ", ".join(f"{k} {v:.2f}s" for k, v in report.stage_seconds.items())
     console.print(f"seconds per stage: {stages} (total {sum(report.stage_seconds.values()):.2f}s)")
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from contextlib import ExitStack
+from types import TracebackType
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.ingest.embed import ChunkEmbeddings
-from rag_core.ingest.plan import IngestPlan, StoreChanges, StorePlan, read_store_state
+from rag_core.ingest.plan import IngestPlan, StoreChanges, StorePlan, StoreState, read_store_state
 from rag_core.models import Chunk
 from rag_core.stores.base import VectorStore
 
@@ -110,3 +112,84 @@ def _upsert_in_batches(store: VectorStore, chunks: Sequence[Chunk], embeddings: 
     for i in range(0, len(chunks), UPSERT_BATCH):
         part = chunks[i : i + UPSERT_BATCH]
         store.upsert(part, embeddings.vectors_for(part))
+
+
+class StoreWriter:
+    """Writes one store batch by batch (the streaming ingest): the same writes as ``apply_plan``,
+    spread over the batches of one run.
+
+    Use as a context manager over the whole run. ``state`` is what the run planned against; the
+    first write re-reads the store and raises StalePlanError when it moved since (another writer).
+    A store to recreate or re-embed (``fresh``: rebuild, another dimension or model, or a store
+    left incomplete) is filled batch by batch inside one ``VectorStore.rebuild()``, swapped in when
+    the context exits normally and discarded on an exception (Ctrl-C, a full disk): the previous
+    index stays served. A new store carries the incomplete marker until ``finish``.
+    """
+
+    def __init__(self, store: VectorStore, state: StoreState, identity: ModelIdentity, rebuild: bool) -> None:
+        recorded = state.recorded
+        self.store, self.identity = store, identity
+        self.drop = rebuild or (recorded is not None and recorded.dimension != identity.dimension)
+        self.fresh = self.drop or (recorded is not None and recorded != identity)
+        self.recorded = recorded
+        self.changes = StoreChanges()
+        self._digest, self._planned_rows = state.digest(), len(state.held)
+        self._stack = ExitStack()
+        self._target: VectorStore | None = None
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        return bool(self._stack.__exit__(exc_type, exc, tb))
+
+    def _open(self) -> VectorStore:
+        if self._target is not None:
+            return self._target
+        now = read_store_state(self.store)
+        if now.digest() != self._digest:
+            raise StalePlanError(
+                f"{self.store.name} changed since this ingest was planned (now {len(now.held)} chunks, "
+                f"planned against {self._planned_rows}; another ingest wrote in between): nothing written, "
+                "plan again"
+            )
+        target = self._stack.enter_context(self.store.rebuild()) if self.fresh else self.store
+        target.ensure_schema(self.identity.dimension)
+        if self.fresh or self.recorded != self.identity:
+            target.record_model(self.identity.incomplete())
+        self._target = target
+        return target
+
+    def write(self, store_plan: StorePlan, embeddings: ChunkEmbeddings) -> StoreChanges:
+        """Write one batch's plan (``plan_store`` over the batch's documents) with its vectors;
+        returns that batch's counts (also added to ``changes``). StoreError / OSError as the
+        store raises them."""
+        skipped = embeddings.skipped_documents
+        upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
+        delete = _deletions(store_plan, skipped)
+        if upsert or (delete and not self.fresh):
+            target = self._open()
+            _upsert_in_batches(target, upsert, embeddings)
+            if not self.fresh:
+                target.delete_chunks(delete)
+        batch = _changes(store_plan, upsert, delete)
+        self._add(batch)
+        return batch
+
+    def finish(self, removed: Sequence[str]) -> None:
+        """After the last batch: delete ``removed`` (chunks of documents no longer in the tree),
+        record the model and flush. The swap of a fresh store happens when the context exits."""
+        target = self._open()
+        if not self.fresh:
+            target.delete_chunks(removed)
+        if not self.drop:
+            self.changes.removed += len(removed)
+        target.record_model(self.identity)
+        target.flush()
+
+    def _add(self, batch: StoreChanges) -> None:
+        c = self.changes
+        c.added, c.updated = c.added + batch.added, c.updated + batch.updated
+        c.removed, c.unchanged = c.removed + batch.removed, c.unchanged + batch.unchanged

@@ -10,7 +10,7 @@ heading and reason), so a document is never half-updated, and the other document
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,11 +81,20 @@ class ChunkEmbeddings:
 
 
 def embed_plan(
-    plan: IngestPlan, embedder: Embedder, cache: EmbeddingCache, *, batch_size: int = 64, progress: bool = False
+    plan: IngestPlan,
+    embedder: Embedder,
+    cache: EmbeddingCache,
+    *,
+    batch_size: int = 64,
+    progress: bool = False,
+    on_embedded: Callable[[int], None] | None = None,
 ) -> ChunkEmbeddings:
     """Vectors for ``plan.to_embed()``: from ``cache`` when present, else from ``embedder`` (then
-    cached). Raises ValueError when the embedder is not the plan's model; EmbedderLoadError
-    (or the endpoint's error) when the model cannot run, before anything is written anywhere.
+    cached, step by step, so an interrupted run keeps every finished step). ``on_embedded(n)`` is
+    called after each step with the passages it sent to the model (the streaming ingest's progress).
+    Raises ValueError when the embedder is not the plan's model; EmbedderLoadError (or the
+    endpoint's error) when the model cannot run, before anything is written anywhere; OSError
+    (ENOSPC) when the cache cannot be written.
     """
     identity = embedder.identity()
     if identity != plan.identity:
@@ -115,6 +124,8 @@ def embed_plan(
                 log.warning("%s", issue)
                 bad.setdefault(chunk.doc_id, issue)
             bar.update(len(batch))
+            if on_embedded is not None:
+                on_embedded(len(batch))
     return ChunkEmbeddings(cache, identity, frozenset(good), tuple(bad.values()), len(missing), hits, calls)
 
 

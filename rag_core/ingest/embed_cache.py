@@ -9,6 +9,8 @@ process. A model change is a different key: nothing is reused across models.
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 from collections.abc import Iterable, Mapping
 from contextlib import closing
@@ -79,11 +81,21 @@ class EmbeddingCache:
         return out
 
     def put_many(self, identity: ModelIdentity, vectors: Mapping[str, np.ndarray]) -> None:
-        """Store ``{content_hash: vector}`` for ``identity`` (replacing what was there)."""
+        """Store ``{content_hash: vector}`` for ``identity`` (replacing what was there), in one
+        transaction. OSError(ENOSPC) naming the cache file when the disk is full."""
         key = model_key(identity)
         rows = [(key, h, np.asarray(v, dtype=np.float32).tobytes()) for h, v in vectors.items()]
-        with closing(self._connect()) as conn, conn:
-            conn.executemany("INSERT OR REPLACE INTO embedding (model, content_hash, vector) VALUES (?, ?, ?)", rows)
+        try:
+            with closing(self._connect()) as conn, conn:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO embedding (model, content_hash, vector) VALUES (?, ?, ?)", rows
+                )
+        except sqlite3.OperationalError as exc:
+            # SQLite reports a full disk as its own error: raise it as the OSError every writer
+            # of the data dir raises, so the CLI names the file in one line.
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path)) from exc
+            raise
 
     def count(self, identity: ModelIdentity | None = None) -> int:
         """Cached vectors (of ``identity`` only, when given)."""

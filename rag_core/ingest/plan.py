@@ -262,18 +262,38 @@ def refuse_wipe(
     """IngestRefusedError when ``root`` yields no document, or when a store would lose more than
     ``max_share`` of the documents it holds (``held``: store name -> its chunk hashes; documents
     that failed to load are kept, not lost)."""
+    keep = {d.doc_id for d in docs} | {i.path for i in skipped}
+    _refuse(root, documents_seen, len(docs), keep, held, max_share)
+
+
+def refuse_wipe_listed(
+    root: Path, doc_ids: Sequence[str], held: Mapping[str, Mapping[str, tuple[str, str]]], max_share: float
+) -> None:
+    """``refuse_wipe`` from the listing alone (the streaming ingest decides before loading any
+    document): every listed Markdown file counts as kept, as a file that later fails to load
+    keeps its stored chunks. Same IngestRefusedError and message."""
+    _refuse(root, len(doc_ids), len(doc_ids), set(doc_ids), held, max_share)
+
+
+def _refuse(
+    root: Path,
+    documents_seen: int,
+    n_docs: int,
+    keep: set[str],
+    held: Mapping[str, Mapping[str, tuple[str, str]]],
+    max_share: float,
+) -> None:
     if documents_seen == 0:
         raise IngestRefusedError(
             f"no Markdown document found under {root}: refusing to touch the index "
             "(wrong or unmounted directory?); pass --prune to empty it on purpose"
         )
-    keep = {d.doc_id for d in docs} | {i.path for i in skipped}
     for name, hashes in held.items():
         doc_ids = {doc_id for doc_id, _ in hashes.values()}
         gone = doc_ids - keep
         if doc_ids and len(gone) / len(doc_ids) > max_share:
             raise IngestRefusedError(
-                f"{root} has {len(docs)} document(s) but {name} holds {len(doc_ids)}: this ingest would "
+                f"{root} has {n_docs} document(s) but {name} holds {len(doc_ids)}: this ingest would "
                 f"remove {len(gone)} ({len(gone) / len(doc_ids):.0%}, over RAG_INGEST_MAX_REMOVE_SHARE="
                 f"{max_share:.0%}); pass --prune if that is intended"
             )
