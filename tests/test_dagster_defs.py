@@ -116,16 +116,16 @@ def test_schedules_and_sensor_have_descriptions_and_the_ingest_retries():
     assert policy is not None and policy.max_retries == 2 and policy.backoff == dg.Backoff.EXPONENTIAL
 
 
-def test_trace_partitions_start_where_the_traces_start(tmp_path):
-    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
-    assert trace_start_date({}, tmp_path, now) == "2026-11-30"  # no traces: yesterday, the first nightly day
-    for day in ("2026-11-02", "2026-10-17"):
-        (tmp_path / "traces" / "tool_invocation" / f"day={day}").mkdir(parents=True)
-    (tmp_path / "traces" / "tool_invocation" / "day=garbage").mkdir()
-    assert trace_start_date({}, tmp_path, now) == "2026-10-17"
-    assert trace_start_date({"RAG_TRACE_START_DATE": "2026-09-01"}, tmp_path, now) == "2026-09-01"
+def test_trace_partitions_start_on_a_fixed_day(tmp_path, monkeypatch):
+    from rag_assets.timing import FIRST_TRACE_DAY
+
+    # Exported days on disk do not move the start: the partition set is fixed at load time.
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    (tmp_path / "traces" / "tool_invocation" / "day=2026-10-17").mkdir(parents=True)
+    assert trace_start_date({}) == FIRST_TRACE_DAY
+    assert trace_start_date({"RAG_TRACE_START_DATE": "2026-09-01"}) == "2026-09-01"
     with pytest.raises(ValueError, match="RAG_TRACE_START_DATE='Sept' is not a UTC day"):
-        trace_start_date({"RAG_TRACE_START_DATE": "Sept"}, tmp_path, now)
+        trace_start_date({"RAG_TRACE_START_DATE": "Sept"})
     assert DAILY_PARTITIONS.start.date().isoformat() == TRACE_START_DATE
 
 
