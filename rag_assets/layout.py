@@ -106,6 +106,11 @@ class AssetFiles:
         name = f"{step_key}.{output}" + (f".{mapping_key}" if mapping_key else "")
         return self.outputs_dir / "steps" / run_id / f"{name}.json"
 
+    @property
+    def sensor_state(self) -> Path:
+        """The knowledge sensor's per-file state (size, mtime, content hash per doc id)."""
+        return self.data_dir / "sensor" / "knowledge_files.json"
+
     def lock_file(self, store: str) -> Path:
         """The inter-process lock file guarding ``store`` (``milvus``, ``pgvector``)."""
         return self.data_dir / "locks" / f"{store}.lock"

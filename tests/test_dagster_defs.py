@@ -173,6 +173,33 @@ def test_sensor_requests_ingest_when_markdown_changes(tmp_path):
     assert not result.run_requests and "does not exist" in result.skip_message
 
 
+def test_change_detection_reads_only_the_files_whose_stat_moved(tmp_path):
+    from rag_assets.fingerprint import fingerprint
+
+    kb, state = tmp_path / "kb", tmp_path / "data" / "sensor" / "knowledge_files.json"
+    docs = [kb / "ops" / f"D{i}.md" for i in range(5)]
+    for i, doc in enumerate(docs):
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(f"# D{i}\n\nbody {i}\n")
+    first = fingerprint(kb, None, state)
+    assert first.hashed == 5 and first.fingerprint.files == 5 and state.is_file()
+    assert fingerprint(kb, first.fingerprint, state).hashed == 0  # unchanged: nothing read
+    docs[2].write_text("# D2\n\nedited body\n")
+    edited = fingerprint(kb, first.fingerprint, state)
+    assert edited.hashed == 1 and edited.fingerprint.content != first.fingerprint.content
+    st = docs[3].stat()
+    os.utime(docs[3], ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    touched = fingerprint(kb, edited.fingerprint, state)
+    assert touched.hashed == 1 and touched.fingerprint.content == edited.fingerprint.content
+    assert touched.fingerprint.stat != edited.fingerprint.stat
+    docs[4].unlink()
+    removed = fingerprint(kb, touched.fingerprint, state)
+    assert removed.hashed == 0 and removed.fingerprint.files == 4
+    state.unlink()  # a lost state file costs one full read, not a wrong answer
+    again = fingerprint(kb, None, state)
+    assert again.hashed == 4 and again.fingerprint == removed.fingerprint
+
+
 def test_sensor_first_tick_skips_what_the_last_ingest_in_the_instance_read(tmp_path):
     from rag_assets.fingerprint import STAT_DIGEST_KEY, stat_digest
 
