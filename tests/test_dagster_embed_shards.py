@@ -34,13 +34,13 @@ class HashEmbedder:
     """Unit vectors seeded by each text's sha256: the same text gives the same vector in any
     process and any batch."""
 
-    backend, model_id, dimension, max_tokens = "fake", "fake-hash", DIM, 512
+    backend, model_id, dimension, max_tokens, fingerprint = "fake", "fake-hash", DIM, 512, "f" * 16
 
     def count_tokens(self, text: str) -> int:
         return len(text.split())
 
     def identity(self) -> ModelIdentity:
-        return ModelIdentity(self.backend, self.model_id, DIM, "f" * 16)
+        return ModelIdentity(self.backend, self.model_id, DIM, self.fingerprint)
 
     def embed_query(self, text: str) -> np.ndarray:
         return self.embed_passages([text])[0]
