@@ -1,10 +1,14 @@
-"""Run a job of the code location the way Dagster's own launchers do, from a plain process.
+"""Run a job of the code location from a plain process, with Dagster's public API only.
 
-``launch_job`` creates the run on the instance with the code location's origin (the
-``rag_assets`` entry of ``workspace.yaml``) and the reconstructable job's Python origin, then
-executes it in this process with ``execute_run``, what a run worker does. The run therefore
-carries the ``.dagster/repository`` tag and a remote origin: the UI lists it in the job's run
-history and timeline, and "Re-execute" works on it, as for a run launched from the UI.
+``launch_job`` executes ``job_name`` of ``rag_assets.definitions.defs`` as a reconstructable
+job (``dg.build_reconstructable_job`` + ``dg.execute_job``): the run is stored on the instance,
+a multiprocess executor could rebuild the job in its step processes, and the run carries the
+code location's repository tag (``.dagster/repository``), so the UI lists it in the job's run
+history and timeline.
+
+Limit of the public API: such a run has no remote (workspace) origin, so the run page's
+"Re-execute all" (re-execution by parent run id) refuses it (Dagster issue 19458); re-execution
+from the job's launchpad (selector + parent run id) works.
 
 It runs outside the run queue (no daemon needed); the store file locks (``rag_assets.locks``)
 keep it from overlapping a queued run on the same stores.
@@ -13,15 +17,9 @@ keep it from overlapping a queued run on the same stores.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import dagster as dg
-from dagster._core.definitions.reconstruct import ReconstructableJob, ReconstructableRepository
-from dagster._core.execution.api import execute_run
-from dagster._core.execution.job_execution_result import JobExecutionResult
-from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
-from dagster._core.workspace.load import location_origins_from_yaml_paths
 
 from rag_core.settings import PROJECT_ROOT
 
@@ -29,31 +27,33 @@ WORKSPACE_YAML = PROJECT_ROOT / "workspace.yaml"
 LOCATION_NAME = "rag_assets"
 #: The repository name of a ``Definitions`` object (what the UI shows as ``__repository__``).
 REPOSITORY_NAME = "__repository__"
+#: The run tag the UI filters a job's run history by (``<repository>@<code location>``).
+REPOSITORY_TAG = ".dagster/repository"
 DEFINITIONS_MODULE = "rag_assets.definitions"
 
 
 class LaunchError(RuntimeError):
-    """The workspace file does not name the code location, or the job does not exist."""
+    """The job does not exist in the code location."""
 
 
-def remote_job_origin(job_name: str, workspace_yaml: Path = WORKSPACE_YAML) -> RemoteJobOrigin:
-    """The origin the webserver and daemon give ``job_name`` of the ``rag_assets`` location.
+def job_of(job_name: str) -> dg.JobDefinition:
+    """``job_name`` of ``rag_assets.definitions.defs`` (the reconstructor of ``reconstructable_job``).
 
-    Raises LaunchError when ``workspace_yaml`` has no ``rag_assets`` location.
-    """
-    origins = {o.location_name: o for o in location_origins_from_yaml_paths([str(workspace_yaml)])}
-    if LOCATION_NAME not in origins:
-        raise LaunchError(
-            f"{workspace_yaml}: no code location named {LOCATION_NAME!r} "
-            f"(found: {', '.join(sorted(origins)) or 'none'})"
-        )
-    return RemoteJobOrigin(RemoteRepositoryOrigin(origins[LOCATION_NAME], REPOSITORY_NAME), job_name)
+    Raises LaunchError naming the job when the definitions have none of that name."""
+    from rag_assets.definitions import defs
+
+    try:
+        return defs.resolve_job_def(job_name)
+    except (dg.DagsterInvariantViolationError, ValueError, KeyError) as exc:
+        raise LaunchError(f"job {job_name!r} not found in {DEFINITIONS_MODULE}: {exc}") from None
 
 
-def reconstructable_job(job_name: str) -> ReconstructableJob:
-    """``job_name`` of ``rag_assets.definitions.defs`` as a job a run worker can rebuild."""
-    repo = ReconstructableRepository.for_module(DEFINITIONS_MODULE, "defs", working_directory=str(PROJECT_ROOT))
-    return repo.get_reconstructable_job(job_name)
+def reconstructable_job(job_name: str):  # -> dagster ReconstructableJob (not exported by name)
+    """``job_name`` as a job a run worker (or a step process) can rebuild from this module."""
+    job_of(job_name)  # fail here, naming the job, rather than in a step process
+    return dg.build_reconstructable_job(
+        __name__, "job_of", reconstructable_args=(job_name,), reconstructor_working_directory=str(PROJECT_ROOT)
+    )
 
 
 def launch_job(
@@ -63,25 +63,15 @@ def launch_job(
     run_config: Mapping[str, Any] | None = None,
     tags: Mapping[str, str] | None = None,
     partition_key: str | None = None,
-) -> JobExecutionResult:
+) -> dg.JobExecutionResult:
     """Create a run of ``job_name`` on ``instance`` and execute it here; returns its result.
 
     Step failures do not raise: ``result.success`` is False and the run is marked failed.
-    Raises LaunchError for a missing location or job.
+    Raises LaunchError for a missing job.
     """
-    recon = reconstructable_job(job_name)
-    try:
-        job_def = recon.get_definition()
-    except dg.DagsterInvariantViolationError as exc:
-        raise LaunchError(f"job {job_name!r} not found in {DEFINITIONS_MODULE}: {exc}") from None
-    run_tags = dict(tags or {})
+    run_tags = {REPOSITORY_TAG: f"{REPOSITORY_NAME}@{LOCATION_NAME}", **(tags or {})}
     if partition_key is not None:
         run_tags["dagster/partition"] = partition_key
-    run = instance.create_run_for_job(
-        job_def=job_def,
-        run_config=dict(run_config or {}),
-        tags=run_tags,
-        remote_job_origin=remote_job_origin(job_name),
-        job_code_origin=recon.get_python_origin(),
+    return dg.execute_job(
+        reconstructable_job(job_name), instance, run_config=dict(run_config or {}), tags=run_tags, raise_on_error=False
     )
-    return execute_run(recon, run, instance)

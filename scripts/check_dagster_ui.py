@@ -77,8 +77,13 @@ MAKE_RUN_RUNS = """{ runsOrError(filter: {tags: [{key: "rag/trigger", value: "ra
 JOB_HISTORY = """query($job: String!) { pipelineOrError(params: {pipelineName: $job,
   repositoryName: "__repository__", repositoryLocationName: "rag_assets"}) {
   ... on Pipeline { runs(limit: 100) { runId } } ... on PythonError { message } } }"""
-REEXECUTE = """mutation($parent: String!) { launchPipelineReexecution(reexecutionParams:
-  {parentRunId: $parent, strategy: ALL_STEPS}) { __typename ... on LaunchRunSuccess { run { runId } }
+#: Re-execution as the job's launchpad does it (selector + parent run id): runs started with the
+#: public ``execute_job`` (``make run``) have no workspace origin, which the run page's
+#: parent-id-only re-execution needs.
+REEXECUTE = """mutation($parent: String!, $job: String!) { launchPipelineReexecution(executionParams:
+  {selector: {repositoryLocationName: "rag_assets", repositoryName: "__repository__", pipelineName: $job},
+  executionMetadata: {parentRunId: $parent, rootRunId: $parent}})
+  { __typename ... on LaunchRunSuccess { run { runId } }
   ... on PythonError { message } ... on InvalidStepError { invalidStepKey } } }"""
 DELETE_RUN = """mutation($id: String!) { deletePipelineRun(runId: $id) { __typename } }"""
 LATEST_METADATA = """query($path: [String!]!) { assetOrError(assetKey: {path: $path}) {
@@ -176,7 +181,8 @@ def run_history_problems(port: int) -> list[str]:
         print(f"  job {job}: {len(ours) - len(missing)} of {len(ours)} `make run` run(s) in its history")
         problems += [f"run {r} of `make run` is not in job {job}'s history" for r in missing]
     parent = next((r for r in runs if r["jobName"] == "refresh_job"), runs[0])
-    result = graphql(port, REEXECUTE, variables={"parent": parent["runId"]})["launchPipelineReexecution"]
+    variables = {"parent": parent["runId"], "job": parent["jobName"]}
+    result = graphql(port, REEXECUTE, variables=variables)["launchPipelineReexecution"]
     if result["__typename"] != "LaunchRunSuccess":
         problems.append(f"re-execution of {parent['jobName']} run {parent['runId']} refused: {result}")
     else:

@@ -116,16 +116,16 @@ def test_schedules_and_sensor_have_descriptions_and_the_ingest_retries():
     assert policy is not None and policy.max_retries == 2 and policy.backoff == dg.Backoff.EXPONENTIAL
 
 
-def test_trace_partitions_start_where_the_traces_start(tmp_path):
-    now = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
-    assert trace_start_date({}, tmp_path, now) == "2026-11-30"  # no traces: yesterday, the first nightly day
-    for day in ("2026-11-02", "2026-10-17"):
-        (tmp_path / "traces" / "tool_invocation" / f"day={day}").mkdir(parents=True)
-    (tmp_path / "traces" / "tool_invocation" / "day=garbage").mkdir()
-    assert trace_start_date({}, tmp_path, now) == "2026-10-17"
-    assert trace_start_date({"RAG_TRACE_START_DATE": "2026-09-01"}, tmp_path, now) == "2026-09-01"
+def test_trace_partitions_start_on_a_fixed_day(tmp_path, monkeypatch):
+    from rag_assets.timing import FIRST_TRACE_DAY
+
+    # Exported days on disk do not move the start: the partition set is fixed at load time.
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    (tmp_path / "traces" / "tool_invocation" / "day=2026-10-17").mkdir(parents=True)
+    assert trace_start_date({}) == FIRST_TRACE_DAY
+    assert trace_start_date({"RAG_TRACE_START_DATE": "2026-09-01"}) == "2026-09-01"
     with pytest.raises(ValueError, match="RAG_TRACE_START_DATE='Sept' is not a UTC day"):
-        trace_start_date({"RAG_TRACE_START_DATE": "Sept"}, tmp_path, now)
+        trace_start_date({"RAG_TRACE_START_DATE": "Sept"})
     assert DAILY_PARTITIONS.start.date().isoformat() == TRACE_START_DATE
 
 
@@ -171,6 +171,33 @@ def test_sensor_requests_ingest_when_markdown_changes(tmp_path):
     missing = RagSettingsResource(knowledge_dir=str(tmp_path / "nope"))
     result = sensor.evaluate_tick(dg.build_sensor_context(resources={"rag": missing}, definitions=defs))
     assert not result.run_requests and "does not exist" in result.skip_message
+
+
+def test_change_detection_reads_only_the_files_whose_stat_moved(tmp_path):
+    from rag_assets.fingerprint import fingerprint
+
+    kb, state = tmp_path / "kb", tmp_path / "data" / "sensor" / "knowledge_files.json"
+    docs = [kb / "ops" / f"D{i}.md" for i in range(5)]
+    for i, doc in enumerate(docs):
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(f"# D{i}\n\nbody {i}\n")
+    first = fingerprint(kb, None, state)
+    assert first.hashed == 5 and first.fingerprint.files == 5 and state.is_file()
+    assert fingerprint(kb, first.fingerprint, state).hashed == 0  # unchanged: nothing read
+    docs[2].write_text("# D2\n\nedited body\n")
+    edited = fingerprint(kb, first.fingerprint, state)
+    assert edited.hashed == 1 and edited.fingerprint.content != first.fingerprint.content
+    st = docs[3].stat()
+    os.utime(docs[3], ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    touched = fingerprint(kb, edited.fingerprint, state)
+    assert touched.hashed == 1 and touched.fingerprint.content == edited.fingerprint.content
+    assert touched.fingerprint.stat != edited.fingerprint.stat
+    docs[4].unlink()
+    removed = fingerprint(kb, touched.fingerprint, state)
+    assert removed.hashed == 0 and removed.fingerprint.files == 4
+    state.unlink()  # a lost state file costs one full read, not a wrong answer
+    again = fingerprint(kb, None, state)
+    assert again.hashed == 4 and again.fingerprint == removed.fingerprint
 
 
 def test_sensor_first_tick_skips_what_the_last_ingest_in_the_instance_read(tmp_path):

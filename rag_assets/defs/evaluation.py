@@ -1,9 +1,11 @@
 """Evaluation group: golden cases, recorded retrieval fixtures per store, golden evaluation per store.
 
 Fixtures are recorded with the real lookup pipeline (``record_fixtures``; its lookups are traced
-into ``tool_invocation`` like any agent call) and written under ``<data_dir>/fixtures/<store>``.
-The evaluation reads fixtures only and writes its ``EvaluationReport`` JSON under
-``<data_dir>/evaluation``. An unavailable sidecar yields not_run cases, never a failed step.
+into ``tool_invocation`` like any agent call) and written under ``<data_dir>/fixtures/<store>``;
+the fixtures asset's value is the directory's ``FixtureManifest``. The evaluation takes the
+cases and the manifest as inputs, reads the fixtures only, and returns its ``EvaluationReport``
+(the IO manager keeps it as JSON under ``<data_dir>/evaluation``). An unavailable sidecar yields
+not_run cases, never a failed step.
 """
 
 import hashlib
@@ -20,7 +22,6 @@ from rag_assets.defs.resources import (
     PgVectorStoreResource,
     RagSettingsResource,
 )
-from rag_assets.files import write_text_atomic
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table
 from rag_assets.timing import NIGHTLY_FRESHNESS
@@ -92,7 +93,7 @@ def _record(store: str, settings: RagSettings, embedder) -> tuple[FixtureManifes
 @dg.asset(group_name="evaluation", deps=["milvus_collection", "golden_cases"], kinds={"json"}, op_tags=MAIN_STORE_FIRST)
 def retrieval_fixtures_milvus(
     context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource, milvus: MilvusStoreResource
-) -> dg.MaterializeResult:
+) -> dg.Output[FixtureManifest]:
     """Candidates and evidence blocks of every golden case on the Milvus main store (one JSON each).
 
     Fails when Milvus cannot be opened: a main-store evaluation of nothing must not be reported
@@ -103,7 +104,7 @@ def retrieval_fixtures_milvus(
     if not manifest.store_status.available:
         reason = manifest.store_status.reason
         raise dg.Failure(description=f"main store (Milvus) unavailable: {reason}", metadata=metadata)
-    return dg.MaterializeResult(metadata=metadata)
+    return dg.Output(manifest, metadata=metadata)
 
 
 @dg.asset(group_name="evaluation", deps=["pgvector_table", "golden_cases"], kinds={"json"})
@@ -112,7 +113,7 @@ def retrieval_fixtures_pgvector(
     rag: RagSettingsResource,
     embedder: EmbedderResource,
     pgvector: PgVectorStoreResource,
-) -> dg.MaterializeResult:
+) -> dg.Output[FixtureManifest]:
     """Fixtures of every golden case on the pgvector sidecar; a manifest saying ``unavailable``
     (with the reason) when the sidecar is disabled or cannot be opened."""
     from rag_core.evaluation.fixtures import write_manifest
@@ -126,12 +127,13 @@ def retrieval_fixtures_pgvector(
         manifest = FixtureManifest(
             store="pgvector", cases_file=portable_path(settings.golden_cases), store_status=disabled
         )
-        return dg.MaterializeResult(metadata=_fixture_metadata(write_manifest(out_dir, manifest), out_dir))
+        written = write_manifest(out_dir, manifest)
+        return dg.Output(written, metadata=_fixture_metadata(written, out_dir))
     with pgvector.lock(context.log):
         manifest, metadata = _record("pgvector", settings, embedder.get())
     if not manifest.store_status.available:
         context.log.warning("pgvector sidecar unavailable: %s", manifest.store_status.reason)
-    return dg.MaterializeResult(metadata=metadata)
+    return dg.Output(manifest, metadata=metadata)
 
 
 # --- evaluation ------------------------------------------------------------------------------
@@ -180,39 +182,27 @@ def evaluation_metadata(report: EvaluationReport, json_path: Path) -> dict:
 
 def evaluate_store(
     store: str, cases: list[GoldenCase], settings: RagSettings, config: EvaluationConfigResource
-) -> tuple[EvaluationReport, Path]:
-    """Evaluate ``store``'s recorded fixtures; write and return the report and its JSON path."""
+) -> EvaluationReport:
+    """Evaluate ``store``'s recorded fixtures (``<data_dir>/fixtures/<store>``) on ``cases``."""
     from rag_core.evaluation.evaluator import evaluate
     from rag_core.evaluation.fixtures import load_fixtures
 
-    files = AssetFiles.under(settings.data_dir)
-    fixtures = load_fixtures(files.fixtures_dir(store), [c.id for c in cases])
-    report = evaluate(cases, fixtures, ks=config.ks, strong_k=config.strong_k)
-    json_path = write_text_atomic(files.evaluation_json(store), report.model_dump_json(indent=2))
-    return report, json_path
+    fixtures = load_fixtures(AssetFiles.under(settings.data_dir).fixtures_dir(store), [c.id for c in cases])
+    return evaluate(cases, fixtures, ks=config.ks, strong_k=config.strong_k)
 
 
-def load_evaluation(settings: RagSettings, store: str) -> EvaluationReport | None:
-    """The last written evaluation of ``store``, or None when there is none (or it is unreadable).
+def load_fixture_set(settings: RagSettings, store: str, report: EvaluationReport):  # -> FixtureSet
+    """The recorded fixtures of ``store`` for the cases of ``report`` (latencies, candidates)."""
+    from rag_core.evaluation.fixtures import load_fixtures
 
-    Raises ``FormatVersionError`` for a report of a format version this code cannot read.
-    """
-    from rag_core.evaluation.formats import FormatVersionError
-    from rag_core.evaluation.reports import load_report
-
-    try:
-        return load_report(AssetFiles.under(settings.data_dir).evaluation_json(store))
-    except FormatVersionError:
-        raise
-    except (OSError, ValueError):
-        return None
+    return load_fixtures(AssetFiles.under(settings.data_dir).fixtures_dir(store), [c.case_id for c in report.cases])
 
 
 def _evaluation_asset(store: str):
     @dg.asset(
         name=f"golden_evaluation_{store}",
         group_name="evaluation",
-        deps=[f"retrieval_fixtures_{store}"],
+        ins={"fixtures": dg.AssetIn(f"retrieval_fixtures_{store}")},
         kinds={"json"},
         freshness_policy=NIGHTLY_FRESHNESS,
         description=f"Golden evaluation of the {store} store: strong/medium/miss/not_run per "
@@ -223,11 +213,14 @@ def _evaluation_asset(store: str):
         rag: RagSettingsResource,
         evaluation: EvaluationConfigResource,
         golden_cases: list[GoldenCase],
-    ) -> dg.MaterializeResult:
-        report, json_path = evaluate_store(store, golden_cases, rag.get_settings(), evaluation)
+        fixtures: FixtureManifest,
+    ) -> dg.Output[EvaluationReport]:
+        settings = rag.get_settings()
+        report = evaluate_store(store, golden_cases, settings, evaluation)
         for warning in report.warnings:
             context.log.warning(warning)
-        return dg.MaterializeResult(metadata=evaluation_metadata(report, json_path))
+        json_path = AssetFiles.under(settings.data_dir).evaluation_json(store)
+        return dg.Output(report, metadata=evaluation_metadata(report, json_path))
 
     return _asset
 

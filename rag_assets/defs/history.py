@@ -9,7 +9,7 @@ from typing import Any
 
 import dagster as dg
 
-from rag_assets.defs.evaluation import load_evaluation
+from rag_assets.defs.evaluation import load_fixture_set
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.history import (
     STORE_LABELS,
@@ -24,42 +24,35 @@ from rag_assets.history import (
     summary,
     write_history,
 )
-from rag_assets.layout import STORES, AssetFiles
+from rag_assets.layout import STORES
 from rag_assets.metadata import chart_md, floats, inline_images
 from rag_assets.timing import NIGHTLY_FRESHNESS
+from rag_core.evaluation.evaluator import EvaluationReport
 
 
 @dg.asset(
     group_name="reports",
-    deps=["golden_evaluation_milvus", "golden_evaluation_pgvector"],
+    ins={"main": dg.AssetIn("golden_evaluation_milvus"), "sidecar": dg.AssetIn("golden_evaluation_pgvector")},
     kinds={"json", "markdown"},
     freshness_policy=NIGHTLY_FRESHNESS,
 )
 def retrieval_history(
-    context: dg.AssetExecutionContext, rag: RagSettingsResource, evaluation: EvaluationConfigResource
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    evaluation: EvaluationConfigResource,
+    main: EvaluationReport,
+    sidecar: EvaluationReport,
 ) -> dg.MaterializeResult:
     """The morning view: per night and store (main Milvus, sidecar pgvector) recall@5, MRR,
     strong/medium/miss and p95 lookup latency, appended to ``history.jsonl`` in the reports dir;
     ``history.md`` shows the verdict, the nights, the cases changed since the previous night
     (newly missed, newly found, first-hit rank moved) and a 30-night trend chart.
 
-    Fails when the main-store evaluation is missing or ``history.jsonl`` has a bad line (file and
-    line named; the file is left as it is).
+    Fails when ``history.jsonl`` has a bad line (file and line named; the file is left as it is).
     """
-    from rag_core.evaluation.fixtures import load_fixtures
-
     settings = rag.get_settings()
-    main = load_evaluation(settings, "milvus")
-    if main is None:
-        raise dg.Failure("no main-store evaluation to add to the history: materialize golden_evaluation_milvus")
-    data = AssetFiles.under(settings.data_dir)
-    stores = {}
-    for store in STORES:
-        report = main if store == "milvus" else load_evaluation(settings, store)
-        if report is None:
-            continue
-        fixtures = load_fixtures(data.fixtures_dir(store), [c.case_id for c in report.cases])
-        stores[store] = store_night(report, fixtures)
+    reports = {"milvus": main, "pgvector": sidecar}
+    stores = {store: store_night(reports[store], load_fixture_set(settings, store, reports[store])) for store in STORES}
     night = NightRecord(
         night=night_of(main),
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),

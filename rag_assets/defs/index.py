@@ -141,23 +141,59 @@ def l0_index(rag: RagSettingsResource, ingest_plan: IngestPlan) -> dg.Materializ
     )
 
 
-@dg.asset(group_name="index", kinds={"sqlite"}, op_tags=MAIN_STORE_FIRST)
-def chunk_embeddings(
-    context: dg.AssetExecutionContext, rag: RagSettingsResource, embedder: EmbedderResource, ingest_plan: IngestPlan
-) -> dg.Output[ChunkEmbeddings]:
-    """One vector per chunk some store needs, embedded once for every store and kept in
-    ``<data_dir>/embedding_cache.sqlite3`` (by model and content hash: unchanged chunks and
-    other stores reuse them), and the document titles the rerank compares with (so a fresh lookup
-    process reads them). A chunk whose vector is NaN/infinite/not unit length takes its
-    document out of this refresh (listed with path, heading and reason); the rest go on."""
+@dg.op(out=dg.DynamicOut(int), tags=MAIN_STORE_FIRST)
+def embedding_shards(context: dg.OpExecutionContext, rag: RagSettingsResource, ingest_plan: IngestPlan):
+    """One dynamic output per shard of the plan's chunks to embed (``rag.embed_shards``; at
+    least one, so the merge always runs): the multiprocess executor embeds them in parallel."""
+    shards = max(1, min(rag.embed_shards, len(ingest_plan.to_embed())))
+    context.log.info("embedding %d chunk(s) in %d shard(s)", len(ingest_plan.to_embed()), shards)
+    for shard in range(shards):
+        yield dg.DynamicOutput(shard, mapping_key=f"shard_{shard}_of_{shards}")
+
+
+def _shard_count(context: dg.OpExecutionContext) -> int:
+    # the mapping key says "shard_<i>_of_<n>": every shard step knows n without another input
+    return int(context.get_mapping_key().rsplit("_", 1)[1])
+
+
+@dg.op(tags=MAIN_STORE_FIRST)
+def embed_shard(
+    context: dg.OpExecutionContext,
+    rag: RagSettingsResource,
+    embedder: EmbedderResource,
+    ingest_plan: IngestPlan,
+    shard: int,
+) -> ChunkEmbeddings:
+    """The vectors of one shard of the plan (``rag_core.ingest.shards.shard_plan``), embedded
+    into the shared embedding cache (SQLite; safe across the step processes)."""
     from rag_core.ingest.embed import embed_plan
     from rag_core.ingest.embed_cache import EmbeddingCache
+    from rag_core.ingest.shards import shard_plan
+
+    settings = rag.get_settings()
+    part = shard_plan(ingest_plan, shard, _shard_count(context))
+    return embed_plan(
+        part, embedder.get(), EmbeddingCache.under(settings.data_dir), batch_size=settings.embedding_batch_size
+    )
+
+
+@dg.op(tags=MAIN_STORE_FIRST)
+def merge_embedding_shards(
+    context: dg.OpExecutionContext,
+    rag: RagSettingsResource,
+    embedder: EmbedderResource,
+    ingest_plan: IngestPlan,
+    parts: list[ChunkEmbeddings],
+) -> dg.Output[ChunkEmbeddings]:
+    """The shards' embeddings as one (``merge_embeddings``), the document titles embedded once,
+    and the metadata of the whole embed stage."""
+    from rag_core.ingest.embed_cache import EmbeddingCache
+    from rag_core.ingest.shards import merge_embeddings
     from rag_core.ingest.title_vectors import embed_titles
 
     settings = rag.get_settings()
-    cache = EmbeddingCache.under(settings.data_dir)
-    embeddings = embed_plan(ingest_plan, embedder.get(), cache, batch_size=settings.embedding_batch_size)
-    titles_embedded = embed_titles(ingest_plan, embedder.get(), cache)
+    embeddings = merge_embeddings(parts)
+    titles_embedded = embed_titles(ingest_plan, embedder.get(), EmbeddingCache.under(settings.data_dir))
     for issue in embeddings.skipped:
         context.log.warning("skipped: %s", issue)
     return dg.Output(
@@ -167,6 +203,7 @@ def chunk_embeddings(
             "passages_embedded": embeddings.embedded,
             "cache_hits": embeddings.cache_hits,
             "titles_embedded": titles_embedded,
+            "shards": len(parts),
             "skipped_documents": dg.MetadataValue.md(
                 md_table(
                     ["document", "heading", "reason"], [[i.path, i.heading or "", i.reason] for i in embeddings.skipped]
@@ -176,6 +213,23 @@ def chunk_embeddings(
             "cache": dg.MetadataValue.path(str(embeddings.cache.path)),
         },
     )
+
+
+@dg.graph_asset(group_name="index", kinds={"sqlite"})
+def chunk_embeddings(ingest_plan: IngestPlan) -> ChunkEmbeddings:
+    """One vector per chunk some store needs, embedded once for every store and kept in
+    ``<data_dir>/embedding_cache.sqlite3`` (by model and content hash: unchanged chunks and
+    other stores reuse them), and the document titles the rerank compares with (so a fresh lookup
+    process reads them). A chunk whose vector is NaN/infinite/not unit length takes its
+    document out of this refresh (listed with path, heading and reason); the rest go on.
+
+    The chunks are split into ``RAG_EMBED_SHARDS`` shards by content hash (``embedding_shards``
+    -> ``embed_shard`` per shard -> ``merge_embedding_shards``): on the multiprocess executor
+    (or a Kubernetes/Celery one) the shards embed in parallel, and the stores are still applied
+    once, from the merged result. The vectors are those of one process (same model, same cache).
+    """
+    parts = embedding_shards(ingest_plan).map(lambda shard: embed_shard(ingest_plan, shard))
+    return merge_embedding_shards(ingest_plan, parts.collect())
 
 
 def store_metadata(changes: StoreChanges, embeddings: ChunkEmbeddings, stored: int) -> dict[str, Any]:

@@ -1,19 +1,22 @@
 """Reports group: the main store's baseline report, the main-vs-sidecar comparison, publishing.
 
 Reports are JSON + Markdown (+ a recall@K chart) in the reports dir (``<data_dir>/reports`` by
-default); in the UI the chart is inlined in the report metadata (a PNG data URI).
-``publish_reports`` copies them to the published dir; it sits downstream of the blocking
-``baseline_regression`` check, so a regression keeps the last good reports published.
+default): each report asset takes the evaluations as inputs and returns its report model (the
+IO manager keeps it as the report's JSON; the checks take it as their input). In the UI the
+chart is inlined in the report metadata (a PNG data URI). ``publish_reports`` copies them to
+the published dir; it sits downstream of the blocking ``baseline_regression`` check, so a
+regression keeps the last good reports published.
 """
 
 import dagster as dg
 
-from rag_assets.defs.evaluation import load_evaluation, metric_values, summary_json
+from rag_assets.defs.evaluation import load_fixture_set, metric_values, summary_json
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.files import copy_atomic
-from rag_assets.layout import AssetFiles
 from rag_assets.metadata import chart_md, floats, inline_images, md_table, rounded
 from rag_assets.timing import NIGHTLY_FRESHNESS
+from rag_core.evaluation.evaluator import EvaluationReport
+from rag_core.evaluation.fixtures import FixtureManifest
 from rag_core.evaluation.reports import ComparisonReport, ReportFiles
 
 REPORT_NAMES = ("baseline", "comparison")
@@ -48,11 +51,13 @@ def comparison_summary(comparison: ComparisonReport) -> dict:
 
 @dg.asset(
     group_name="reports",
-    deps=["golden_evaluation_milvus"],
+    ins={"report": dg.AssetIn("golden_evaluation_milvus")},
     kinds={"json", "markdown"},
     freshness_policy=NIGHTLY_FRESHNESS,
 )
-def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResource) -> dg.MaterializeResult:
+def baseline_report(
+    rag: RagSettingsResource, evaluation: EvaluationConfigResource, report: EvaluationReport
+) -> dg.Output[EvaluationReport]:
     """The main store's (Milvus) evaluation as ``baseline.json`` / ``baseline.md`` in the reports dir.
 
     Metadata: the Markdown report, the summary JSON, recall@K and MRR as numbers (charted by
@@ -61,60 +66,58 @@ def baseline_report(rag: RagSettingsResource, evaluation: EvaluationConfigResour
     from rag_core.evaluation.reports import write_baseline_report
 
     settings = rag.get_settings()
-    report = load_evaluation(settings, "milvus")
-    if report is None:
-        raise dg.Failure("no main-store evaluation to report: materialize golden_evaluation_milvus")
     written = write_baseline_report(report, evaluation.files(settings).reports_dir, "baseline")
-    return dg.MaterializeResult(
+    return dg.Output(
+        report,
         metadata={
             **report_metadata(written.files),
             "summary": dg.MetadataValue.json(rounded(summary_json(report))),
             "status": report.store_status.status,
             **floats(metric_values(report)),
             **_file_paths(written.files),
-        }
+        },
     )
 
 
 @dg.asset(
     group_name="reports",
-    deps=[
-        "golden_evaluation_milvus",
-        "golden_evaluation_pgvector",
-        "retrieval_fixtures_milvus",
-        "retrieval_fixtures_pgvector",
-    ],
+    ins={
+        "main": dg.AssetIn("golden_evaluation_milvus"),
+        "sidecar": dg.AssetIn("golden_evaluation_pgvector"),
+        "main_fixtures": dg.AssetIn("retrieval_fixtures_milvus"),
+        "sidecar_fixtures": dg.AssetIn("retrieval_fixtures_pgvector"),
+    },
     kinds={"json", "markdown"},
     freshness_policy=NIGHTLY_FRESHNESS,
 )
 def comparison_report(
-    context: dg.AssetExecutionContext, rag: RagSettingsResource, evaluation: EvaluationConfigResource
-) -> dg.MaterializeResult:
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    evaluation: EvaluationConfigResource,
+    main: EvaluationReport,
+    sidecar: EvaluationReport,
+    main_fixtures: FixtureManifest,
+    sidecar_fixtures: FixtureManifest,
+) -> dg.Output[ComparisonReport]:
     """Milvus and pgvector side by side per case (doc id, breadcrumb, category, rank, score label).
 
-    Materializes with the main-store results when the sidecar is unavailable and says why.
+    Materializes with the main-store results when the sidecar is unavailable and says why. The
+    fixture manifests are inputs for the lineage; the fixtures are read from their directories.
     """
-    from rag_core.evaluation.fixtures import load_fixtures
     from rag_core.evaluation.reports import write_comparison_report
 
     settings = rag.get_settings()
-    main = load_evaluation(settings, "milvus")
-    if main is None:
-        raise dg.Failure("no main-store evaluation to compare: materialize golden_evaluation_milvus")
-    sidecar = load_evaluation(settings, "pgvector")
-    data = AssetFiles.under(settings.data_dir)
-    case_ids = [c.case_id for c in main.cases]
-    main_fx = load_fixtures(data.fixtures_dir("milvus"), case_ids)
-    side_fx = load_fixtures(data.fixtures_dir("pgvector"), case_ids) if sidecar else None
-    status = (
-        sidecar.store_status if sidecar else {"status": "unavailable", "reason": "no sidecar evaluation was written"}
+    main_fx = load_fixture_set(settings, "milvus", main)
+    side_fx = load_fixture_set(settings, "pgvector", main)
+    written = write_comparison_report(
+        main, sidecar, main_fx, side_fx, sidecar.store_status, evaluation.files(settings).reports_dir
     )
-    written = write_comparison_report(main, sidecar, main_fx, side_fx, status, evaluation.files(settings).reports_dir)
     comparison = written.report
     side_status = comparison.sidecar_status
     if not side_status.available:
         context.log.warning("sidecar unavailable: %s", side_status.reason)
-    return dg.MaterializeResult(
+    return dg.Output(
+        comparison,
         metadata={
             **report_metadata(written.files),
             "summary": dg.MetadataValue.json(rounded(comparison_summary(comparison))),
@@ -122,7 +125,7 @@ def comparison_report(
             "sidecar_reason": side_status.reason or "",
             **floats({f"top{k}_overlap": v for k, v in comparison.mean_rank_overlap.items()}),
             **_file_paths(written.files),
-        }
+        },
     )
 
 

@@ -29,6 +29,19 @@ def _env_flag(name: str, default: bool) -> bool:
     return raw in ("1", "true", "yes", "on")
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be at least 1")
+    return value
+
+
 class RagSettingsResource(dg.ConfigurableResource):
     """The ``RagSettings`` overrides of this code location (``None`` = use RagSettings' value).
 
@@ -43,6 +56,9 @@ class RagSettingsResource(dg.ConfigurableResource):
     milvus_token: str | None = Field(None, description="Milvus token (RAG_MILVUS_TOKEN)")
     pg_dsn: str | None = Field(None, description="PostgreSQL DSN; empty = embedded (RAG_PG_DSN)")
     sidecar_enabled: bool = Field(True, description="Build and evaluate the pgvector sidecar")
+    embed_shards: int = Field(
+        1, ge=1, description="Shards of the chunk embedding step, run in parallel by a multiprocess executor"
+    )
 
     def get_settings(self) -> RagSettings:
         """A fresh ``RagSettings`` with the set fields applied (pydantic ValidationError if invalid)."""
@@ -193,6 +209,7 @@ def settings_resource_from_env() -> RagSettingsResource:
     return RagSettingsResource(
         **{field: _env(var) for field, var in fields.items()},
         sidecar_enabled=_env_flag("RAG_SIDECAR_ENABLED", True),
+        embed_shards=_env_int("RAG_EMBED_SHARDS", 1),
     )
 
 
@@ -208,18 +225,21 @@ def build_resources(
 ) -> dict[str, Any]:
     """Every resource the assets use, keyed by parameter name.
 
-    ``io_manager`` is a FilesystemIOManager under the instance's storage dir, also for
-    in-process runs, so a later run can load what an earlier one produced.
+    ``io_manager`` is ``RagFilesIOManager``: every output a file at the data dir's layout
+    (pydantic JSON or Parquet), so a later run, a check or a person can read what a run made.
     """
+    from rag_assets.io_manager import RagFilesIOManager
+
     rag = rag or settings_resource_from_env()
+    evaluation = evaluation or evaluation_resource_from_env()
     return {
         "rag": rag,
-        "evaluation": evaluation or evaluation_resource_from_env(),
+        "evaluation": evaluation,
         "embedder": EmbedderResource(rag=rag),
         "milvus": MilvusStoreResource(rag=rag),
         "pgvector": PgVectorStoreResource(rag=rag),
         "traces": TraceStoreResource(rag=rag),
-        "io_manager": dg.FilesystemIOManager(),
+        "io_manager": RagFilesIOManager(rag=rag, evaluation=evaluation),
     }
 
 

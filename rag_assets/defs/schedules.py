@@ -109,8 +109,8 @@ def nightly_golden_suites(context: dg.ScheduleEvaluationContext) -> dg.RunReques
     default_status=dg.DefaultSensorStatus.RUNNING,
     description="Every minute: requests ingest_job when a Markdown file that ingestion reads "
     "(same walker: hidden entries and outside symlinks excluded) was added, removed "
-    "or changed. Sizes and mtimes are compared first; contents are hashed only "
-    "when they moved, so a touch alone does not re-ingest.",
+    "or changed. Sizes and mtimes are compared first; only the files whose size or "
+    "mtime moved are hashed, so a touch alone does not re-ingest and an edit reads one file.",
 )
 def knowledge_change_sensor(
     context: dg.SensorEvaluationContext, rag: RagSettingsResource
@@ -123,12 +123,14 @@ def knowledge_change_sensor(
     missing or Markdown-free knowledge directory is skipped with the reason.
     """
     from rag_assets.fingerprint import fingerprint, parse_cursor
+    from rag_assets.layout import AssetFiles
 
-    root = rag.get_settings().knowledge_dir
+    settings = rag.get_settings()
+    root = settings.knowledge_dir
     if not root.is_dir():
         return dg.SkipReason(f"knowledge directory {root} does not exist")
     previous = parse_cursor(context.cursor)
-    now = fingerprint(root, previous)
+    now = fingerprint(root, previous, AssetFiles.under(settings.data_dir).sensor_state).fingerprint
     if now.files == 0:
         return dg.SkipReason(f"no Markdown files under {root}")
     if previous is None:

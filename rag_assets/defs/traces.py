@@ -15,7 +15,6 @@ import dagster as dg
 import polars as pl
 
 from rag_assets.defs.resources import RagSettingsResource, TraceStoreResource
-from rag_assets.files import write_parquet_atomic
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table, table_schema
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
@@ -121,8 +120,9 @@ def replay_spool(settings, log) -> bool:
 )
 def trace_tables(
     context: dg.AssetExecutionContext, rag: RagSettingsResource, traces: TraceStoreResource
-) -> dg.MaterializeResult:
-    """The ``tool_invocation`` rows of one UTC day as Parquet, with row count, retrieval-layer
+) -> dg.Output[pl.DataFrame]:
+    """The ``tool_invocation`` rows of one UTC day as a frame (the IO manager writes it as
+    Parquet at ``day=<key>/part-0.parquet``), with row count, retrieval-layer
     distribution, fallback rate and latency percentiles (ms) in metadata.
 
     Fails (StoreError) when the trace store is unreachable: an empty export would claim a day
@@ -134,10 +134,11 @@ def trace_tables(
         replayed = replay_spool(settings, context.log)
         rows = store.rows_between(window.start, window.end)
     frame = trace_frame(rows)
-    path = write_parquet_atomic(frame, AssetFiles.under(settings.data_dir).trace_parquet(context.partition_key))
+    path = AssetFiles.under(settings.data_dir).trace_parquet(context.partition_key)
     stats = trace_stats(frame)
     layer_rows = [[layer, count, f"{count / frame.height:.1%}"] for layer, count in stats["layers"].items()]
-    return dg.MaterializeResult(
+    return dg.Output(
+        frame,
         metadata={
             "dagster/row_count": stats["row_count"],
             "dagster/column_schema": table_schema(frame, TRACE_DESCRIPTIONS),
@@ -159,5 +160,5 @@ def trace_tables(
             "window": f"[{window.start.isoformat()}, {window.end.isoformat()})",
             "spool_replayed": replayed,
             "path": dg.MetadataValue.path(str(path)),
-        }
+        },
     )

