@@ -184,6 +184,21 @@ class LookupResultAssembler:
             self.status(outcome, evidence),
         )
 
+    def empty(
+        self,
+        query: str,
+        session_id: str | None,
+        pack: ContextPack,
+        session_domains: list[str],
+        message: str,
+        status: Status = "ok",
+        error: str | None = None,
+    ) -> LookupResult:
+        """The result of a call that looked nothing up (refused or empty input, or a failure):
+        no evidence, store ``none``, ``error`` as the trace error."""
+        trace = RetrievalTrace(store="none", layer="none", attempts=[], error=error)
+        return self.assemble(query, session_id, [], pack, trace, [], L0Hints(), session_domains, message, status)
+
     def assemble(
         self,
         query: str,

@@ -2,8 +2,9 @@
 
 Stages (one module each): KnowledgeQueryTransformer -> KnowledgeDocumentRetriever (beside it
 SidecarSearch; before it and after it IndexGuard) -> DocumentSimilarity / EnsembleSimilarity
-(on the candidates) -> KnowledgeEvidencePostProcessor -> LookupResultAssembler.evidence ->
-KnowledgeContextPacker -> LookupResultAssembler -> ToolInvocationRecorder. The components
+(on the candidates) -> KnowledgeEvidencePostProcessor -> SecondStageRerank (optional) ->
+LookupResultAssembler.evidence -> KnowledgeContextPacker -> LookupResultAssembler ->
+ToolInvocationRecorder. The components
 come from :class:`rag_core.lookup.wiring.LookupComponents`. ``lookup`` never raises: every
 failure becomes a structured result (``status="error"`` or an L0 fallback) and a trace row.
 """
@@ -18,9 +19,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rag_core.breaker import CircuitBreaker
-from rag_core.l0 import L0Hints
 from rag_core.lookup.assembler import LookupResultAssembler
-from rag_core.lookup.contracts import LookupResult, RetrievalTrace, SidecarStatus, Status
+from rag_core.lookup.contracts import LookupResult, SidecarStatus, Status
 from rag_core.lookup.definition import TOOL_DESCRIPTION, TOOL_NAME, tool_definition
 from rag_core.lookup.index_guard import IndexGuard
 from rag_core.lookup.packer import KnowledgeContextPacker
@@ -28,6 +28,7 @@ from rag_core.lookup.postprocessor import KnowledgeEvidencePostProcessor
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer, TransformedQuery
 from rag_core.lookup.query_vector import query_vector
 from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, RetrievalOutcome
+from rag_core.lookup.second_stage import SecondStageOutcome, SecondStageRerank
 from rag_core.lookup.session import SessionState
 from rag_core.lookup.sidecar_search import SidecarSearch
 from rag_core.lookup.timing import timed
@@ -56,6 +57,7 @@ class LookupKnowledgeTool(LookupComponents):
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
         self.assembler = LookupResultAssembler(self.settings)
         self.guard = IndexGuard(self.settings)
+        self.second_stage = SecondStageRerank(self.reranker, self.settings)
         self.sidecar_search = SidecarSearch(
             self.settings, lambda: self.sidecar, lambda store: self.guard.model_error(store, self.embedder)
         )
@@ -84,11 +86,11 @@ class LookupKnowledgeTool(LookupComponents):
         t0 = time.perf_counter()
         timings: dict[str, float] = {}
         try:
-            result, tq, candidates = self._lookup(query, session_id, timings, use_l0_filter)
+            result, tq, candidates, second = self._lookup(query, session_id, timings, use_l0_filter)
         except Exception as exc:  # last line of defence: the agent always gets a result
             log.exception("lookup_knowledge failed")
-            result, tq, candidates = self._error_result(query, session_id, exc), None, []
-        self._record(result, tq, timings, (time.perf_counter() - t0) * 1000, transport)
+            result, tq, candidates, second = self._error_result(query, session_id, exc), None, [], None
+        self._record(result, tq, timings, (time.perf_counter() - t0) * 1000, transport, second)
         return result, candidates
 
     async def alookup(self, query: str, session_id: str | None = None, *, transport: str = "python") -> LookupResult:
@@ -109,14 +111,14 @@ class LookupKnowledgeTool(LookupComponents):
 
     def _lookup(
         self, query: str, session_id: str | None, timings: dict[str, float], use_l0_filter: bool = True
-    ) -> tuple[LookupResult, TransformedQuery | None, list[Candidate]]:
+    ) -> tuple[LookupResult, TransformedQuery | None, list[Candidate], SecondStageOutcome | None]:
         """The pipeline: every stage's output is the next one's input, none is changed after."""
         if not isinstance(query, str):
             error = f"query must be a string (got {type(query).__name__})"
-            return self._empty_result(f"<{type(query).__name__}>", session_id, error, "error", error), None, []
+            return self._empty_result(f"<{type(query).__name__}>", session_id, error, "error", error), None, [], None
         if not query.strip():
             empty = self._empty_result(query, session_id, "the query is empty: ask with a question or alert text")
-            return empty, None, []
+            return empty, None, [], None
         with timed(timings, "l0_ms"):
             tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(
                 query, use_l0_filter=use_l0_filter
@@ -127,17 +129,19 @@ class LookupKnowledgeTool(LookupComponents):
         with timed(timings, "ensemble_ms"):
             candidates = self._with_ensemble_similarity(tq, candidates)
         with timed(timings, "postprocess_ms"):
-            post = KnowledgeEvidencePostProcessor(
+            blocks, rerank = KnowledgeEvidencePostProcessor(
                 self.l0,
                 self.settings.min_block_similarity,
-                self.settings.max_evidence_blocks,
+                self.second_stage.first_stage_blocks,
                 self._weights,
                 ranker=self.ranker,
-            )
-            blocks, rerank = post.process(candidates, tq.hints, query)
-            evidence = self.assembler.evidence(
-                blocks, rerank, tq.hints, self.l0, self.sessions.seen_doc_ids(session_id)
-            )
+            ).process(candidates, tq.hints, query)
+        blocks, rerank, second = self.second_stage.apply(query, blocks, rerank, tq.hints)
+        if second is not None:
+            timings["second_stage_ms"] = second.duration_ms
+        with timed(timings, "postprocess_ms"):
+            seen = self.sessions.seen_doc_ids(session_id)
+            evidence = self.assembler.evidence(blocks, rerank, tq.hints, self.l0, seen)
         with timed(timings, "pack_ms"):
             pack = self.packer.pack(evidence.blocks)
         domains = self.sessions.update(
@@ -148,7 +152,7 @@ class LookupKnowledgeTool(LookupComponents):
         result = self.assembler.lookup_result(
             query, session_id, tq, outcome, evidence, pack, sidecar_status, self.store_name, domains
         )
-        return result, tq, outcome.candidates
+        return result, tq, outcome.candidates, second
 
     def _retrieve(self, tq: TransformedQuery, timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
         """L1 on the main store (the sidecar beside it), guarded by :class:`IndexGuard`."""
@@ -188,23 +192,26 @@ class LookupKnowledgeTool(LookupComponents):
     def _empty_result(
         self, query: str, session_id: str | None, message: str, status: Status = "ok", error: str | None = None
     ) -> LookupResult:
-        trace = RetrievalTrace(store="none", layer="none", attempts=[], error=error)
         domains = self.sessions.update(session_id, [], [])
-        return self.assembler.assemble(
-            query, session_id, [], self.packer.pack([]), trace, [], L0Hints(), domains, message, status
-        )
+        return self.assembler.empty(query, session_id, self.packer.pack([]), domains, message, status, error)
 
     def _error_result(self, query: object, session_id: str | None, exc: Exception) -> LookupResult:
         err = f"{type(exc).__name__}: {exc}"[:500]
         return self._empty_result(str(query), session_id, f"knowledge lookup failed: {err}", "error", err)
 
     def _record(
-        self, result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], ms: float, transport: str
+        self,
+        result: LookupResult,
+        tq: TransformedQuery | None,
+        timings: dict[str, float],
+        ms: float,
+        transport: str,
+        second: SecondStageOutcome | None = None,
     ) -> None:
         try:
             recorder = self.recorder
             if recorder is not None:
-                recorder.record(build_trace_row(result, tq, timings, ms, TOOL_NAME, transport))
+                recorder.record(build_trace_row(result, tq, timings, ms, TOOL_NAME, transport, second))
         except Exception:  # tracing must never fail a lookup
             log.warning("could not hand the trace to the recorder", exc_info=True)
 
@@ -216,14 +223,7 @@ class LookupKnowledgeTool(LookupComponents):
         store, every lookup carries that problem as its trace error (status degraded or error).
         Never raises.
         """
-        try:
-            self.embedder.embed_query("warm up")
-            if self.ensemble is not None:  # USE's first query also pays its set-up (about 2 s)
-                self.ensemble.embedder.embed_query("warm up")
-            _ = self.l0
-            self.store.count()
-        except Exception as exc:
-            log.warning("warm-up incomplete: %s", exc)
+        self.load()
         return self.check_health()
 
     def check_health(self) -> HealthReport:
@@ -235,6 +235,7 @@ class LookupKnowledgeTool(LookupComponents):
         """Flush traces (no reconnect to a trace store known to be down) and release stores;
         sidecar searches still running are abandoned, not waited for."""
         self.sidecar_search.close()
+        self.second_stage.close()
         if self._recorder is not None:
             self._recorder.close()
         for s in (self._store, self._sidecar):

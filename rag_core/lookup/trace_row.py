@@ -22,6 +22,7 @@ from rag_core.lookup.contracts import (
     RetrievalAttempt,
     SidecarStatus,
 )
+from rag_core.lookup.second_stage import SecondStageOutcome
 from rag_core.traces.rows import TraceRow
 
 if TYPE_CHECKING:
@@ -50,9 +51,9 @@ class RetrievalDetails(BaseModel):
     """The ``retrieval_details`` of one trace row. ``query_transform``: the transformed query's
     summary (``TransformedQuery.summary()``; None when no lookup ran); ``stage_ms``: stage name
     (``l0_ms``, ``embed_ms``, ``search_ms``...) -> duration in milliseconds; ``transport``: the
-    caller's channel (``python``, ``mcp-stdio``, ``mcp-http``, ``http``); ``rerank_stage``: the
+    caller's channel (``python``, ``mcp-stdio``, ``mcp-http``, ``http``); ``second_stage``: the
     optional second-stage reranker's outcome (:mod:`rag_core.lookup.second_stage`; None when
-    off). Every field has a default so rows of older versions read back (:meth:`read`)."""
+    off, and then not in the JSON). Every field has a default so rows of older versions read back (:meth:`read`)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -70,6 +71,7 @@ class RetrievalDetails(BaseModel):
     stage_ms: dict[str, float] = Field(default_factory=dict)
     query_truncated: bool = False
     transport: str = "python"
+    second_stage: SecondStageOutcome | None = None  # left out of the JSON when None
 
     @field_serializer("l0_hints")
     def _snake_hints(self, hints: L0Hints) -> dict[str, Any]:
@@ -90,9 +92,14 @@ class RetrievalDetails(BaseModel):
 
 
 def build_details(
-    result: LookupResult, tq: TransformedQuery | None, timings: dict[str, float], transport: str = "python"
+    result: LookupResult,
+    tq: TransformedQuery | None,
+    timings: dict[str, float],
+    transport: str = "python",
+    second_stage: SecondStageOutcome | None = None,
 ) -> RetrievalDetails:
-    """The ``RetrievalDetails`` of ``result``; ``timings`` stage durations in milliseconds."""
+    """The ``RetrievalDetails`` of ``result``; ``timings`` stage durations in milliseconds;
+    ``second_stage`` what the optional second-stage reranker did (None: off)."""
     rt = result.retrieval_trace
     return RetrievalDetails(
         l0_hints=rt.l0_hints,
@@ -121,6 +128,7 @@ def build_details(
         stage_ms=timings,
         query_truncated=rt.query_truncated,
         transport=transport,
+        second_stage=second_stage,
     )
 
 
@@ -131,19 +139,21 @@ def build_trace_row(
     latency_ms: float,
     tool_name: str,
     transport: str = "python",
+    second_stage: SecondStageOutcome | None = None,
 ) -> TraceRow:
     """The trace row of one lookup, cleaned (``TraceRow``: secrets scrubbed, details JSON-safe),
     with a fresh ``id`` and ``created_at`` = now (UTC). ``timings`` are stage durations in
     milliseconds (``RetrievalDetails.stage_ms``), ``latency_ms`` the whole call's;
     ``transport`` the channel the call came by (``RetrievalDetails.transport``)."""
     rt = result.retrieval_trace
+    details = build_details(result, tq, timings, transport, second_stage)
     return TraceRow(
         session_id=result.session_id,
         tool_name=tool_name,
         input=result.query[:INPUT_CHARS],
         output_preview=result.context_pack.packed_text[:OUTPUT_PREVIEW_CHARS],
         retrieval_layer=rt.layer,
-        retrieval_details=build_details(result, tq, timings, transport).model_dump(mode="json"),
+        retrieval_details=details.model_dump(mode="json", exclude={"second_stage"} if second_stage is None else None),
         status=result.status,
         error=rt.error,
         latency_ms=round(latency_ms, 3),

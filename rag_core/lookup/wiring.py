@@ -18,6 +18,7 @@ from rag_core.lookup.document_similarity import DocumentSimilarity
 from rag_core.lookup.ensemble import EnsembleSimilarity
 from rag_core.lookup.postprocessor import RerankWeights
 from rag_core.lookup.ranker import LinearRanker, resolve_ranker
+from rag_core.lookup.rerankers import Reranker, make_reranker
 from rag_core.settings import RagSettings
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ class LookupComponents:
     ``l0`` (loaded from the data dir; None when missing), ``recorder`` (ToolInvocationRecorder
     on PostgreSQL with a local spool), ``ensemble`` (the rerank's second model,
     ``components.make_ensemble_embedder``; one that cannot load is logged once and the rerank
-    goes without it), ``ranker`` (the rerank model), ``documents`` (document similarity)."""
+    goes without it), ``ranker`` (the rerank model), ``documents`` (document similarity),
+    ``reranker`` (the optional second stage, ``rag_core.lookup.rerankers.make_reranker``)."""
 
     def __init__(
         self,
@@ -47,6 +49,7 @@ class LookupComponents:
         recorder: ToolInvocationRecorder | None = None,
         weights: RerankWeights = RerankWeights(),
         ensemble_embedder: Embedder | None = None,
+        reranker: Reranker | None = None,
     ) -> None:
         self.settings = settings or RagSettings()
         # Title vectors, written by ingest; read so a fresh process need not embed them.
@@ -66,6 +69,8 @@ class LookupComponents:
         )
         self._ensemble_loaded = ensemble_embedder is not None
         self._init_lock = threading.Lock()
+        # The second-stage reranker (RAG_RERANKER; None: off); nothing loads before its first call.
+        self.reranker = reranker if reranker is not None else make_reranker(self.settings)
 
     @property
     def l0(self) -> L0Index | None:
@@ -170,3 +175,15 @@ class LookupComponents:
             if self._recorder is None:
                 self._recorder = components.make_recorder(self.settings)
             return self._recorder
+
+    def load(self) -> None:
+        """Load the models and the L0 index and open the main store now, so the first lookup
+        does not pay for them. Never raises: a failure is logged (the lookup reports it)."""
+        try:
+            self.embedder.embed_query("warm up")
+            if self.ensemble is not None:  # USE's first query also pays its set-up (about 2 s)
+                self.ensemble.embedder.embed_query("warm up")
+            _ = self.l0
+            self.store.count()
+        except Exception as exc:
+            log.warning("warm-up incomplete: %s", exc)
