@@ -151,6 +151,22 @@ class RagSettings(BaseSettings):
         "embedding models in use, rag_core/lookup/rankers/; hand weights when there is none) or a ranker "
         "JSON file (rag_core.lookup.ranker; a missing or unusable file falls back to the hand weights)",
     )
+    # The optional second-stage reranker (rag_core.lookup.second_stage), off by default.
+    reranker: Literal["none", "cross-encoder", "http"] = Field(
+        "none",
+        description="Second-stage reranker of the top RAG_RERANKER_TOP_N evidence blocks: 'none', "
+        "'cross-encoder' (sentence-transformers CrossEncoder, RAG_RERANKER_MODEL) or 'http' (a /rerank "
+        "endpoint in the TEI/Jina/Cohere request shape, RAG_RERANKER_URL)",
+    )
+    reranker_url: str | None = Field(None, description="The rerank endpoint, e.g. http://host:8080/rerank")
+    reranker_model: str = Field(
+        "", description="Cross-encoder: a local model path (or hub id); http: the model name sent (optional)"
+    )
+    reranker_api_key: SecretStr | None = Field(None, description="Bearer key of the rerank endpoint (never logged)")
+    reranker_top_n: int = Field(20, ge=1, le=100, description="Blocks the second stage re-scores (the rest keep order)")
+    reranker_timeout_s: float = Field(
+        2.0, gt=0.0, le=60.0, description="Budget of one rerank call; past it the first-stage order stays"
+    )
     reference_threshold: float = Field(
         0.30, ge=0.0, le=1.0, description="Below this top similarity, attempt 1 is low quality"
     )
@@ -196,6 +212,14 @@ class RagSettings(BaseSettings):
         for name, value in model_profile(self.embedding_backend, self.embedding_model).items():
             if name in PROFILE_FIELDS and name not in self.model_fields_set:
                 setattr(self, name, type(getattr(self, name))(value))
+        return self
+
+    @model_validator(mode="after")
+    def _reranker_target(self) -> RagSettings:
+        if self.reranker == "http" and not self.reranker_url:
+            raise ValueError("RAG_RERANKER=http needs RAG_RERANKER_URL (the endpoint, e.g. http://host:8080/rerank)")
+        if self.reranker == "cross-encoder" and not self.reranker_model:
+            raise ValueError("RAG_RERANKER=cross-encoder needs RAG_RERANKER_MODEL (a local model path)")
         return self
 
     @model_validator(mode="after")

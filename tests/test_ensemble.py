@@ -4,6 +4,7 @@ one integration test with the real models on the sample knowledge base in Milvus
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -68,11 +69,16 @@ def test_ensemble_similarity_gives_nothing_rather_than_failing_the_lookup(caplog
     assert "ensemble similarity skipped: RuntimeError: model crashed" in caplog.text
 
 
+def _with_second(cands: list[Candidate], second: dict[str, float]) -> list[Candidate]:
+    """The candidates with the second model's cosine (by chunk id) set."""
+    return [replace(c, ensemble_similarity=second[c.hit.chunk_id]) for c in cands]
+
+
 def test_the_second_model_can_reorder_candidates_the_main_model_scores_alike():
     cands = [_cand("first.md", 0.90), _cand("second.md", 0.89), _cand("low.md", 0.50)]
     post = KnowledgeEvidencePostProcessor(None, 0.0, 10)
     second = {"first.md#0": 0.20, "second.md#0": 0.90, "low.md#0": 0.10}
-    _, entries = post.process(cands, L0Hints(), ensemble_similarity=second)
+    _, entries = post.process(_with_second(cands, second), L0Hints())
     w = RerankWeights()
     by_doc = {e.doc_id: e for e in entries}
     assert [e.doc_id for e in entries][:2] == ["second.md", "first.md"]
@@ -89,8 +95,8 @@ def test_a_query_in_another_script_than_its_candidates_leans_on_the_second_model
     ]
     second = {"main.md#0": 0.60, "second.md#0": 0.90, "low.md#0": 0.10}
     post = KnowledgeEvidencePostProcessor(None, 0.0, 10)
-    same_blocks, same = post.process(cands, L0Hints(), ensemble_similarity=second, query="new pods stay pending")
-    other_blocks, other = post.process(cands, L0Hints(), ensemble_similarity=second, query="新的容器组一直无法调度")
+    same_blocks, same = post.process(_with_second(cands, second), L0Hints(), query="new pods stay pending")
+    other_blocks, other = post.process(_with_second(cands, second), L0Hints(), query="新的容器组一直无法调度")
     assert [e.doc_id for e in same][:2] == ["main.md", "second.md"]
     assert [e.doc_id for e in other][:2] == ["second.md", "main.md"]
     w = RerankWeights()

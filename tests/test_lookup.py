@@ -87,7 +87,7 @@ def make_tool(sample_kb, embedder, store):
 
     yield make
     for t in tools:
-        t._pool.shutdown(wait=False)
+        t.sidecar_search.close()
 
 
 def sources(result):

@@ -4,6 +4,8 @@ effect on retrieval."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -177,8 +179,10 @@ def test_title_similarity_gives_nothing_rather_than_failing_the_lookup():
 
 def test_the_closest_document_gets_the_whole_document_similarity_weight():
     cands = [_cand("near.md", 0), _cand("far.md", 0), _cand("middle.md", 0)]
+    documents = {"near.md": 1.8, "far.md": 1.0, "middle.md": 1.4}
+    cands = [replace(c, document_similarity=documents[c.hit.doc_id]) for c in cands]
     pp = KnowledgeEvidencePostProcessor(None, 0.0, 10)
-    _, entries = pp.process(cands, L0Hints(), {"near.md": 1.8, "far.md": 1.0, "middle.md": 1.4, "other.md": 2.0})
+    _, entries = pp.process(cands, L0Hints())
     got = {e.doc_id: e.contributions.get("document_similarity", 0.0) for e in entries}
     w = RerankWeights().document_similarity
     assert got == pytest.approx({"near.md": w, "middle.md": w / 2, "far.md": 0.0})

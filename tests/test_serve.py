@@ -75,7 +75,7 @@ def make_service(indexed):
 
     yield make
     for tool in made:
-        tool._pool.shutdown(wait=False)
+        tool.sidecar_search.close()
 
 
 def _doc_ids(result_json):

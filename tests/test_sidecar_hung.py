@@ -175,7 +175,7 @@ def test_sidecar_work_in_flight_is_bounded(tmp_path):
     from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
 
     tq = KnowledgeQueryTransformer(None, 2000).transform("q")
-    started = [tool._start_sidecar(tq, vec) for _ in range(4)]
+    started = [tool.sidecar_search.start(tq, vec) for _ in range(4)]
     skipped = [s for s in started if not hasattr(s, "result")]
     assert len(skipped) == 2
     assert all("RAG_SIDECAR_QUEUE_MAX" in s.reason for s in skipped)

@@ -18,6 +18,7 @@ from rag_assets.defs.resources import RagSettingsResource, TraceStoreResource
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table, table_schema
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
+from rag_core.lookup.trace_row import RetrievalDetails
 from rag_core.traces.rows import TraceRow
 
 # The table's columns come from TraceRow's fields (text unless listed), with the details JSON as
@@ -57,10 +58,11 @@ def trace_frame(rows: Sequence[TraceRow]) -> pl.DataFrame:
     records = []
     for row in rows:
         details = row.retrieval_details or {}
+        flat = RetrievalDetails.read(details).model_dump(mode="json", include=set(_DETAIL_COLUMNS))
         records.append(
             {
                 **{name: getattr(row, name) for name in _ROW_COLUMNS},
-                **{name: details.get(name) for name in _DETAIL_COLUMNS},
+                **flat,
                 "retrieval_details": json.dumps(details, ensure_ascii=False),
             }
         )

@@ -1,17 +1,45 @@
-"""LookupResultAssembler: relevance assessment, completeness hint and the LookupResult."""
+"""LookupResultAssembler: which evidence layer answers, the retrieval trace, relevance
+assessment, message, status, completeness hint and the LookupResult.
+
+Layer rules (:meth:`LookupResultAssembler.evidence`): L1 blocks when the post-processor kept
+any (``L0+L1`` when L0 also matched the query, else ``L1``); otherwise the L0 title/keyword
+matches (``L0``) when there are any, whether L1 failed, was disabled or found only candidates
+below the minimum block similarity; otherwise ``none``. Status: ``ok`` unless retrieval failed
+(``outcome.error``): then ``degraded`` with L0 evidence, ``error`` without any.
+"""
 
 from __future__ import annotations
 
-from rag_core.l0 import L0Hints
+from dataclasses import dataclass
+
+from rag_core.l0 import L0Hints, L0Index
 from rag_core.lookup.contracts import (
     ContextPack,
     EvidenceBlock,
+    Layer,
     LookupResult,
     RelevanceLevel,
     RerankEntry,
     RetrievalTrace,
+    SidecarStatus,
+    Status,
 )
+from rag_core.lookup.postprocessor import l0_fallback_blocks
+from rag_core.lookup.query_transformer import TransformedQuery
+from rag_core.lookup.retriever import RetrievalOutcome
 from rag_core.settings import RagSettings
+
+SEEN_REASON = "seen_earlier_in_session"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The evidence a lookup answers with: ``blocks`` best first, their ``rerank`` entries (L1
+    only; [] for L0 fallback blocks) and the ``layer`` they come from."""
+
+    blocks: list[EvidenceBlock]
+    rerank: list[RerankEntry]
+    layer: Layer
 
 
 def assess_relevance(blocks: list[EvidenceBlock], hints: L0Hints, layer: str, settings: RagSettings) -> RelevanceLevel:
@@ -49,9 +77,127 @@ def completeness_hint(blocks: list[EvidenceBlock], pack: ContextPack, layer: str
     return "all evidence blocks included in the context pack"
 
 
+def no_l1_evidence(outcome: RetrievalOutcome, settings: RagSettings) -> str:
+    """Why L1 gave no usable evidence (retrieval itself did not fail)."""
+    if not settings.l1_enabled:
+        return "L1 disabled"
+    if not outcome.candidates:
+        return "L1 returned nothing"
+    return f"no L1 candidate reached the minimum block similarity {settings.min_block_similarity}"
+
+
 class LookupResultAssembler:
+    """Layer, trace, message and status rules (module docstring) and the ``LookupResult``."""
+
     def __init__(self, settings: RagSettings):
         self.settings = settings
+
+    def evidence(
+        self,
+        blocks: list[EvidenceBlock],
+        rerank: list[RerankEntry],
+        hints: L0Hints,
+        l0: L0Index | None,
+        seen: set[str],
+    ) -> Evidence:
+        """The answering evidence from the post-processor's ``blocks`` / ``rerank`` (module
+        docstring); blocks of a document in ``seen`` (shown earlier in the session) get the hit
+        reason ``seen_earlier_in_session`` (new blocks, the inputs are not changed)."""
+        if blocks:
+            layer: Layer = "L0+L1" if hints.matched else "L1"
+        elif hints.matched:
+            blocks, rerank, layer = l0_fallback_blocks(hints, l0, self.settings.max_evidence_blocks), [], "L0"
+        else:
+            layer = "none"
+        marked = [
+            b.model_copy(update={"hit_reasons": [*b.hit_reasons, SEEN_REASON]}) if b.doc_id in seen else b
+            for b in blocks
+        ]
+        return Evidence(marked, rerank, layer)
+
+    def trace(
+        self, outcome: RetrievalOutcome, evidence: Evidence, tq: TransformedQuery, sidecar: SidecarStatus, store: str
+    ) -> RetrievalTrace:
+        """How L1 ran; ``store``: the main store's name (``none`` when L1 is disabled)."""
+        fallback = outcome.fallback_reason
+        if evidence.layer == "L0":
+            fallback = "l0_fallback: " + (outcome.error or no_l1_evidence(outcome, self.settings))
+        return RetrievalTrace(
+            store=store if self.settings.l1_enabled else "none",
+            layer=evidence.layer,
+            attempts=outcome.attempts,
+            candidate_count=len(outcome.candidates),
+            fallback_reason=fallback,
+            error=outcome.error,
+            query_truncated=tq.truncated,
+            l0_hints=tq.hints,
+            sidecar=sidecar,
+        )
+
+    def message(self, outcome: RetrievalOutcome, evidence: Evidence) -> str | None:
+        """The warning an L0-only or failed answer carries; None: the default message."""
+        if evidence.layer == "L0" and (outcome.error or not self.settings.l1_enabled):
+            return (
+                "semantic retrieval unavailable; returning title/keyword (L0) matches only: "
+                "verify before relying on them"
+            )
+        if evidence.layer == "L0":
+            return (
+                "semantic retrieval found no evidence above the minimum similarity; returning "
+                "title/keyword (L0) matches only: verify before relying on them"
+            )
+        if outcome.error and not evidence.blocks:
+            return f"knowledge retrieval failed and nothing matched by title: {outcome.error}"
+        return None
+
+    @staticmethod
+    def status(outcome: RetrievalOutcome, evidence: Evidence) -> Status:
+        """``ok``; ``degraded`` / ``error`` when retrieval failed, with / without evidence."""
+        if not outcome.error:
+            return "ok"
+        return "degraded" if evidence.blocks else "error"
+
+    def lookup_result(
+        self,
+        query: str,
+        session_id: str | None,
+        tq: TransformedQuery,
+        outcome: RetrievalOutcome,
+        evidence: Evidence,
+        pack: ContextPack,
+        sidecar: SidecarStatus,
+        store: str,
+        session_domains: list[str],
+    ) -> LookupResult:
+        """The result of a lookup that ran (trace, message and status by the rules above)."""
+        trace = self.trace(outcome, evidence, tq, sidecar, store)
+        return self.assemble(
+            query,
+            session_id,
+            evidence.blocks,
+            pack,
+            trace,
+            evidence.rerank,
+            tq.hints,
+            session_domains,
+            self.message(outcome, evidence),
+            self.status(outcome, evidence),
+        )
+
+    def empty(
+        self,
+        query: str,
+        session_id: str | None,
+        pack: ContextPack,
+        session_domains: list[str],
+        message: str,
+        status: Status = "ok",
+        error: str | None = None,
+    ) -> LookupResult:
+        """The result of a call that looked nothing up (refused or empty input, or a failure):
+        no evidence, store ``none``, ``error`` as the trace error."""
+        trace = RetrievalTrace(store="none", layer="none", attempts=[], error=error)
+        return self.assemble(query, session_id, [], pack, trace, [], L0Hints(), session_domains, message, status)
 
     def assemble(
         self,
@@ -64,8 +210,10 @@ class LookupResultAssembler:
         hints: L0Hints,
         session_domains: list[str],
         message: str | None = None,
-        status: str = "ok",
+        status: Status = "ok",
     ) -> LookupResult:
+        """The ``LookupResult`` of these parts; ``message`` None: the default one (count and
+        relevance, or "no evidence found")."""
         level = assess_relevance(blocks, hints, trace.layer, self.settings)
         if message is None:
             message = (

@@ -16,6 +16,8 @@ from rag_core.l0 import L0Hints
 from rag_core.models import CamelModel
 
 Layer = Literal["L1", "L0+L1", "L0", "none"]
+#: ok; degraded: the knowledge store failed, L0 matches only; error: nothing could be looked up.
+Status = Literal["ok", "degraded", "error"]
 
 
 class RelevanceLevel(str, Enum):
@@ -132,7 +134,7 @@ class LookupResult(CamelModel):
     completeness_hint: str
     retrieved_domains_this_session: list[str]
     message: str
-    status: Literal["ok", "degraded", "error"] = "ok"
+    status: Status = "ok"
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -174,8 +174,6 @@ class KnowledgeEvidencePostProcessor:
         self,
         candidates: list[Candidate],
         hints: L0Hints,
-        document_similarity: Mapping[str, float] | None = None,
-        ensemble_similarity: Mapping[str, float] | None = None,
         query: str = "",
     ) -> RerankFeatures:
         """The candidates kept (at least ``min_similarity``, or their document named by L0) and
@@ -194,8 +192,7 @@ class KnowledgeEvidencePostProcessor:
         # query naming the document by its alias): the name match vouches for it.
         named = {m.doc_id for m in hints.matches if m.strong_name}
         kept = [c for c in candidates if c.similarity >= self.min_similarity or c.hit.doc_id in named]
-        second = ensemble_similarity or {}
-        with_ensemble = bool(kept) and bool(second) and all(c.hit.chunk_id in second for c in kept)
+        with_ensemble = bool(kept) and all(c.ensemble_similarity is not None for c in kept)
         crosslingual = with_ensemble and languages_differ(query, kept)
         if not kept:
             return RerankFeatures(kept, np.zeros((0, len(FEATURES))), crosslingual, with_ensemble, named)
@@ -203,7 +200,7 @@ class KnowledgeEvidencePostProcessor:
         per_doc: dict[str, int] = {}
         for c in kept:
             per_doc[c.hit.doc_id] = per_doc.get(c.hit.doc_id, 0) + 1
-        documents = _min_max({d: v for d, v in (document_similarity or {}).items() if d in per_doc})
+        documents = _min_max({c.hit.doc_id: c.document_similarity for c in kept if c.document_similarity is not None})
         rows = []
         for c in kept:
             row = self._candidate_features(c, per_doc[c.hit.doc_id], hints, best_lex)
@@ -213,30 +210,28 @@ class KnowledgeEvidencePostProcessor:
         matrix[:, INDEX["dense"]] = _min_max_list([c.similarity for c in kept])
         matrix[:, INDEX["rrf"]] = _min_max_list([c.rrf for c in kept])
         if with_ensemble:
-            matrix[:, INDEX["ensemble_dense"]] = _min_max_list([second[c.hit.chunk_id] for c in kept])
+            matrix[:, INDEX["ensemble_dense"]] = _min_max_list([c.ensemble_similarity or 0.0 for c in kept])
         return RerankFeatures(kept, matrix, crosslingual, with_ensemble, named)
 
     def process(
         self,
         candidates: list[Candidate],
         hints: L0Hints,
-        document_similarity: Mapping[str, float] | None = None,
-        ensemble_similarity: Mapping[str, float] | None = None,
         query: str = "",
     ) -> tuple[list[EvidenceBlock], list[RerankEntry]]:
         """Blocks best first (ranks from 1) and their rerank entries, same order.
-        ``document_similarity``: doc id -> the query's cosine with the document's title plus
-        its cosine with the document's centroid (a doc missing from it gets no
-        ``document_similarity`` contribution). ``ensemble_similarity``:
-        chunk id -> the second model's cosine of query and chunk (empty or None: no second
-        model, the main model's similarity gets the whole dense weight). ``query``: the text
+        ``Candidate.document_similarity``: the query's cosine with the document's title plus
+        its cosine with the document's centroid (a doc without it gets no
+        ``document_similarity`` contribution). ``Candidate.ensemble_similarity``: the second
+        model's cosine of query and chunk (missing on any kept candidate: no second model, the
+        main model's similarity gets the whole dense weight). ``query``: the text
         asked, to tell a query in another script than its candidates (``crosslingual_*``
         weights, hit reason ``crosslingual_weights``; '' never does).
 
         A chunk's score is ``ranker`` weights . features (:meth:`features`); a document's is
         its best chunk's (ties: higher RRF). ``RerankEntry.base_score`` is the ``dense``
         part, ``contributions`` every other non-zero part."""
-        feats = self.features(candidates, hints, document_similarity, ensemble_similarity, query)
+        feats = self.features(candidates, hints, query)
         kept, crosslingual = feats.kept, feats.crosslingual
         if not kept:
             return [], []

@@ -46,7 +46,13 @@ RRF_K = 60
 
 @dataclass
 class Candidate:
-    """A chunk found by L1: its best hit, fused RRF score, channels and attempt numbers."""
+    """A chunk found by L1: its best hit, fused RRF score, channels and attempt numbers.
+
+    The similarity stages add, on a copy: ``document_similarity``, the query's cosine with the
+    chunk's document title plus its cosine with the document's centroid, in [-2, 2]
+    (:mod:`rag_core.lookup.document_similarity`); ``ensemble_similarity``, the second model's
+    cosine of query and chunk, in [-1, 1] (:mod:`rag_core.lookup.ensemble`). None: not known
+    (the signal is off or failed for this lookup)."""
 
     hit: StoreHit
     rrf: float
@@ -56,6 +62,8 @@ class Candidate:
     dense_rank: int | None = None
     lexical_rank: int | None = None
     lexical_score: float | None = None
+    document_similarity: float | None = None
+    ensemble_similarity: float | None = None
 
     @property
     def similarity(self) -> float:
