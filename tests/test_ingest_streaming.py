@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import make_settings
-from test_ingest_stages import FakeEmbedder
+from fakes import HashEmbedder
 
 from rag_core.ingest.documents import scan_documents
 from rag_core.ingest.embed_cache import EmbeddingCache
@@ -28,6 +28,14 @@ from rag_core.l0 import L0Index
 from rag_core.stores.memory import InMemoryStore
 
 N_DOCS = 9
+DIM = 8
+
+
+class FakeEmbedder(HashEmbedder):
+    """The shared hash embedder at this module's dimension."""
+
+    def __init__(self, fingerprint: str = "f" * 16, checked: bool = True) -> None:
+        super().__init__(DIM, fingerprint, checked)
 
 
 def _doc(i: int, extra: str = "") -> str:
