@@ -1,10 +1,14 @@
 """Fakes shared by the tests: an embedder without a model (deterministic hash vectors) and a wrapper
-that counts the chunk passages a real embedder embeds. Rows labelled ``title: `` (the document titles
+that counts the chunk passages a real embedder embeds, and a switchable TCP front for PostgreSQL
+(a trace-store outage without touching the server). Rows labelled ``title: `` (the document titles
 ingest embeds for the rerank) are counted apart from chunk passages."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import socket
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,3 +78,72 @@ class CountingEmbedder:
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
         self.count += len(texts) - title_rows(ids)
         return self.inner.embed_passages(texts, ids)
+
+
+class SwitchableProxy:
+    """A TCP front for a PostgreSQL unix socket that can be switched off (connection refused,
+    open connections cut) and on again: a trace-store outage without touching the server."""
+
+    def __init__(self, unix_path: str) -> None:
+        self.unix_path = unix_path
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self._lock = threading.Lock()
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._listener: socket.socket | None = None
+        self.up()
+
+    def up(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def down(self) -> None:
+        if self._listener is not None:
+            shut_sockets(self._listener)  # wakes the thread blocked in accept(); close() alone leaves it listening
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            for pair in self._pairs:
+                shut_sockets(*pair)
+                for s in pair:
+                    s.close()
+            self._pairs.clear()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            server = socket.socket(socket.AF_UNIX)
+            try:
+                server.connect(self.unix_path)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._pairs.append((client, server))
+            for src, dst in ((client, server), (server, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            shut_sockets(src, dst)
+
+
+def shut_sockets(*socks: socket.socket) -> None:
+    for s in socks:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)

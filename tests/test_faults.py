@@ -23,7 +23,6 @@ removed or failed to keep (for row 7: still missing after the repair ingest).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import RUNBOOKS, need_shared
+from fakes import SwitchableProxy
 
 from bench.common import Scratch, log, make_settings
 from bench.queries import golden_queries
@@ -117,75 +117,6 @@ class HungServer:
         self.sock.close()
         for c in self.conns:
             c.close()
-
-
-class SwitchableProxy:
-    """A TCP front for a PostgreSQL unix socket that can be switched off (connection refused,
-    open connections cut) and on again: a trace-store outage without touching the server."""
-
-    def __init__(self, unix_path: str) -> None:
-        self.unix_path = unix_path
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = probe.getsockname()[1]
-        probe.close()
-        self._lock = threading.Lock()
-        self._pairs: list[tuple[socket.socket, socket.socket]] = []
-        self._listener: socket.socket | None = None
-        self.up()
-
-    def up(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(64)
-        self._listener = listener
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
-
-    def down(self) -> None:
-        if self._listener is not None:
-            _shut(self._listener)  # wakes the thread blocked in accept(); close() alone leaves it listening
-            self._listener.close()
-            self._listener = None
-        with self._lock:
-            for pair in self._pairs:
-                _shut(*pair)
-                for s in pair:
-                    s.close()
-            self._pairs.clear()
-
-    def _accept(self, listener: socket.socket) -> None:
-        while True:
-            try:
-                client, _ = listener.accept()
-            except OSError:
-                return
-            server = socket.socket(socket.AF_UNIX)
-            try:
-                server.connect(self.unix_path)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._pairs.append((client, server))
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            _shut(src, dst)
-
-
-def _shut(*socks: socket.socket) -> None:
-    for s in socks:
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)
 
 
 class Borrowed:

@@ -28,9 +28,9 @@ import pytest
 pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not installed")
 
 import uvicorn  # noqa: E402
+from fakes import SwitchableProxy  # noqa: E402
 from psycopg.conninfo import conninfo_to_dict  # noqa: E402
 
-from bench.faults import SwitchableProxy  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
 from rag_core.serve.http_app import served_app  # noqa: E402
 from rag_core.serve.service import LookupService  # noqa: E402
