@@ -31,9 +31,11 @@ def _cleanup(root: Path) -> None:
 
 @pytest.fixture(scope="session")
 def pg_settings() -> Iterator[RagSettings]:
-    """Settings whose data dir holds the session's embedded PostgreSQL (pg_dsn unset)."""
+    """Settings whose data dir holds the session's embedded PostgreSQL (pg_dsn unset). No idle
+    stop: the session stops it at the end, and a stretch of tests without PostgreSQL longer than
+    the suite's idle stop (conftest: 120 s) must not take it away from the tests after them."""
     root = _scratch()
-    yield RagSettings(data_dir=root, pg_dsn=None)
+    yield RagSettings(data_dir=root, pg_dsn=None, embedded_idle_stop_seconds=0)
     _cleanup(root)
 
 
