@@ -97,12 +97,16 @@ def dedupe(ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def rank(rec: Record, ranker: LinearRanker, max_blocks: int = MAX_BLOCKS) -> list[str]:
+def rank(rec: Record, ranker: LinearRanker, max_blocks: int = MAX_BLOCKS, extra: np.ndarray | None = None) -> list[str]:
     """The pipeline's doc ranking of ``rec`` under ``ranker`` (postprocessor.process, then the
-    candidates' docs in fused order; the pipeline's own ranking when nothing was kept)."""
+    candidates' docs in fused order; the pipeline's own ranking when nothing was kept).
+    ``extra``: one more score per candidate chunk (shape ``(len(rec.docs),)``), added to the
+    ranker's totals."""
     if not rec.docs:
         return rec.pipeline
     totals = rec.matrix @ ranker.weights(rec.crosslingual, rec.with_ensemble)
+    if extra is not None:
+        totals = totals + extra
     best: dict[str, tuple[float, float]] = {}
     order: dict[str, int] = {}
     for i, doc in enumerate(rec.docs):

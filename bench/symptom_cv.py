@@ -62,7 +62,6 @@ from bench.common import log, parse_command_line  # noqa: E402
 from bench.known_items import SEED, KnownItem, generate  # noqa: E402
 from bench.rerank_cv import (  # noqa: E402
     CACHE,
-    MAX_BLOCKS,
     IndexDump,
     Record,
     all_records,
@@ -74,7 +73,7 @@ from bench.rerank_cv import (  # noqa: E402
     wilcoxon_p,
 )
 from rag_core.evaluation.metrics import recall_at_k, reciprocal_rank  # noqa: E402
-from rag_core.lookup.postprocessor import RerankWeights, keep_named  # noqa: E402
+from rag_core.lookup.postprocessor import RerankWeights  # noqa: E402
 from rag_core.lookup.query_transformer import clause_views  # noqa: E402
 from rag_core.lookup.ranker import LinearRanker  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
@@ -338,19 +337,7 @@ def rank_with(rec: Record, hand: LinearRanker, extra: Extra, w: float) -> list[s
             score[d] = score.get(d, 0.0) + w / (RRF_K + r)
         first = {d: i for i, d in enumerate(dedupe([*base, *extra.channel]))}
         return sorted(score, key=lambda d: (-score[d], first[d]))
-    if not rec.docs:
-        return rec.pipeline
-    totals = rec.matrix @ hand.weights(rec.crosslingual, rec.with_ensemble) + w * extra.chunk
-    best: dict[str, tuple[float, float]] = {}
-    order: dict[str, int] = {}
-    for i, doc in enumerate(rec.docs):
-        order.setdefault(doc, len(order) + 1)
-        key = (float(totals[i]), float(rec.rrf[i]))
-        if doc not in best or key > best[doc]:
-            best[doc] = key
-    scored = sorted(((best[d][0], order[d], d) for d in order), key=lambda s: (-s[0], s[1]))
-    top = keep_named(scored, rec.named, MAX_BLOCKS, key=lambda s: s[2])
-    return dedupe([d for _, _, d in top] + rec.tail)
+    return rank(rec, hand, extra=w * extra.chunk)
 
 
 def figures(ranking: list[str], expected: Sequence[str]) -> tuple[float, float]:
