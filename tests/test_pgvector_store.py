@@ -434,9 +434,10 @@ def test_server_shared_by_processes_outlives_them_and_a_stop_gives_store_error(p
         def cannot_start(*args, **kwargs):
             raise StoreError("could not start the embedded PostgreSQL (test)")
 
-        # Before the stop: a connect the pool still has in flight in a worker thread from the
-        # search above would otherwise start the server again (seen once in CI).
-        monkeypatch.setattr(pgserver, "embedded_dsn", cannot_start)
+        # _start, not embedded_dsn, and before the stop: a connect the pool still has in flight
+        # from the search above may already be inside embedded_dsn, waiting for the start lock
+        # that stop_embedded holds, and would start the server again (seen twice in CI).
+        monkeypatch.setattr(pgserver, "_start", cannot_start)
         assert stop_embedded(settings.pg_data_dir)
         start = time.monotonic()
         with pytest.raises(StoreError):
