@@ -283,7 +283,7 @@ def test_pasted_query_rewrites_dense_text_and_lexical_terms(l0):
     tq = KnowledgeQueryTransformer(l0).transform(q)
     assert tq.rewritten == "clock not synchronising"
     assert "2024" not in tq.lexical_terms and "clock" in tq.lexical_terms
-    assert tq.summary()["pasted"]["formats"] == ["logfmt"]
+    assert tq.summary().pasted.formats == ["logfmt"]
 
 
 # --- post-processing: a named document keeps a place -------------------------------------

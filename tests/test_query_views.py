@@ -44,7 +44,7 @@ def test_views_are_capped():
 def test_the_transformer_puts_the_views_of_the_rewritten_text_in_the_query():
     tq = KnowledgeQueryTransformer(None).transform("the disk is nearly full. pods get evicted from the node")
     assert tq.views == ["the disk is nearly full", "pods get evicted from the node"]
-    assert tq.summary()["views"] == tq.views
+    assert tq.summary().views == tq.views
 
 
 class _AxisEmbedder:

@@ -28,6 +28,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 # --- format vocabularies (field conventions of the formats, see the module docstring) ----------
 
 # Values that are the message of a log line / notification: they carry the meaning.
@@ -185,16 +187,29 @@ class PastedQuery:
     def pasted(self) -> bool:
         return bool(self.formats)
 
-    def summary(self) -> dict[str, object]:
-        """Compact, JSON-ready view for the retrieval trace."""
-        return {
-            "formats": list(self.formats),
-            "alert_names": list(self.alert_names),
-            "metric_names": list(self.metric_names),
-            "label_values": list(self.label_values)[:10],
-            "noise_removed": self.noise_removed,
-            "informative_text": self.text[:300],
-        }
+    def summary(self) -> PastedSummary:
+        """Compact view for the retrieval trace."""
+        return PastedSummary(
+            formats=list(self.formats),
+            alert_names=list(self.alert_names),
+            metric_names=list(self.metric_names),
+            label_values=list(self.label_values)[:10],
+            noise_removed=self.noise_removed,
+            informative_text=self.text[:300],
+        )
+
+
+class PastedSummary(BaseModel):
+    """What the trace keeps of a pasted query (``PastedQuery.summary``): the formats recognised, the
+    names and (first 10) label values lifted, the noise spans removed, the informative text (first
+    300 characters)."""
+
+    formats: list[str] = []
+    alert_names: list[str] = []
+    metric_names: list[str] = []
+    label_values: list[str] = []
+    noise_removed: int = 0
+    informative_text: str = ""
 
 
 def split_camel_words(text: str) -> str:

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from rag_core.l0 import L0Hints, L0Index
-from rag_core.lookup.pasted import PastedQuery, analyze_pasted, split_camel_words
+from rag_core.lookup.pasted import PastedQuery, PastedSummary, analyze_pasted, split_camel_words
 from rag_core.text import lexical_tokens, normalize
 
 # Clause boundaries: sentence punctuation, a full stop or comma before a space (English; a
@@ -74,23 +75,48 @@ class TransformedQuery:
     pasted: PastedQuery | None = None
     views: list[str] = field(default_factory=list)
 
-    def summary(self) -> dict[str, Any]:
-        return {
-            "original_chars": len(self.original),
-            "rewritten": self.rewritten[:200],
-            "views": [v[:100] for v in self.views],
-            "truncated": self.truncated,
-            "category_filter": self.category_filter,
-            "filter_reason": self.filter_reason,
-            "proposed_filter": self.proposed_filter,
-            "domain_hints": self.hints.domains,
-            "named_categories": self.hints.named_categories,
-            "matched_keywords": self.hints.matched_keywords,
-            "entities": self.hints.entities,
-            "l0_titles": self.hints.matched_titles,
-            "name_corrections": self.hints.corrections,
-            "pasted": self.pasted.summary() if self.pasted and self.pasted.pasted else None,
-        }
+    def summary(self) -> QueryTransformSummary:
+        return QueryTransformSummary(
+            original_chars=len(self.original),
+            rewritten=self.rewritten[:200],
+            views=[v[:100] for v in self.views],
+            truncated=self.truncated,
+            category_filter=self.category_filter,
+            filter_reason=self.filter_reason,
+            proposed_filter=self.proposed_filter,
+            domain_hints=self.hints.domains,
+            named_categories=self.hints.named_categories,
+            matched_keywords=self.hints.matched_keywords,
+            entities=self.hints.entities,
+            l0_titles=self.hints.matched_titles,
+            name_corrections=self.hints.corrections,
+            pasted=self.pasted.summary() if self.pasted and self.pasted.pasted else None,
+        )
+
+
+class QueryTransformSummary(BaseModel):
+    """What the trace keeps of the transformed query (``RetrievalDetails.query_transform``):
+    ``original_chars`` (length of the query as given), ``rewritten`` (first 200 characters) and
+    ``views`` (first 100 each), the filter decision (``category_filter``, ``filter_reason``,
+    ``proposed_filter``; see :class:`TransformedQuery`), the L0 hints that drove it and the pasted
+    query's summary (None for a plain question). Defaults let rows of older versions read back."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    original_chars: int = 0
+    rewritten: str = ""
+    views: list[str] = []
+    truncated: bool = False
+    category_filter: str | None = None
+    filter_reason: str = "no_signal"
+    proposed_filter: str | None = None
+    domain_hints: list[str] = []
+    named_categories: list[str] = []
+    matched_keywords: list[str] = []
+    entities: list[str] = []
+    l0_titles: list[str] = []
+    name_corrections: dict[str, str] = {}
+    pasted: PastedSummary | None = None
 
 
 def choose_filter(hints: L0Hints) -> tuple[str | None, str]:

@@ -31,7 +31,7 @@ from rag_core.lookup.retriever import Candidate, KnowledgeDocumentRetriever, Ret
 from rag_core.lookup.second_stage import SecondStageOutcome, SecondStageRerank
 from rag_core.lookup.session import SessionState
 from rag_core.lookup.sidecar_search import SidecarSearch
-from rag_core.lookup.timing import timed
+from rag_core.lookup.timing import StageTimings, timed
 from rag_core.lookup.trace_row import build_trace_row
 from rag_core.lookup.wiring import LookupComponents
 
@@ -84,7 +84,7 @@ class LookupKnowledgeTool(LookupComponents):
         evaluation fixtures and comparisons. ``use_l0_filter=False`` runs the unfiltered
         search only (the evaluation's filter cost accounting). Never raises."""
         t0 = time.perf_counter()
-        timings: dict[str, float] = {}
+        timings = StageTimings()
         try:
             result, tq, candidates, second = self._lookup(query, session_id, timings, use_l0_filter)
         except Exception as exc:  # last line of defence: the agent always gets a result
@@ -106,11 +106,11 @@ class LookupKnowledgeTool(LookupComponents):
             result = self._empty_result(query, session_id, error, "error", error)
         except Exception as exc:
             result = self._error_result(query, session_id, exc)
-        self._record(result, None, {}, (time.perf_counter() - t0) * 1000, transport)
+        self._record(result, None, StageTimings(), (time.perf_counter() - t0) * 1000, transport)
         return result
 
     def _lookup(
-        self, query: str, session_id: str | None, timings: dict[str, float], use_l0_filter: bool = True
+        self, query: str, session_id: str | None, timings: StageTimings, use_l0_filter: bool = True
     ) -> tuple[LookupResult, TransformedQuery | None, list[Candidate], SecondStageOutcome | None]:
         """The pipeline: every stage's output is the next one's input, none is changed after."""
         if not isinstance(query, str):
@@ -138,7 +138,7 @@ class LookupKnowledgeTool(LookupComponents):
             ).process(candidates, tq.hints, query)
         blocks, rerank, second = self.second_stage.apply(query, blocks, rerank, tq.hints)
         if second is not None:
-            timings["second_stage_ms"] = second.duration_ms
+            timings.second_stage_ms = second.duration_ms
         with timed(timings, "postprocess_ms"):
             seen = self.sessions.seen_doc_ids(session_id)
             evidence = self.assembler.evidence(blocks, rerank, tq.hints, self.l0, seen)
@@ -154,7 +154,7 @@ class LookupKnowledgeTool(LookupComponents):
         )
         return result, tq, outcome.candidates, second
 
-    def _retrieve(self, tq: TransformedQuery, timings: dict[str, float]) -> tuple[RetrievalOutcome, SidecarStatus]:
+    def _retrieve(self, tq: TransformedQuery, timings: StageTimings) -> tuple[RetrievalOutcome, SidecarStatus]:
         """L1 on the main store (the sidecar beside it), guarded by :class:`IndexGuard`."""
         if not self.settings.l1_enabled:
             return RetrievalOutcome([], [], "l1_disabled"), SidecarStatus(status="disabled")
@@ -203,7 +203,7 @@ class LookupKnowledgeTool(LookupComponents):
         self,
         result: LookupResult,
         tq: TransformedQuery | None,
-        timings: dict[str, float],
+        timings: StageTimings,
         ms: float,
         transport: str,
         second: SecondStageOutcome | None = None,

@@ -22,7 +22,9 @@ from rag_core.lookup.contracts import (
     RetrievalAttempt,
     SidecarStatus,
 )
+from rag_core.lookup.query_transformer import QueryTransformSummary
 from rag_core.lookup.second_stage import SecondStageOutcome
+from rag_core.lookup.timing import StageTimings
 from rag_core.traces.rows import TraceRow
 
 if TYPE_CHECKING:
@@ -49,8 +51,9 @@ class EvidenceTrace(BaseModel):
 
 class RetrievalDetails(BaseModel):
     """The ``retrieval_details`` of one trace row. ``query_transform``: the transformed query's
-    summary (``TransformedQuery.summary()``; None when no lookup ran); ``stage_ms``: stage name
-    (``l0_ms``, ``embed_ms``, ``search_ms``...) -> duration in milliseconds; ``transport``: the
+    summary (``TransformedQuery.summary()``; None when no lookup ran); ``stage_ms``: the stages'
+    durations in milliseconds (:class:`~rag_core.lookup.timing.StageTimings`; JSON: stage name ->
+    ms, of the stages that ran); ``transport``: the
     caller's channel (``python``, ``mcp-stdio``, ``mcp-http``, ``http``); ``second_stage``: the
     optional second-stage reranker's outcome (:mod:`rag_core.lookup.second_stage`; None when
     off, and then not in the JSON). Every field has a default so rows of older versions read back (:meth:`read`)."""
@@ -58,7 +61,7 @@ class RetrievalDetails(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     l0_hints: L0Hints = Field(default_factory=L0Hints)
-    query_transform: dict[str, Any] | None = None
+    query_transform: QueryTransformSummary | None = None
     attempts: list[RetrievalAttempt] = Field(default_factory=list)
     fallback_reason: str | None = None
     sidecar: SidecarStatus = Field(default_factory=lambda: SidecarStatus(status="disabled"))
@@ -68,7 +71,7 @@ class RetrievalDetails(BaseModel):
     candidate_count: int | None = None
     final_block_count: int | None = None
     relevance_level: RelevanceLevel | None = None
-    stage_ms: dict[str, float] = Field(default_factory=dict)
+    stage_ms: StageTimings = Field(default_factory=StageTimings)
     query_truncated: bool = False
     transport: str = "python"
     second_stage: SecondStageOutcome | None = None  # left out of the JSON when None
@@ -94,7 +97,7 @@ class RetrievalDetails(BaseModel):
 def build_details(
     result: LookupResult,
     tq: TransformedQuery | None,
-    timings: dict[str, float],
+    timings: StageTimings,
     transport: str = "python",
     second_stage: SecondStageOutcome | None = None,
 ) -> RetrievalDetails:
@@ -135,7 +138,7 @@ def build_details(
 def build_trace_row(
     result: LookupResult,
     tq: TransformedQuery | None,
-    timings: dict[str, float],
+    timings: StageTimings,
     latency_ms: float,
     tool_name: str,
     transport: str = "python",
