@@ -3,21 +3,24 @@
 Dagster's run, event and schedule storage goes into a fresh database of the session's embedded
 PostgreSQL (reached through its Unix socket: DAGSTER_PG_HOST empty, PGHOST the socket dir). The
 start check passes, and fails in one redacted line on a wrong DSN; the ingest job runs as
-``make run`` launches it; the nightly schedule tick and the knowledge sensor are evaluated by the
-daemon's own iteration functions against the code location served from ``workspace.yaml``; the
-runs, ticks and materializations are read back from the instance.
+``make run`` launches it; ``dagster-daemon run -w workspace.yaml`` (a subprocess, for as long as
+a test needs) evaluates the knowledge sensor, launches the run it queues and fails a run that never
+started; the nightly schedule's tick at the next 02:00 UTC is evaluated with Dagster's public
+``build_schedule_context``; the runs, ticks and materializations are read back from the instance.
 """
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,6 +61,7 @@ def prod(pg_dsn: str) -> Iterator[SimpleNamespace]:
         conn.execute(f'CREATE DATABASE "{db}"')
     tmp = Path(tempfile.mkdtemp(prefix="rag-dagster-prod-"))
     ns = SimpleNamespace(tmp=tmp, home=tmp / "home", data=tmp / "data", kb=tmp / "kb", db=db)
+    ns.dsn = psycopg.conninfo.make_conninfo(pg_dsn, dbname=db)
     ns.home.mkdir()
     shutil.copyfile(ROOT / "dagster.production.yaml", ns.home / "dagster.yaml")
     for folder in ("cache", "queues"):  # two folders: fast to embed
@@ -162,50 +166,73 @@ def test_ingest_job_runs_on_postgres_storage_and_is_read_back(prod):
         assert "postgres" in type(instance.run_storage).__module__
 
 
-def test_schedule_tick_and_sensor_evaluation_on_postgres(prod):
-    from dagster._core.definitions.run_request import InstigatorType
-    from dagster._core.workspace.context import WorkspaceProcessContext
-    from dagster._core.workspace.load_target import WorkspaceFileTarget
-    from dagster._daemon.sensor import execute_sensor_iteration
-    from dagster._scheduler.scheduler import launch_scheduled_runs
+def _run_daemon_until(done: Callable[[], bool], timeout_s: float = 300.0) -> None:
+    """Run ``dagster-daemon run -w workspace.yaml`` (the production daemon, as the YAML's header
+    starts it, on this instance) until ``done()`` holds; then stop it and its code server. Fails
+    the test when the daemon exits or ``timeout_s`` pass first (with the daemon's log tail)."""
+    daemon = Path(sys.executable).parent / "dagster-daemon"
+    log = tempfile.NamedTemporaryFile("w+", prefix="rag-dagster-daemon-", suffix=".log")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [str(daemon), "run", "-w", str(ROOT / "workspace.yaml")],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: the code server stops with it
+    )
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not done():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                pytest.fail(f"daemon exit code {proc.poll()} before the condition held:\n{log.read()[-3000:]}")
+            time.sleep(2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
 
-    log = logging.getLogger("test_dagster_production")
+
+FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+
+
+def test_sensor_run_and_schedule_state_through_the_daemon_on_postgres(prod):
+    from rag_assets.defs.schedules import nightly_evaluation
+
     # The ingest job above read this knowledge base: the sensor's first tick requests a run only
     # for what changed since (rag_assets.defs.schedules.last_ingested_stat).
     doc = next(prod.kb.rglob("*.md"))
     doc.write_text(doc.read_text() + "\nEdited after the last ingest.\n")
+    by_sensor = dg.RunsFilter(tags={"rag/trigger": "knowledge_change"})
     with dg.DagsterInstance.get() as instance:
-        target = WorkspaceFileTarget(paths=[str(ROOT / "workspace.yaml")])
-        with WorkspaceProcessContext(instance, target) as context:
-            list(execute_sensor_iteration(context, log, None, None))
-            # The daemon's first iteration records the schedule's state as of now; the next one
-            # (its clock set past the following 02:00 UTC) fires that tick.
-            now = datetime.now(UTC)
-            list(launch_scheduled_runs(context, log, end_datetime_utc=now, iteration_times={}))
-            end = now.replace(hour=2, minute=1, second=0, microsecond=0)
-            end += timedelta(days=1) if end <= now else timedelta(0)
-            list(launch_scheduled_runs(context, log, end_datetime_utc=end, iteration_times={}))
-        sensor_runs = instance.get_runs(dg.RunsFilter(tags={"rag/trigger": "knowledge_change"}))
+        # The sensor ticks, its run is queued, the run queue launches it and it finishes.
+        _run_daemon_until(lambda: any(r.status in FINISHED for r in instance.get_runs(by_sensor)))
+        sensor_runs = instance.get_runs(by_sensor)
         assert len(sensor_runs) == 1 and sensor_runs[0].job_name == "ingest_job"
-        nightly = instance.get_runs(dg.RunsFilter(job_name="nightly_evaluation_job"))
-        assert len(nightly) == 1
-        assert nightly[0].tags["dagster/partition"] == (end - timedelta(days=1)).date().isoformat()
-        for run in (*sensor_runs, *nightly):  # queued: the daemon's queue would launch them
-            assert run.status == dg.DagsterRunStatus.QUEUED
+        assert sensor_runs[0].status == dg.DagsterRunStatus.SUCCESS
         states = {s.name: s for s in instance.all_instigator_state()}
-        for name, kind in (
-            ("knowledge_change_sensor", InstigatorType.SENSOR),
-            ("nightly_evaluation", InstigatorType.SCHEDULE),
-        ):
-            ticks = instance.get_ticks(states[name].instigator_origin_id, states[name].selector_id)
-            assert ticks and ticks[0].status.value == "SUCCESS", (name, kind, ticks[:1])
+        sensor = states["knowledge_change_sensor"]
+        ticks = instance.get_ticks(sensor.instigator_origin_id, sensor.selector_id)
+        assert [t.run_ids for t in ticks if t.status.value == "SUCCESS"] == [[sensor_runs[0].run_id]]
+        # The scheduler keeps the nightly schedule's state in the same storage.
+        assert "nightly_evaluation" in states
+        # The next 02:00 UTC tick (dagster's own clock cannot be set from outside the daemon): the
+        # nightly evaluation of the UTC day that has just ended.
+        now = datetime.now(UTC)
+        end = now.replace(hour=2, minute=0, second=0, microsecond=0)
+        end += timedelta(days=1) if end <= now else timedelta(0)
+        request = nightly_evaluation(dg.build_schedule_context(instance=instance, scheduled_execution_time=end))
+        assert nightly_evaluation.job_name == "nightly_evaluation_job"
+        assert request.partition_key == (end - timedelta(days=1)).date().isoformat()
 
 
-def test_a_run_that_never_started_is_marked_failed_by_run_monitoring(prod, monkeypatch):
+def test_a_run_that_never_started_is_marked_failed_by_run_monitoring(prod):
     """A run whose worker crashed before starting stays NOT_STARTED; the daemon's run monitoring
     (enabled in the production YAML) fails it once start_timeout_seconds have passed."""
-    from dagster._daemon.monitoring import run_monitoring
-
     from rag_assets.launch import reconstructable_job
 
     with dg.DagsterInstance.get() as instance:
@@ -218,8 +245,15 @@ def test_a_run_that_never_started_is_marked_failed_by_run_monitoring(prod, monke
         )
         [record] = instance.get_run_records(dg.RunsFilter(run_ids=[run.run_id]))
         assert record.dagster_run.status == dg.DagsterRunStatus.NOT_STARTED
-        later = record.create_timestamp.timestamp() + 181
-        monkeypatch.setattr(run_monitoring, "get_current_timestamp", lambda: later)
-        run_monitoring.monitor_starting_run(instance, record, logging.getLogger("test"))
-        failed = instance.get_run_by_id(run.run_id)
-        assert failed is not None and failed.status == dg.DagsterRunStatus.FAILURE
+        # Created 181 s ago as far as the run storage knows (the daemon compares with its own clock).
+        with psycopg.connect(prod.dsn, autocommit=True) as conn:
+            conn.execute(
+                "UPDATE runs SET create_timestamp = create_timestamp - interval '181 seconds' WHERE run_id = %s",
+                (run.run_id,),
+            )
+
+        def failed() -> bool:
+            current = instance.get_run_by_id(run.run_id)
+            return current is not None and current.status == dg.DagsterRunStatus.FAILURE
+
+        _run_daemon_until(failed)
