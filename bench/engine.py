@@ -1,9 +1,8 @@
 """The Milvus main path on the embedded server (issue 14), measured side by side in one run.
 
-* ``lookup``: runbook corpus, warm, after an ingest in this same process: end-to-end lookup
-  p50 on the Milvus path (embedded server, reached by URI) vs the pgvector path vs the floor
-  (query embedding + exact NumPy top-k + in-memory BM25 with bm25s over the same lexical
-  tokens). Lookups of the three are interleaved query by query, so they see the same load.
+* the lookup p50 on the Milvus path (embedded server, after an ingest in this same process) vs
+  the pgvector path vs the floor is measured by ``bench/latency.py`` (``vs_floor``: the floor
+  runs interleaved with its paths);
 * ``flush``: store search (dense + BM25, the two calls of one attempt) on rows written and not
   yet flushed vs after ``flush()``, in the writing process.
 * ``serving``: ingest while serving (``bench/serving.py``): 8-thread lookup p50/p95 and the
@@ -15,109 +14,18 @@ server and lookup process RSS) come from ``bench/scale.py`` and ``bench/memory.p
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, STORE_MS_MEANS, CapturingRecorder, error_entry, log, ratio, store_ms, summarize
+from bench.common import RUNBOOKS, error_entry, log, ratio
 from bench.context import BenchContext
 from bench.harness import Goal, Missing, Reading, Results, Target, as_times, measure, section
-from bench.latency import build_tool
 
 LOOKUP_VS_PG_MAX = 1.2
 LOOKUP_VS_FLOOR_MAX = 1.5
 SCALE_VS_NUMPY_MAX = 5.0
 BM25_P50_MAX_MS = 20.0
-
-
-class Floor:
-    """Query embedding + exact NumPy top-k + in-memory BM25 (bm25s) over the corpus: the least
-    a lookup must do (no L0, no fusion, no post-processing, no store round trip)."""
-
-    def __init__(self, ctx: BenchContext, top_k: int):
-        import bm25s
-
-        from rag_core.text import lexical_string
-
-        corpus = ctx.get_corpus()
-        self.X = np.asarray(corpus.vectors, dtype=np.float32)
-        self.k = top_k
-        self.embedder = ctx.embedder
-        self.bm25 = bm25s.BM25()
-        self.bm25.index([lexical_string(t).split() for t in corpus.texts], show_progress=False)
-
-    def __call__(self, query: str, terms: list[str]) -> float:
-        """Runs the floor for ``query``; returns the embedding's share in ms."""
-        t0 = time.perf_counter()
-        q = self.embedder.embed_query(query)
-        embed_ms = (time.perf_counter() - t0) * 1000
-        scores = self.X @ q
-        top = np.argpartition(-scores, self.k - 1)[: self.k]
-        top[np.argsort(-scores[top])]
-        if terms:
-            self.bm25.retrieve([terms], k=self.k, show_progress=False, n_threads=0)
-        return embed_ms
-
-
-@dataclass(frozen=True)
-class _LookupPath:
-    """One lookup path: a tool handing trace rows to a capturing recorder."""
-
-    tool: Any
-    recorder: CapturingRecorder
-
-    def after(self, result: Any) -> tuple[bool, float, float | None]:
-        """(status ok, query embedding ms, store ms) of the lookup just timed (``STORE_MS_MEANS``)."""
-        embed = self.recorder.rows[-1]["retrieval_details"]["stage_ms"].get("embed_ms", 0.0)
-        return result.status == "ok", embed, store_ms(result)
-
-
-def _path_target(name: str, path: _LookupPath) -> Target[_LookupPath, str, Any]:
-    return Target(
-        name,
-        lambda p, q: p.tool.lookup(q, session_id=f"bench-engine-{name}"),
-        open=lambda: path,
-        close=lambda p: p.tool.close(),
-        after=lambda p, result: p.after(result),
-    )
-
-
-def lookup(ctx: BenchContext, rounds: int) -> dict[str, Any]:
-    """Warm lookup p50 (ms) of the Milvus path, the pgvector path and the floor, interleaved query
-    by query; also without the query embedding and (the two paths) the store calls alone (wall time)."""
-    from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
-    from rag_core.stores.milvus import MilvusStore
-
-    settings = ctx.get_kb_settings()  # ingested in this process: the state a Dagster run leaves
-    milvus = MilvusStore.from_settings(settings)
-    paths = {}
-    for name, store in (("milvus", milvus), ("pgvector", ctx.pg_store())):
-        recorder = CapturingRecorder()
-        paths[name] = _LookupPath(build_tool(settings, store, ctx.embedder, recorder), recorder)
-    floor = Floor(ctx, settings.top_k)
-    l0 = paths["milvus"].tool.l0
-    terms = {q: KnowledgeQueryTransformer(l0, settings.max_query_chars).transform(q).lexical_terms for q in ctx.queries}
-    targets: list[Target[Any, str, Any]] = [_path_target(name, p) for name, p in paths.items()]
-    # the floor returns its embedding ms; it has no store round trip
-    targets.append(
-        Target("floor", lambda fl, q: fl(q, terms[q]), open=lambda: floor, after=lambda _, e: (True, e, None))
-    )
-    timings = measure(targets, list(ctx.queries) * rounds, warmup=ctx.queries)
-    # Counted: the lookups that answered. Without the query embedding (the bulk of a lookup on a
-    # loaded machine) and the store calls alone are steadier under CPU contention.
-    ok = {name: [(ms, note) for ms, note in zip(t.ms, t.notes, strict=True) if note[0]] for name, t in timings.items()}
-    out: dict[str, Any] = {name: summarize([ms for ms, _ in calls]) for name, calls in ok.items()}
-    out["without_embedding"] = {name: summarize([ms - n[1] for ms, n in calls]) for name, calls in ok.items()}
-    out["store"] = {name: summarize([n[2] for _, n in ok[name]]) for name in paths}
-    out["store_means"] = STORE_MS_MEANS
-    out["lookups_per_path"] = len(ok["floor"])
-    out["milvus_server_pid"] = milvus.server_pid
-    out["milvus_vs_pgvector_p50"] = ratio(out["milvus"]["p50"], out["pgvector"]["p50"], 2)
-    out["milvus_vs_floor_p50"] = ratio(out["milvus"]["p50"], out["floor"]["p50"], 2)
-    out["pgvector_vs_floor_p50"] = ratio(out["pgvector"]["p50"], out["floor"]["p50"], 2)
-    return out
 
 
 def flush_effect(ctx: BenchContext, repeats: int = 30) -> dict[str, Any]:
@@ -162,11 +70,9 @@ def serving(ctx: BenchContext) -> dict[str, Any]:
     return run.summary()
 
 
-def run(ctx: BenchContext, rounds: int | None = None) -> dict[str, Any]:
-    rounds = rounds or (1 if ctx.quick else 3)
+def run(ctx: BenchContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, fn in (
-        ("lookup", lambda: lookup(ctx, rounds)),
         ("flush", lambda: flush_effect(ctx)),
         ("serving", lambda: serving(ctx)),
     ):
@@ -180,7 +86,7 @@ def run(ctx: BenchContext, rounds: int | None = None) -> dict[str, Any]:
 
 
 def _on_lookup(r: Results) -> bool:
-    return "milvus" in section(r, "engine", "lookup")
+    return "milvus" in section(r, "latency", "vs_floor")
 
 
 def _on_100k(r: Results) -> bool:
@@ -198,7 +104,7 @@ def _lookup_vs(other: str, limit: float, label: str) -> Goal:
         return Reading(f"Milvus {lk['milvus']['p50']} ms, {other} {lk[other]['p50']} ms", lk[f"milvus_vs_{other}_p50"])
 
     target = f"Runbook lookup p50, Milvus path vs {label}"
-    source = ("engine", "lookup")
+    source = ("latency", "vs_floor")
     return Goal(
         f"engine_lookup_vs_{other}", target, f"<= {limit}x", "<=", limit, source, read, as_times, False, _on_lookup
     )

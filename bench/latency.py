@@ -17,15 +17,24 @@ is the result's longest L1 attempt (``common.STORE_MS_MEANS``). Derived stages:
 
 The ``milvus-single-model`` path is the Milvus path with the rerank's second model turned off
 (``ensemble_backend="none"``), interleaved with the others: the ensemble's cost side by side.
+
+The ``floor`` (issue 14) runs interleaved too: query embedding + exact NumPy top-k + in-memory BM25
+(bm25s over the same lexical tokens), the least a lookup must do; ``vs_floor`` holds the Milvus,
+pgvector and floor p50 of the lookups that answered, with and without the query embedding, the
+store calls alone and their ratios (the engine benchmark's lookup figures).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from bench.common import STORE_MS_MEANS, CapturingRecorder, log, profile_top, progress, ratio, store_ms, summarize
+import numpy as np
+
+from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize
 from bench.context import BenchContext
 from bench.harness import Target, measure
+from rag_core.traces.recorder import MemoryRecorder
 
 TARGET_OVERHEAD = 0.20
 STAGES = (
@@ -102,7 +111,7 @@ class _Path:
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
         self.store = open_store(ctx, path.removesuffix(SINGLE_MODEL))
-        self.recorder = CapturingRecorder()
+        self.recorder = MemoryRecorder()
         single = path.endswith(SINGLE_MODEL)
         self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder, single)
         self._rows = 0
@@ -131,6 +140,51 @@ def _target(ctx: BenchContext, path: str, runners: dict[str, _Path]) -> Target[_
         open=open_,
         after=lambda p, result: p.handed_over(result),
     )
+
+
+class Floor:
+    """Query embedding + exact NumPy top-k + in-memory BM25 (bm25s) over the corpus: the least
+    a lookup must do (no L0, no fusion, no post-processing, no store round trip). Each query's
+    lexical terms are computed up front (untimed), as the lookup's L0 step makes them."""
+
+    def __init__(self, ctx: BenchContext, queries: list[str]):
+        import bm25s
+
+        from rag_core.l0 import L0Index
+        from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
+        from rag_core.text import lexical_string
+
+        settings, corpus = ctx.get_kb_settings(), ctx.get_corpus()
+        transform = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars).transform
+        self.terms = {q: transform(q).lexical_terms for q in queries}
+        self.X, self.k, self.embedder = np.asarray(corpus.vectors, dtype=np.float32), settings.top_k, ctx.embedder
+        self.bm25 = bm25s.BM25()
+        self.bm25.index([lexical_string(t).split() for t in corpus.texts], show_progress=False)
+
+    def __call__(self, query: str) -> float:
+        """Runs the floor for ``query``; returns the embedding's share in ms."""
+        t0 = time.perf_counter()
+        q = self.embedder.embed_query(query)
+        embed_ms = (time.perf_counter() - t0) * 1000
+        scores = self.X @ q
+        top = np.argpartition(-scores, self.k - 1)[: self.k]
+        top[np.argsort(-scores[top])]
+        if self.terms[query]:
+            self.bm25.retrieve([self.terms[query]], k=self.k, show_progress=False, n_threads=0)
+        return embed_ms
+
+
+def vs_floor(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Issue 14's lookup figures from the interleaved samples of the Milvus and pgvector paths and the
+    floor: p50 (ms) of the lookups that answered, without the query embedding, the store calls alone."""
+    ok = {name: [x for x in samples[name] if x["status"] == "ok"] for name in ("milvus", "pgvector", "floor")}
+    out: dict[str, Any] = {name: summarize([x["e2e"] for x in xs]) for name, xs in ok.items()}
+    out["without_embedding"] = {name: summarize([x["e2e"] - x["embed"] for x in xs]) for name, xs in ok.items()}
+    out["store"] = {name: summarize([x["store"] for x in ok[name]]) for name in ("milvus", "pgvector")}
+    out |= {"store_means": STORE_MS_MEANS, "lookups_per_path": len(ok["floor"])}
+    for a, b in (("milvus", "pgvector"), ("milvus", "floor"), ("pgvector", "floor")):
+        out[f"{a}_vs_{b}_p50"] = ratio(out[a]["p50"], out[b]["p50"], 2)
+    return out
 
 
 def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds: int) -> dict[str, Any]:
@@ -208,27 +262,33 @@ def run(
     paths: tuple[str, ...] = ("milvus", f"milvus{SINGLE_MODEL}", "pgvector"),
     rounds: int | None = None,
 ) -> dict[str, Any]:
-    """Both paths' lookups are interleaved (query by query), so they see the same machine load."""
+    """The paths' lookups and the floor are interleaved (query by query), so they see the same machine load."""
     rounds = rounds or (1 if ctx.quick else 3)
     queries = ctx.queries
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
     out["store_means"] = STORE_MS_MEANS
     runners: dict[str, _Path] = {}
-    targets = [_target(ctx, path, runners) for path in paths]
-    bar = progress(total=rounds * len(queries) * len(paths), enabled=ctx.show_progress, desc="latency", unit="lookup")
-    log(f"latency: {', '.join(paths)}: {rounds} round(s) x {len(queries)} queries, interleaved")
+    targets: list[Target[Any, tuple[str, str], Any]] = [_target(ctx, path, runners) for path in paths]
+    targets.append(Target("floor", lambda fl, x: fl(x[1]), open=lambda: Floor(ctx, queries), after=lambda _f, e: e))
+    bar = progress(total=rounds * len(queries) * len(targets), enabled=ctx.show_progress, desc="latency", unit="call")
+    log(f"latency: {', '.join(paths)} and the floor: {rounds} round(s) x {len(queries)} queries, interleaved")
     # warm-up: L0 index, collection/table, caches; one path failing must not lose the other's numbers
     inputs = [(str(r), q) for r in range(rounds) for q in queries]
     timings = measure(targets, inputs, warmup=[("warm", q) for q in queries], keep_going=True, tick=bar.update)
     bar.close()
+    samples: dict[str, list[dict[str, Any]]] = {}
     for path, t in timings.items():
         if t.error is not None:
             log(f"latency: {path} failed: {t.error}")
             out["paths"][path] = {"error": t.error}
-            continue
-        samples = [_sample(ms, row, store) for ms, (row, store) in zip(t.ms, t.notes, strict=True)]
-        out["paths"][path] = _summary(runners[path], samples, queries, rounds)
+        elif path == "floor":
+            samples[path] = [{"e2e": ms, "embed": e, "status": "ok"} for ms, e in zip(t.ms, t.notes, strict=True)]
+        else:
+            samples[path] = [_sample(ms, row, store) for ms, (row, store) in zip(t.ms, t.notes, strict=True)]
+            out["paths"][path] = _summary(runners[path], samples[path], queries, rounds)
     for runner in runners.values():
         runner.tool.close()
+    if {"milvus", "pgvector", "floor"} <= samples.keys():
+        out["vs_floor"] = vs_floor(samples)
     out["query_embedding_threads"] = embedding_threads(ctx)
     return out

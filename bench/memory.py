@@ -68,6 +68,7 @@ def _child(spec: dict[str, Any]) -> None:
         collection=spec["collection"],
         trace_enabled=False,
         _env_file=None,
+        **spec.get("settings", {}),
     )
     tool = LookupKnowledgeTool(settings)
     mark("after_import")
@@ -107,15 +108,27 @@ def _child(spec: dict[str, Any]) -> None:
                 "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
                 "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
                 "peak_rss_mb_vmhwm": round(hwm_kb / 1024, 1) if hwm_kb else None,
+                "torch_loaded": "torch" in sys.modules,
             }
         )
     )
     tool.close()
 
 
-def measure(data_dir: Path, collection: str, knowledge_dir: Path, queries: list[str], lookups: int) -> dict[str, Any]:
+def measure(
+    data_dir: Path,
+    collection: str,
+    knowledge_dir: Path,
+    queries: list[str],
+    lookups: int,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The fresh child's figures (see the module doc) on ``data_dir``'s ``collection``; ``settings``:
+    further ``RagSettings`` fields of the child (e.g. its embedding backend). Raises RuntimeError
+    when the child fails."""
     spec = {"data_dir": str(data_dir), "collection": collection, "knowledge_dir": str(knowledge_dir)}
-    cmd = [sys.executable, "-m", "bench.memory", json.dumps(spec | {"lookups": lookups, "queries": queries})]
+    spec |= {"lookups": lookups, "queries": queries, "settings": settings or {}}
+    cmd = [sys.executable, "-m", "bench.memory", json.dumps(spec)]
     # Through a shell that cannot exec the command in place: a child forked straight from this
     # (large) process would inherit its ru_maxrss high-water mark across exec.
     shell = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]

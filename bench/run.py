@@ -73,7 +73,7 @@ RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
     "latency": lambda ctx, st: _module("latency").run(ctx, rounds=st.args.rounds),
     "cold_lookup": lambda ctx, st: _module("cold_lookup").run(ctx),
     "concurrency": lambda ctx, st: _module("concurrency").run(ctx),
-    "engine": lambda ctx, st: _module("engine").run(ctx, rounds=st.args.rounds),
+    "engine": lambda ctx, st: _module("engine").run(ctx),
     "evaluation": lambda ctx, st: _module("evaluation").run(
         st.args.eval_cases, repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root
     ),

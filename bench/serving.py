@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import CapturingRecorder, chunk_dir, summarize
+from bench.common import chunk_dir, summarize
 from rag_core.settings import RagSettings
+from rag_core.traces.recorder import MemoryRecorder
 
 _CLI = "from rag_core.cli import app; app()"
 
@@ -142,7 +143,7 @@ def run(
     new_chunks = chunk_texts(new, settings)
     store = MilvusStore.from_settings(settings)
     ingest(settings, embedder, [store], progress=False)
-    recorder = CapturingRecorder()
+    recorder = MemoryRecorder()
     tool = LookupKnowledgeTool(settings, embedder=embedder, store=store, recorder=recorder)
     for q in queries[:4]:
         tool.lookup(q)  # warm: model, L0, collection

@@ -11,7 +11,6 @@ them together; the ratio served/in-process is the figure to read, not the millis
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import socket
 import tempfile
@@ -23,32 +22,16 @@ from typing import Any
 
 import httpx
 
-from bench.common import RUNBOOKS, make_settings, ratio, summarize
+from bench.common import RUNBOOKS, make_settings, parse_command_line, ratio, summarize
 from bench.queries import benchmark_queries
 from rag_core.components import make_embedder, make_main_store
 from rag_core.ingest.pipeline import ingest
 from rag_core.lookup.tool import LookupKnowledgeTool
+from rag_core.markdown import md_table
 from rag_core.stores.milvus_server import stop_server
+from rag_core.traces.recorder import MemoryRecorder
 
 CLIENTS = (1, 4, 16)
-
-
-class CountingRecorder:
-    """Counts the trace rows the tool hands its recorder (one per call), stores none."""
-
-    def __init__(self) -> None:
-        self.rows = 0
-        self._lock = threading.Lock()
-
-    def record(self, row: Any) -> None:
-        with self._lock:
-            self.rows += 1
-
-    def flush(self, timeout: float | None = None, reconnect: bool = True) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
 
 
 def _free_port() -> int:
@@ -124,20 +107,15 @@ def _serve(tool: LookupKnowledgeTool, port: int) -> tuple[Any, threading.Thread]
 
 
 def _table(results: dict[str, Any]) -> str:
-    lines = [
-        "| clients | in-process p50 / p95 ms | HTTP p50 / p95 ms | MCP p50 / p95 ms"
-        " | HTTP / in-process p50 | MCP / in-process p50 | errors |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    head = ["clients", "in-process p50 / p95 ms", "HTTP p50 / p95 ms", "MCP p50 / p95 ms"]
+    head += ["HTTP / in-process p50", "MCP / in-process p50", "errors"]
+    rows = []
     for clients, ways in results.items():
         base, http, mcp = ways["in-process"], ways["http"], ways["mcp-http"]
-        errors = sum(w["errors"] for w in ways.values())
-        lines.append(
-            f"| {clients} | {base['p50']:.1f} / {base['p95']:.1f} | {http['p50']:.1f} / {http['p95']:.1f} | "
-            f"{mcp['p50']:.1f} / {mcp['p95']:.1f} | {ratio(http['p50'], base['p50'])}x | "
-            f"{ratio(mcp['p50'], base['p50'])}x | {errors} |"
-        )
-    return "\n".join(lines)
+        cells = [f"{w['p50']:.1f} / {w['p95']:.1f}" for w in (base, http, mcp)]
+        ratios = [f"{ratio(w['p50'], base['p50'])}x" for w in (http, mcp)]
+        rows.append([clients, *cells, *ratios, sum(w["errors"] for w in ways.values())])
+    return md_table(head, rows)
 
 
 def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
@@ -152,7 +130,7 @@ def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
         embedder = make_embedder(settings)
         store = make_main_store(settings)
         ingest(settings, embedder, [store], progress=False)
-        recorder = CountingRecorder()
+        recorder = MemoryRecorder()
         tool = LookupKnowledgeTool(
             settings.model_copy(update={"trace_enabled": True}), embedder=embedder, store=store, recorder=recorder
         )
@@ -161,7 +139,7 @@ def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
             queries = benchmark_queries(n_queries)
             for query in queries[:4]:  # warm-up, not counted
                 tool.lookup(query)
-            recorder.rows = 0
+            recorder.rows.clear()
             results = asyncio.run(_measure(tool, f"http://127.0.0.1:{port}", queries, rounds))
         finally:
             server.should_exit = True
@@ -170,15 +148,16 @@ def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
             stop_server(data)
         calls = len(queries) * rounds * len(CLIENTS) * 3
         print(_table(results))
-        print(f"trace rows {recorder.rows} / calls {calls}")
-        return {"clients": results, "trace_rows": recorder.rows, "calls": calls}
+        print(f"trace rows {len(recorder.rows)} / calls {calls}")
+        return {"clients": results, "trace_rows": len(recorder.rows), "calls": calls}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per client count")
-    parser.add_argument("--queries", type=int, default=24, help="queries per round")
-    args = parser.parse_args(argv)
+    options: dict[str, dict[str, Any]] = {
+        "--rounds": dict(type=int, default=3, help="interleaved rounds per client count"),
+        "--queries": dict(type=int, default=24, help="queries per round"),
+    }
+    args = parse_command_line(__doc__, options, argv, prog="python -m bench.serving_latency")
     run(args.rounds, args.queries)
     return 0
 

@@ -237,14 +237,15 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
 @pytest.mark.integration
 def test_latency_sample_counts_the_store_calls_run_in_the_search_pool(kb_copy, embedder, tmp_path):
     from bench import latency
-    from bench.common import CapturingRecorder, make_settings, store_ms
+    from bench.common import make_settings, store_ms
     from rag_core.ingest.pipeline import ingest
     from rag_core.stores.milvus import MilvusStore
+    from rag_core.traces.recorder import MemoryRecorder
 
     settings = make_settings(tmp_path / "data", kb_copy)  # two folders of the sample knowledge base
     store = MilvusStore.from_settings(settings)
     ingest(settings, embedder, [store], progress=False)
-    recorder = CapturingRecorder()
+    recorder = MemoryRecorder()
     tool = latency.build_tool(settings, store, embedder, recorder)
     try:
         tool.lookup("warm-up")

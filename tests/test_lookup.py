@@ -15,24 +15,9 @@ from rag_core.lookup.packer import KnowledgeContextPacker
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.base import StoreError
 from rag_core.stores.milvus import MilvusStore
+from rag_core.traces.recorder import MemoryRecorder
 
 pytestmark = pytest.mark.integration  # the sample knowledge base in Milvus Lite, the real model
-
-
-class CapturingRecorder:
-    def __init__(self):
-        self.rows = []
-        self._lock = threading.Lock()
-
-    def record(self, row):
-        with self._lock:
-            self.rows.append(row.model_dump(mode="json"))  # a TraceRow, as the spool holds it
-
-    def flush(self, timeout=None):
-        return True
-
-    def close(self):
-        pass
 
 
 class Faulty:
@@ -79,7 +64,7 @@ def make_tool(sample_kb, embedder, store):
 
     def make(store_override=None, **overrides):
         settings = sample_kb.model_copy(update={"trace_enabled": True, **overrides})
-        rec = CapturingRecorder()
+        rec = MemoryRecorder()
         tool = LookupKnowledgeTool(settings, embedder=embedder, store=store_override or store, recorder=rec)
         tool.recorded = rec.rows
         tools.append(tool)
@@ -196,7 +181,7 @@ def test_store_down_without_l0_match_is_a_structured_failure(make_tool, store):
 
 def test_missing_milvus_file_gives_l0_fallback(sample_kb, embedder, tmp_path):
     settings = sample_kb.model_copy(update={"milvus_uri": SecretStr(str(tmp_path / "gone.db")), "trace_enabled": True})
-    rec = CapturingRecorder()
+    rec = MemoryRecorder()
     tool = LookupKnowledgeTool(settings, embedder=embedder, recorder=rec)
     r = tool.lookup("OrdersDBReplicationLag")
     tool.close()

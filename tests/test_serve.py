@@ -30,25 +30,10 @@ from rag_core.serve.mcp_server import build_mcp_server  # noqa: E402
 from rag_core.serve.runner import ServeConfigError, check_bind  # noqa: E402
 from rag_core.serve.service import LookupService, check_arguments  # noqa: E402
 from rag_core.stores.memory import InMemoryStore  # noqa: E402
+from rag_core.traces.recorder import MemoryRecorder  # noqa: E402
 
 DIM = 16
 QUERY = "RedisMemoryHigh fired on redis-main"
-
-
-class CapturingRecorder:
-    def __init__(self):
-        self.rows, self.closed = [], False
-        self._lock = threading.Lock()
-
-    def record(self, row):
-        with self._lock:
-            self.rows.append(row.model_dump(mode="json"))
-
-    def flush(self, timeout=None, reconnect=True):
-        return True
-
-    def close(self):
-        self.closed = True
 
 
 @pytest.fixture
@@ -66,7 +51,7 @@ def make_service(indexed):
 
     def make(**overrides):
         tool_settings = settings.model_copy(update={"trace_enabled": True, **overrides})
-        recorder = CapturingRecorder()
+        recorder = MemoryRecorder()
         tool = LookupKnowledgeTool(tool_settings, embedder=embedder, store=store, recorder=recorder)
         service = LookupService(tool)
         service.recorder = recorder

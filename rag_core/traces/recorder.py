@@ -56,6 +56,29 @@ def trace_row(row: TraceRow | Mapping[str, Any]) -> dict[str, Any]:
     return TraceRow.coerce(row).model_dump(mode="json")
 
 
+class MemoryRecorder:
+    """A recorder that keeps every row in memory, as the spool holds it (``trace_row``), instead of
+    writing PostgreSQL: for benchmarks and tests that read back what the tool handed over. Does the
+    caller-side work of ``ToolInvocationRecorder.record`` (the cleaning); thread-safe; ``closed``
+    says whether ``close`` was called."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def record(self, row: TraceRow | Mapping[str, Any]) -> None:
+        clean = trace_row(row)
+        with self._lock:
+            self.rows.append(clean)
+
+    def flush(self, timeout: float | None = None, reconnect: bool = True) -> bool:
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        self.closed = True
+
+
 class ToolInvocationRecorder:
     """Asynchronous, loss-free writer of trace rows.
 
