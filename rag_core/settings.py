@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from rag_core.embedding.profiles import PROFILE_FIELDS, model_profile
+from rag_core.model_profiles import PROFILE_FIELDS, model_profile
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_KNOWLEDGE_DIR = PROJECT_ROOT / "golden" / "knowledge"

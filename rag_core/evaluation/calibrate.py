@@ -2,7 +2,8 @@
 
 Each model spreads cosines differently (all-MiniLM-L6-v2: unrelated text near 0.1, relevant
 0.45-0.75; e5: everything between 0.7 and 0.9), so the thresholds of ``RagSettings`` are
-calibrated per model and written into its profile (``rag_core/embedding/profiles.json``).
+calibrated per model and written into its profile (``rag_core/embedding/profiles.json``, read by
+``rag_core.model_profiles``).
 
 Per case, ``x`` = the top evidence block's normalised similarity (the number
 ``assess_relevance`` and the retry trigger compare) and ``y`` = whether an expected document is

@@ -9,7 +9,7 @@ import logging
 from rag_core.embedding.base import Embedder
 from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.ingest.plan import IngestPlan
-from rag_core.lookup.title_similarity import TitleSimilarity
+from rag_core.ingest.title_similarity import TitleSimilarity
 
 log = logging.getLogger(__name__)
 

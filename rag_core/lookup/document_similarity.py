@@ -32,7 +32,7 @@ import numpy as np
 
 from rag_core.embedding.base import Embedder, Vector
 from rag_core.ingest.embed_cache import EmbeddingCache
-from rag_core.lookup.title_similarity import TitleSimilarity
+from rag_core.ingest.title_similarity import TitleSimilarity
 from rag_core.stores.base import VectorStore
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Sequence
 
 from rag_core.embedding.base import Embedder
-from rag_core.lookup.passage_vectors import PassageVectors
+from rag_core.ingest.passage_vectors import PassageVectors
 from rag_core.lookup.query_transformer import TransformedQuery
 from rag_core.lookup.query_vector import query_vector
 from rag_core.lookup.retriever import Candidate

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from rag_core.text import split_camel_words
+
 # --- format vocabularies (field conventions of the formats, see the module docstring) ----------
 
 # Values that are the message of a log line / notification: they carry the meaning.
@@ -146,8 +148,6 @@ _AM_TITLE = re.compile(r"\[(?:FIRING|RESOLVED)(?::\d+)?\]\s*(?:([A-Z][A-Za-z0-9]
 _EVENT = re.compile(r"^\s*(?:\S+\s+)?(Normal|Warning)\s+([A-Z][A-Za-z]+)\s+(.*)$", re.MULTILINE)
 _EVENT_COUNT = re.compile(r"\(x\d+ over [^)]*\)")
 _EVENT_HEADER = re.compile(r"^\s*(?:Events:|Type\s+Reason\s+Age\s+From\s+Message|[-\s]+)\s*$", re.MULTILINE)
-_CAMEL_WORD = re.compile(r"\b[A-Z][a-z0-9]+(?:[A-Z]+[a-z0-9]*)+\b|\b[a-z]+(?:[A-Z]+[a-z0-9]+)+\b")
-_CAMEL_PARTS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 _METRIC = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
 _PROMQL_MARKERS = [
     re.compile(p)
@@ -210,13 +210,6 @@ class PastedSummary(BaseModel):
     label_values: list[str] = []
     noise_removed: int = 0
     informative_text: str = ""
-
-
-def split_camel_words(text: str) -> str:
-    """``KubeJobCompletion failed`` -> ``Kube Job Completion failed``: CamelCase identifiers
-    written out as words (embedding models see whole words; the joined form stays in the
-    lexical terms through :func:`rag_core.text.tokenize`)."""
-    return _CAMEL_WORD.sub(lambda m: " ".join(_CAMEL_PARTS.findall(m.group(0))), text)
 
 
 def strip_noise(text: str) -> tuple[str, int]:

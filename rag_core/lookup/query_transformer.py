@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from rag_core.l0 import L0Hints, L0Index
-from rag_core.lookup.pasted import PastedQuery, PastedSummary, analyze_pasted, split_camel_words
-from rag_core.text import lexical_tokens, normalize
+from rag_core.lookup.pasted import PastedQuery, PastedSummary, analyze_pasted
+from rag_core.text import lexical_tokens, normalize, split_camel_words
 
 # Clause boundaries: sentence punctuation, a full stop or comma before a space (English; a
 # Chinese comma joins parts of one statement more often than two observations: splitting there

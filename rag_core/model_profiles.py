@@ -1,8 +1,8 @@
 """Model profiles: the similarity thresholds (and chunk size) that belong to one embedding model.
 
 Cosine ranges differ by model (all-MiniLM-L6-v2 puts unrelated text near 0.1, e5 near 0.7), so
-thresholds are kept per ``backend:model`` in ``profiles.json`` beside this module, written by
-``rag eval calibrate``. Explicit ``RAG_*`` settings still override a profile. Light module: no
+thresholds are kept per ``backend:model`` in ``rag_core/embedding/profiles.json`` (beside the
+backends), written by ``rag eval calibrate``. Explicit ``RAG_*`` settings still override a profile. Light module: no
 numpy, no model import (the settings import it).
 """
 
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-PROFILES_PATH = Path(__file__).with_name("profiles.json")
+PROFILES_PATH = Path(__file__).parent / "embedding" / "profiles.json"
 THRESHOLD_FIELDS = ("reference_threshold", "relevant_threshold", "high_relevance_threshold", "min_block_similarity")
 PROFILE_FIELDS = (*THRESHOLD_FIELDS, "chunk_max_tokens")
 DEFAULT_MODELS = {
