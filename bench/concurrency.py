@@ -14,6 +14,7 @@ from typing import Any
 from bench.common import error_entry, log, ratio, summarize
 from bench.context import BenchContext
 from bench.latency import build_tool, open_store
+from rag_core.traces.recorder import MemoryRecorder
 
 
 def measure(tool, queries: list[str], threads: int, lookups: int) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def run(
     for path in paths:
         log(f"concurrency: {path} path, threads {threads}, {lookups} lookups each")
         try:
-            tool = build_tool(ctx.get_kb_settings(), open_store(ctx, path), ctx.embedder())
+            tool = build_tool(ctx.get_kb_settings(), open_store(ctx, path), ctx.embedder, MemoryRecorder())
             for q in ctx.queries[:8]:
                 tool.lookup(q)
             rows = [measure(tool, ctx.queries, t, lookups) for t in threads]
