@@ -20,6 +20,7 @@ from typing import Any
 
 from bench.common import log, ratio, summarize
 from bench.context import BenchContext
+from bench.harness import Target, measure
 
 COLD_GOAL_S = 2.0
 
@@ -62,17 +63,8 @@ def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:
     from rag_core.lookup.tool import LookupKnowledgeTool
 
     tool = LookupKnowledgeTool(ctx.get_kb_settings().model_copy(update={"trace_enabled": False}))
-    try:
-        for q in queries:
-            tool.lookup(q)
-        out = []
-        for q in queries:
-            t0 = time.perf_counter()
-            tool.lookup(q)
-            out.append((time.perf_counter() - t0) * 1000)
-        return out
-    finally:
-        tool.close()
+    target = Target("warm", lambda t, q: t.lookup(q), open=lambda: tool, close=lambda t: t.close())
+    return measure([target], queries, warmup=queries)["warm"].ms
 
 
 def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
@@ -94,13 +86,3 @@ def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
     }
     log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
     return out
-
-
-if __name__ == "__main__":
-    from bench.common import Budget, Scratch
-
-    scratch = Scratch()
-    try:
-        print(run(BenchContext(scratch=scratch, budget=Budget(600))))
-    finally:
-        scratch.close()

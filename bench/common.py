@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from bench.harness import Stats
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
@@ -160,28 +158,6 @@ STORE_MS_MEANS = (
 def store_ms(result: Any) -> float:
     """The store figure (``STORE_MS_MEANS``) of one ``LookupResult``."""
     return max((a.duration_ms for a in result.retrieval_trace.attempts), default=0.0)
-
-
-class CachingEmbedder:
-    """An embedder that answers documents from precomputed vectors (text -> vector) and falls
-    back to the real one: lets a second store be filled without embedding the corpus again."""
-
-    def __init__(self, embedder: Any, cache: dict[str, np.ndarray]) -> None:
-        self._embedder = embedder
-        self._cache = cache
-
-    def __getattr__(self, name: str) -> Any:  # model_id, dimension, identity, count_tokens, ...
-        return getattr(self._embedder, name)
-
-    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        missing = [t for t in texts if t not in self._cache]
-        if missing:
-            for t, v in zip(missing, self._embedder.embed_passages(missing), strict=True):
-                self._cache[t] = v
-        return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dimension), np.float32)
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self._embedder.embed_query(text)
 
 
 # --- profiling -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, Budget, CachingEmbedder, Scratch, chunk_dir, log, make_settings
+from bench.common import RUNBOOKS, Budget, Scratch, chunk_dir, log, make_settings
 from bench.queries import benchmark_queries
 from rag_core.settings import RagSettings
 
@@ -69,10 +69,15 @@ class BenchContext:
         return chunk_dir(self.knowledge_dir, make_settings(self.scratch.dir("chunking"), self.knowledge_dir))
 
     def get_corpus(self) -> Corpus:
+        """The knowledge dir's chunks with the vectors the kb ingest embedded (read back from its
+        embedding cache: the corpus is embedded once per run)."""
         if self.corpus is None:
+            from rag_core.ingest.embed_cache import EmbeddingCache
+
+            cache = EmbeddingCache.under(self.get_kb_settings().data_dir)
             chunks = self.chunk_corpus()
-            vectors = self.embedder.embed_passages([c.embed_text for c in chunks])
-            self.corpus = Corpus(chunks, vectors)
+            vectors = cache.get_many(self.embedder.identity(), [c.content_hash for c in chunks])
+            self.corpus = Corpus(chunks, np.stack([vectors[c.content_hash] for c in chunks]))
         return self.corpus
 
     def get_kb_settings(self) -> RagSettings:
@@ -82,26 +87,22 @@ class BenchContext:
             from rag_core.stores.milvus import MilvusStore
 
             settings = make_settings(self.scratch.dir("kb"), self.knowledge_dir)
-            ingest(settings, self._corpus_embedder(), [MilvusStore.from_settings(settings)], progress=False)
+            ingest(settings, self.embedder, [MilvusStore.from_settings(settings)], progress=False)
             self.kb_settings = settings
         return self.kb_settings
 
     def pg_store(self):
-        """A PgVectorStore on the suite's embedded PostgreSQL holding the ingested corpus."""
+        """A PgVectorStore on the suite's embedded PostgreSQL holding the ingested corpus (its
+        vectors from the kb data dir's embedding cache: no second embedding)."""
         from rag_core.stores.pgvector import PgVectorStore
 
         store = PgVectorStore(self.scratch.pg_dsn(), PG_TABLE)
         if not self.pg_ready:
             from rag_core.ingest.pipeline import ingest
 
-            ingest(self.get_kb_settings(), self._corpus_embedder(), [store], progress=False)
+            ingest(self.get_kb_settings(), self.embedder, [store], progress=False)
             self.pg_ready = True
         return store
-
-    def _corpus_embedder(self) -> CachingEmbedder:
-        """The embedder answering the corpus' chunk texts from their vectors (no second embedding)."""
-        corpus = self.get_corpus()
-        return CachingEmbedder(self.embedder, dict(zip(corpus.texts, corpus.vectors, strict=True)))
 
     # --- queries -----------------------------------------------------------------------------
 
