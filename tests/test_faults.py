@@ -461,7 +461,7 @@ class FaultRun:
         )
 
     def row8_rebuild(self) -> str:
-        from bench.serving import run_rebuild
+        from rebuild_serving import run_rebuild
 
         queries = list(dict.fromkeys(self.qs))[:12]
         stores = [Borrowed(s) for s in self.stores]

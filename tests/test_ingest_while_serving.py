@@ -3,6 +3,7 @@ another process runs `rag ingest` of the runbook corpus on the same embedded Mil
 
 import pytest
 from conftest import RUNBOOKS, make_settings, need_shared
+from rebuild_serving import run_rebuild
 
 from bench import serving
 
@@ -47,7 +48,7 @@ def _rebuild_under_lookups(settings, embedder, store, pg_dsn=None):
     ingest(settings, embedder, stores, progress=False)
     for s in stores:
         s.close()
-    run = serving.run_rebuild(settings, embedder, QUERIES, [store], pg_dsn=pg_dsn)
+    run = run_rebuild(settings, embedder, QUERIES, [store], pg_dsn=pg_dsn)
     summary = run.summary()
     assert run.rebuild_returncode == 0, run.rebuild_output
     assert run.lookups_during_rebuild >= 8, summary  # the two really overlapped
