@@ -19,7 +19,6 @@ written), so "read every file" is a best case; on a cold disk it costs more.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import shutil
@@ -30,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import load_average, log, ratio
+from bench.common import load_average, log, parse_command_line, ratio
 from bench.kb_scale import generate, load_sources
+from rag_core.markdown import md_table
 
 
 def _before_tick(root: Path, previous_stat: str | None) -> tuple[str, str | None]:
@@ -127,26 +127,24 @@ def run(sizes: list[int], rounds: int) -> dict[str, Any] | str:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the table (exit 0, also when skipped)."""
-    parser = argparse.ArgumentParser(prog="python -m bench.sensor_scale", description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="1000,10000,100000", help="comma-separated file counts")
-    parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args(argv)
+    options: dict[str, dict[str, Any]] = {
+        "--sizes": dict(default="1000,10000,100000", help="comma-separated file counts"),
+        "--rounds": dict(type=int, default=3),
+    }
+    args = parse_command_line(__doc__, options, argv, prog="python -m bench.sensor_scale")
     out = run([int(s) for s in args.sizes.split(",") if s.strip()], max(1, args.rounds))
     if isinstance(out, str):
         print(f"sensor_scale: skipped, {out}")
         return 0
+    head = ["files", "unchanged before", "after", "one edit before", "after", "files read", "sensor tick"]
+    rows = [
+        [r["files"], r["before_unchanged"], r["after_unchanged"], r["before_edit"],
+         f"{r['after_edit']} ({r['edit_ratio']}x)", f"{r['after_hashed']:g}", r["sensor_edit"], r["before_first"],
+         r["after_first"]]
+        for r in out["sizes"].values()
+    ]  # fmt: skip
     print("\n## Knowledge sensor: change detection per tick (ms, median), before vs after\n")
-    print(
-        "| files | unchanged before | after | one edit before | after | files read "
-        "| sensor tick | first before | after |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in out["sizes"].values():
-        print(
-            f"| {r['files']} | {r['before_unchanged']} | {r['after_unchanged']} | {r['before_edit']} | "
-            f"{r['after_edit']} ({r['edit_ratio']}x) | {r['after_hashed']:g} | {r['sensor_edit']} | "
-            f"{r['before_first']} | {r['after_first']} |"
-        )
+    print(md_table([*head, "first before", "after"], rows))
     print(f"\nload average before {out['load_before']}, after {out['load_after']} (pid {os.getpid()})")
     return 0
 
