@@ -149,7 +149,7 @@ def test_chinese_symptoms_on_the_english_runbooks_lean_on_the_second_model(runbo
     """The Chinese runbooks' "影响" sections as questions on the English corpus (known items:
     the same alert's English runbook): with the cross-lingual weights at least as many are
     found in the top 5 as with the same-script weights, measured on the same Milvus index."""
-    from bench.quality_floor import known_item_cases
+    from rag_core.evaluation.known_items import known_item_cases
 
     cases = known_item_cases(need_shared(RUNBOOKS_ZH), "影响", RUNBOOKS)
     w = RerankWeights()
