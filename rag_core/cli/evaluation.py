@@ -354,7 +354,7 @@ def cv_cmd(
     if as_json:
         _print_json({"result": result.to_json(), "files": [str(p) for p in files], "ranker": written})
         return
-    console.print(cv.markdown(result).split("\nMRR per fold")[0], highlight=False, markup=False)
+    typer.echo(cv.markdown(result).split("\nMRR per fold")[0])  # plain: Markdown tables must not wrap
     console.print(
         f"Reports: {', '.join(str(p) for p in files)}" + (f"; ranker: {written}" if written else ""), highlight=False
     )
