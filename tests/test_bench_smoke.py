@@ -264,11 +264,11 @@ def test_latency_sample_counts_the_store_calls_run_in_the_search_pool(kb_copy, e
     assert any(s["attempts"] == 2 for s in samples)  # a filtered attempt beside the unfiltered one
 
 
-# --- the cross-lingual known-item sets of the quality floor (bench/quality_floor.py) --------------
+# --- the cross-lingual known-item sets (rag_core.evaluation.known_items) and the quality floor ---
 
 
 def test_known_item_cases_pair_the_same_runbook_across_the_two_corpora(tmp_path):
-    from bench.quality_floor import known_item_cases
+    from rag_core.evaluation.known_items import known_item_cases
 
     zh, en = tmp_path / "zh", tmp_path / "en"
     for root, text in (
@@ -289,9 +289,13 @@ def test_quality_floor_figures_count_misses_as_zero_and_read_ranks_per_distinct_
     from rag_core.evaluation.cases import GoldenCase
 
     case = GoldenCase(id="c", scenario="chat", query="q", expected_docs=["b.md"])
-    assert doc_rank(["a.md", "a.md", "./b.md", "c.md"], case) == 2  # chunks of one doc count once
-    assert doc_rank(["a.md"], case) is None
-    values = figures([1, 4, 12, None])
+    assert doc_rank(["a.md", "a.md", "./b.md", "c.md"], case) == (["a.md", "b.md", "c.md"], ["b.md"])
+    assert figures([doc_rank(["a.md", "a.md", "./b.md"], case)])["mrr"] == 0.5  # chunks of one doc count once
+
+    def at(rank: int | None) -> tuple[list[str | None], list[str]]:
+        return (["x.md"] * 30 if rank is None else [f"{i}.md" for i in range(1, rank)] + ["b.md"]), ["b.md"]
+
+    values = figures([at(1), at(4), at(12), at(None)])
     assert values == pytest.approx({"recall@5": 0.5, "recall@20": 0.75, "mrr": (1 + 1 / 4 + 1 / 12) / 4})
 
 

@@ -15,6 +15,7 @@ from rag_core.l0 import L0Hints
 from rag_core.lookup.ensemble import EnsembleSimilarity
 from rag_core.lookup.postprocessor import KnowledgeEvidencePostProcessor, RerankWeights
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
+from rag_core.lookup.ranker import INDEX
 from rag_core.lookup.retriever import Candidate
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.models import StoreHit
@@ -170,8 +171,9 @@ def test_a_real_lookup_explains_the_second_models_part_in_camel_case(sample_kb, 
     tool = LookupKnowledgeTool(sample_kb, embedder=embedder)
     try:
         payload = tool.lookup("客户说钱没到账，怎么退款").to_json()
+        weight = tool.ranker.same_script[INDEX["ensemble_dense"]]  # the ranker in use (RAG_RERANK_MODEL)
     finally:
         tool.close()
     contributions = [e["contributions"] for e in payload["rerankTrace"]]
     assert any("ensembleDense" in c for c in contributions)
-    assert max(c.get("ensembleDense", 0.0) for c in contributions) == pytest.approx(RerankWeights().ensemble_dense)
+    assert max(c.get("ensembleDense", 0.0) for c in contributions) == pytest.approx(weight, abs=1e-3)

@@ -1,11 +1,13 @@
-"""The known-item query generator of the learned rerank (bench.known_items): seeded variants, names
-removed; the generated sets from the shared corpora (skipped when ../shared is absent)."""
+"""The known-item query generator of the learned rerank (rag_core.evaluation.known_items): seeded
+variants, names removed; the generated sets from the shared corpora (skipped when ../shared is absent)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import known_items as ki
+from rag_core.evaluation import known_items as ki
+
+CORPORA = ki.default_corpora()
 
 
 def test_variants_are_seeded_and_change_the_query():
@@ -33,10 +35,10 @@ def test_alert_name_and_title_are_removed(tmp_path):
     assert ki.without_names(text, path) == "fires when run on a node"
 
 
-@pytest.mark.skipif(not (ki.EN.is_dir() and ki.ZH.is_dir()), reason="shared runbook corpora absent (../shared)")
+@pytest.mark.skipif(set(CORPORA) != {"en", "zh"}, reason="shared runbook corpora absent (../shared)")
 def test_generated_sets_cover_both_languages_and_never_contain_their_alert_name():
-    items = ki.generate()
-    assert items == ki.generate()  # same seed, same queries
+    items = ki.generate(CORPORA)
+    assert items == ki.generate(CORPORA)  # same seed, same queries
     assert len({i.id for i in items}) == len(items)
     groups = {f"{i.language}->{i.corpus}" for i in items}
     assert {"en->en", "zh->zh", "zh->en", "en->zh"} <= groups

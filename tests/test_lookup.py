@@ -12,6 +12,7 @@ from pydantic import SecretStr
 from rag_core.l0 import L0Index
 from rag_core.lookup.contracts import RelevanceLevel
 from rag_core.lookup.packer import KnowledgeContextPacker
+from rag_core.lookup.ranker import INDEX
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.stores.base import StoreError
 from rag_core.stores.milvus import MilvusStore
@@ -252,10 +253,14 @@ def test_rerank_trace_explains_each_block(make_tool):
 def test_document_similarity_uses_the_stores_centroids_unless_the_store_failed_this_lookup(make_tool, store):
     query = "the checkout page is slow and customers abandon their carts"
     healthy = Faulty(store, "none")
-    r = make_tool(store_override=healthy).lookup(query)
+    tool = make_tool(store_override=healthy)
+    r = tool.lookup(query)
     asked = [c for c in healthy.calls if isinstance(c, tuple)]
     assert len(asked) == 1 and {b.doc_id for b in r.evidence_blocks} <= set(asked[0][1])
-    assert max(e.contributions.get("document_similarity", 0.0) for e in r.rerank_trace) == pytest.approx(0.3)
+    weight = tool.ranker.same_script[INDEX["document_similarity"]]  # the best document's full weight
+    assert max(e.contributions.get("document_similarity", 0.0) for e in r.rerank_trace) == pytest.approx(
+        weight, abs=1e-3
+    )
     failing = Faulty(store, "lexical_down")
     r = make_tool(store_override=failing).lookup(query)
     assert r.found and r.status == "ok"  # the dense channel still answered

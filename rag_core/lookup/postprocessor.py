@@ -235,7 +235,7 @@ class KnowledgeEvidencePostProcessor:
         kept, crosslingual = feats.kept, feats.crosslingual
         if not kept:
             return [], []
-        w = self.ranker.weights(crosslingual, feats.with_ensemble)
+        w = self.ranker.weights(crosslingual, feats.with_ensemble, script(query) if self.ranker.by_script else None)
         parts = feats.matrix * w
         totals = parts.sum(axis=1)
         per_doc: dict[str, list[int]] = {}

@@ -6,12 +6,13 @@ over the best one, reciprocal channel ranks, L0 match indicators/counts, documen
 a document's score is the score of its best chunk. Two weight vectors per model: one for a query
 written in the script of its candidates, one for a query in another script (a Chinese question
 on English runbooks; :func:`rag_core.lookup.postprocessor.languages_differ`), because the
-channels' reliability flips across languages. Without the second embedding model
+channels' reliability flips across languages; optionally, same-script weights per query script
+(``by_script``: ``latin``, ``cjk``), which override ``same_script`` for that script. Without the second embedding model
 (``ensemble_dense`` absent) its weight goes to the main model's cosine, so a missing feature
 never crashes the ranker or leaves the dense weight short.
 
 The hand-set weights (``RerankWeights.ranker()``) are one such model; a learned one is read from
-a small JSON file (``RANKER_FORMAT``) written by ``bench.rerank_cv`` and tied to the embedding
+a small JSON file (``RANKER_FORMAT``) written by ``rag eval cv --fit`` and tied to the embedding
 models it was fitted on (their fingerprints): features of another model mean other things.
 Inference is a NumPy dot product: no training library is imported here.
 """
@@ -49,6 +50,7 @@ FEATURES = (
 INDEX = {name: i for i, name in enumerate(FEATURES)}
 MAX_TERM_MATCHES = 2
 RANKER_FORMAT = "rag_core.linear_ranker/1"
+SCRIPTS = ("latin", "cjk")  # rag_core.text.script
 
 
 class RankerFileError(ValueError):
@@ -58,18 +60,23 @@ class RankerFileError(ValueError):
 @dataclass(frozen=True)
 class LinearRanker:
     """``same_script`` and ``crosslingual``: (len(FEATURES),) weights. ``name``: shown in logs
-    and reports; ``source``: how they were chosen (file path and fit summary for a learned one)."""
+    and reports; ``source``: how they were chosen (file path and fit summary for a learned one);
+    ``by_script``: script (``SCRIPTS``) -> (len(FEATURES),) same-script weights for a query in
+    that script (others use ``same_script``)."""
 
     name: str
     same_script: np.ndarray
     crosslingual: np.ndarray
     source: str = ""
     meta: Mapping[str, Any] = field(default_factory=dict)
+    by_script: Mapping[str, np.ndarray] = field(default_factory=dict)
 
-    def weights(self, crosslingual: bool, with_ensemble: bool) -> np.ndarray:
-        """The (len(FEATURES),) weights for one result set; without the second model its weight
-        is added to ``dense`` (the main model then carries the whole dense evidence)."""
-        w = (self.crosslingual if crosslingual else self.same_script).astype(np.float64, copy=True)
+    def weights(self, crosslingual: bool, with_ensemble: bool, script: str | None = None) -> np.ndarray:
+        """The (len(FEATURES),) weights for one result set (``script``: the query's, for
+        ``by_script``); without the second model its weight is added to ``dense`` (the main
+        model then carries the whole dense evidence)."""
+        chosen = self.crosslingual if crosslingual else self.by_script.get(script or "", self.same_script)
+        w = chosen.astype(np.float64, copy=True)
         if not with_ensemble:
             w[INDEX["dense"]] += w[INDEX["ensemble_dense"]]
             w[INDEX["ensemble_dense"]] = 0.0
@@ -83,6 +90,16 @@ class LinearRanker:
             "features": list(FEATURES),
             "same_script": {f: round(float(v), 6) for f, v in zip(FEATURES, self.same_script, strict=True)},
             "crosslingual": {f: round(float(v), 6) for f, v in zip(FEATURES, self.crosslingual, strict=True)},
+            **(
+                {
+                    "by_script": {
+                        s: {f: round(float(v), 6) for f, v in zip(FEATURES, w, strict=True)}
+                        for s, w in sorted(self.by_script.items())
+                    }
+                }
+                if self.by_script
+                else {}
+            ),
             **dict(self.meta),
         }
 
@@ -120,20 +137,27 @@ def load_ranker(path: Path, models: Mapping[str, str]) -> LinearRanker:
         if fingerprint and now and now != fingerprint:
             raise RankerFileError(
                 f"{path}: ranker fitted for {role} model fingerprint {fingerprint}, but {now} is in use; "
-                "refit it (python -m bench.rerank_cv --fit) or set RAG_RERANK_MODEL=hand"
+                "refit it (rag eval cv --fit) or set RAG_RERANK_MODEL=hand"
             )
     if fitted.get("main") and not models.get("main"):
         raise RankerFileError(f"{path}: ranker needs its main model fingerprint {fitted['main']}")
     for key in ("same_script", "crosslingual"):
         if not isinstance(data.get(key), dict):
             raise RankerFileError(f"{path}: field {key!r} (feature -> weight) missing")
-    meta = {k: v for k, v in data.items() if k not in ("format", "name", "features", "same_script", "crosslingual")}
+    by_script = data.get("by_script", {})
+    if not isinstance(by_script, dict) or not set(by_script) <= set(SCRIPTS):
+        raise RankerFileError(f"{path}: field 'by_script' must map {' / '.join(SCRIPTS)} to feature weights")
+    for key, weights in by_script.items():
+        if not isinstance(weights, dict):
+            raise RankerFileError(f"{path}: by_script.{key} (feature -> weight) must be a mapping")
+    skip = ("format", "name", "features", "same_script", "crosslingual", "by_script")
     return LinearRanker(
         name=str(data.get("name") or path.stem),
         same_script=weight_vector(data["same_script"], f"{path}: same_script"),
         crosslingual=weight_vector(data["crosslingual"], f"{path}: crosslingual"),
         source=str(path),
-        meta=meta,
+        meta={k: v for k, v in data.items() if k not in skip},
+        by_script={k: weight_vector(w, f"{path}: by_script.{k}") for k, w in by_script.items()},
     )
 
 

@@ -17,7 +17,7 @@ from rag_core.l0 import L0Index
 from rag_core.lookup.document_similarity import DocumentSimilarity
 from rag_core.lookup.ensemble import EnsembleSimilarity
 from rag_core.lookup.postprocessor import RerankWeights
-from rag_core.lookup.ranker import LinearRanker, resolve_ranker
+from rag_core.lookup.ranker import LinearRanker, resolve_ranker, shipped_ranker_path
 from rag_core.lookup.rerankers import Reranker, make_reranker
 from rag_core.settings import RagSettings
 
@@ -35,7 +35,8 @@ class LookupComponents:
     ``l0`` (loaded from the data dir; None when missing), ``recorder`` (ToolInvocationRecorder
     on PostgreSQL with a local spool), ``ensemble`` (the rerank's second model,
     ``components.make_ensemble_embedder``; one that cannot load is logged once and the rerank
-    goes without it), ``ranker`` (the rerank model), ``documents`` (document similarity),
+    goes without it), ``ranker`` (the rerank model: the ``weights`` given, unless
+    ``settings.rerank_model`` names a learned ranker that fits the models), ``documents`` (document similarity),
     ``reranker`` (the optional second stage, ``rag_core.lookup.rerankers.make_reranker``)."""
 
     def __init__(
@@ -138,12 +139,12 @@ class LookupComponents:
             else:
                 main = self.embedder
                 second = self.ensemble.embedder if self.ensemble is not None else None
-                models = {"main": main.fingerprint, "second": second.fingerprint if second else ""}
-                keys = {
-                    "main": f"{main.backend}:{main.model_id}",
-                    "second": f"{second.backend}:{second.model_id}" if second else "",
-                }
-                self._ranker = resolve_ranker(setting, hand, models, keys)
+                keys = {"main": _model_key(main), "second": _model_key(second)}
+                if setting == "auto" and not shipped_ranker_path(keys["main"], keys["second"]).is_file():
+                    self._ranker = hand  # no learned ranker for these models: nothing to check
+                else:
+                    models = {"main": getattr(main, "fingerprint", ""), "second": getattr(second, "fingerprint", "")}
+                    self._ranker = resolve_ranker(setting, hand, models, keys)
         return self._ranker
 
     @property
@@ -187,3 +188,9 @@ class LookupComponents:
             self.store.count()
         except Exception as exc:
             log.warning("warm-up incomplete: %s", exc)
+
+
+def _model_key(embedder: object | None) -> str:
+    """``backend:model`` of ``embedder`` ('' when None or it does not say: no shipped ranker is for it)."""
+    backend, model = getattr(embedder, "backend", ""), getattr(embedder, "model_id", "")
+    return f"{backend}:{model}" if backend and model else ""

@@ -1,27 +1,28 @@
-"""Known-item queries generated from the two runbook corpora: the training and cross-validation
-data of the learned rerank (``bench.rerank_cv``). Nothing here reads a golden case.
+"""Known-item queries generated from runbook corpora: the training and cross-validation data of
+the learned rerank (:mod:`rag_core.evaluation.cv`). Nothing here reads a golden case.
 
 Every query expects one document (its source runbook; for a cross-lingual one, the runbook of the
 same alert in the other corpus) and names the index it must be asked on. Kinds, per runbook:
 
 - ``section``: the first ``QUERY_CHARS`` characters of its Meaning / Impact / Diagnosis section
   (含义 / 影响 / 诊断 in Chinese), the alert name and title removed, asked on a copy of the corpus
-  from which that section was removed in every runbook (the held-out-section sets of
-  ``bench.quality_floor``): a symptom description found only through the runbook's other
-  sections, never through the sentence it came from.
+  from which that section was removed in every runbook (:func:`without_section`): a symptom
+  description found only through the runbook's other sections, never through the sentence it
+  came from.
 - ``truncated``, ``word-drop``, ``typo``: paraphrase-like variants of each ``section`` query (its
   first ``TRUNCATE_WORDS`` words / ``TRUNCATE_CHARS`` Chinese characters; each word or Chinese
   clause dropped with probability ``DROP_P``; ``TYPOS`` words with one adjacent swap, deletion or
   doubled letter, Chinese: ``TYPOS`` characters deleted), on the same held-out index.
 - ``title``: the frontmatter title (the H1 where there is none), lower-cased, with one typo, on
   the whole corpus: the alert-style query that names its runbook.
-- ``crosslingual``: the Meaning / Impact section of the runbook of the same alert in the other
-  language, on the whole corpus (``bench.quality_floor.known_item_cases``): Chinese/English mixes,
-  a paraphrase sharing only Latin names with its target.
+- ``crosslingual``: the Meaning / Impact section of the runbook of the same alert (same path) in
+  the other language, on the whole corpus (:func:`known_item_cases`): Chinese/English mixes, a
+  paraphrase sharing only Latin names with its target.
 
 Randomness is seeded per (seed, document, heading, kind), so one seed gives the same queries on
-every machine and adding a document changes no other document's queries. Run ``python -m
-bench.known_items [--seed 25]`` for the size per language and kind.
+every machine and adding a document changes no other document's queries. The corpora are the
+knowledge dirs of the golden suites ``runbooks-en`` and ``runbooks-zh`` unless given
+(:func:`default_corpora`); ``rag eval cv`` prints the size per language and kind.
 """
 
 from __future__ import annotations
@@ -30,17 +31,33 @@ import hashlib
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.quality_floor import EN, QUERY_CHARS, ZH, first_section, known_item_cases, without_section
+from rag_core.evaluation.cases import GoldenCase
 from rag_core.lookup.pasted import split_camel_words
 from rag_core.markdown import md_table
 
+__all__ = [
+    "SEED",
+    "KnownItem",
+    "default_corpora",
+    "first_section",
+    "generate",
+    "index_dirs",
+    "known_item_cases",
+    "section_query",
+    "size_table",
+    "without_section",
+]
+
 SEED = 25
+QUERY_CHARS = 200
 HEADINGS = {"en": ("Meaning", "Impact", "Diagnosis"), "zh": ("含义", "影响", "诊断")}
-CORPORA = {"en": EN, "zh": ZH}
+# (query language, corpus language, sections of the query's runbook asked cross-lingually)
+CROSSLINGUAL = (("zh", "en", ("含义", "影响")), ("en", "zh", ("Meaning", "Impact")))
+DEFAULT_SUITE_CORPORA = {"en": "runbooks-en", "zh": "runbooks-zh"}
 TRUNCATE_WORDS = 12
 TRUNCATE_CHARS = 40
 DROP_P = 0.3
@@ -48,12 +65,15 @@ TYPOS = 2
 MIN_QUERY_CHARS = 12  # shorter section texts ("TODO", a link) are no query
 _CLAUSE = re.compile(r"(?<=[，。；、,;：:])")
 _TITLE = re.compile(r"^title:\s*(.+?)\s*$", re.M)
+_SECTION = re.compile(r"^## (.+?)\n(.*?)(?=^## |\Z)", re.S | re.M)
+_DROP = re.compile(r"\A---\n.*?\n---\n|<details>.*?</details>|```.*?```", re.S)
+_LINK = re.compile(r"\[([^\]]*)\]\([^)]*\)")
 
 
 @dataclass(frozen=True)
 class KnownItem:
     """One generated query: ``language`` of the query text, ``corpus`` (language) and ``index``
-    (corpus name, ``<corpus>-without-<heading>`` for held-out sections) it is asked on, the
+    (corpus language, ``<corpus>-without-<heading>`` for held-out sections) it is asked on, the
     expected ``doc_id`` (path relative to the corpus root), ``kind`` (module docstring)."""
 
     id: str
@@ -64,6 +84,64 @@ class KnownItem:
     index: str
     kind: str
     heading: str = ""
+
+    @property
+    def group(self) -> str:
+        """``<query language>-><corpus language>``, the row of the CV tables."""
+        return f"{self.language}->{self.corpus}"
+
+
+def default_corpora() -> dict[str, Path]:
+    """Language -> knowledge dir of the golden suites ``runbooks-en`` / ``runbooks-zh``
+    (``golden/suites.yaml``); a language whose suite or directory is missing is left out."""
+    from rag_core.evaluation.suites import load_suites
+
+    by_name = {s.name: s.knowledge_dir for s in load_suites()}
+    return {
+        lang: by_name[name]
+        for lang, name in DEFAULT_SUITE_CORPORA.items()
+        if name in by_name and by_name[name].is_dir()
+    }
+
+
+def first_section(path: Path, heading: str) -> str:
+    """The text of the first ``## `` section of ``path`` whose heading contains ``heading``,
+    without front matter, folded details, code and link targets, on one line ('' when absent)."""
+    text = _DROP.sub("", path.read_text(encoding="utf-8"))
+    for m in _SECTION.finditer(text):
+        if heading in m.group(1):
+            lines = (ln.strip(" ->*") for ln in _LINK.sub(r"\1", m.group(2)).splitlines())
+            return " ".join(ln for ln in lines if ln)
+    return ""
+
+
+def section_query(path: Path, heading: str) -> str:
+    """The first ``QUERY_CHARS`` characters of ``path``'s ``heading`` section without the
+    alert's own name (the file name), as a known-item query ('' when there is no such section)."""
+    query = first_section(path, heading)[:QUERY_CHARS]
+    return re.sub(re.escape(path.stem), "", query, flags=re.I).strip()
+
+
+def without_section(text: str, heading: str) -> str:
+    """``text`` without its first ``## `` section whose heading contains ``heading``."""
+    for m in _SECTION.finditer(text):
+        if heading in m.group(1):
+            return text[: m.start()] + text[m.end() :]
+    return text
+
+
+def known_item_cases(source: Path, heading: str, target: Path) -> list[GoldenCase]:
+    """One case per runbook present under both roots: the ``heading`` section of ``source``'s
+    copy (:func:`section_query`) expects ``target``'s copy."""
+    docs = {p.relative_to(source).as_posix() for p in source.rglob("*.md")}
+    shared = sorted(d for d in docs if (target / d).is_file() and not d.endswith("_index.md"))
+    cases = []
+    for doc in shared:
+        query = section_query(source / doc, heading)
+        if query:
+            case_id = f"{heading}-{Path(doc).stem}"
+            cases.append(GoldenCase(id=case_id, scenario="chat", query=query, expected_docs=[doc]))
+    return cases
 
 
 def rng_for(seed: int, *parts: str) -> random.Random:
@@ -143,7 +221,7 @@ def runbooks(root: Path) -> list[Path]:
 
 def held_out_corpus(root: Path, heading: str, dest: Path) -> Path:
     """A copy of ``root`` under ``dest`` with the first ``heading`` section of every document
-    removed (``bench.quality_floor.without_section``); rewritten only when it differs."""
+    removed (:func:`without_section`); a file is rewritten only when it differs."""
     for path in sorted(root.rglob("*.md")):
         target = dest / path.relative_to(root)
         text = without_section(path.read_text(encoding="utf-8"), heading)
@@ -153,10 +231,15 @@ def held_out_corpus(root: Path, heading: str, dest: Path) -> Path:
     return dest
 
 
-def generate(seed: int = SEED) -> list[KnownItem]:
-    """Every known-item query of both corpora (module docstring), in a stable order."""
+def generate(corpora: Mapping[str, Path], seed: int = SEED) -> list[KnownItem]:
+    """Every known-item query (module docstring) of ``corpora`` (language ``en``/``zh`` -> corpus
+    root; cross-lingual ones only when both are given), in a stable order. ValueError for a
+    language without ``HEADINGS``."""
+    unknown = sorted(set(corpora) - set(HEADINGS))
+    if unknown:
+        raise ValueError(f"known items: no section headings for language(s) {unknown}; known: {sorted(HEADINGS)}")
     items: list[KnownItem] = []
-    for lang, root in CORPORA.items():
+    for lang, root in corpora.items():
         for path in runbooks(root):
             doc = path.relative_to(root).as_posix()
             for heading in HEADINGS[lang]:
@@ -178,54 +261,36 @@ def generate(seed: int = SEED) -> list[KnownItem]:
                         items.append(KnownItem(f"{base}:{kind}", text, doc, lang, lang, index, kind, heading))
             title = with_typos(title_of(path).lower(), "en", rng_for(seed, doc, "title"), n=1)
             items.append(KnownItem(f"{lang}:{doc}:title", title, doc, "en", lang, lang, "title"))
-    for source, target, headings in (("zh", "en", ("含义", "影响")), ("en", "zh", ("Meaning", "Impact"))):
+    for source, target, headings in CROSSLINGUAL:
+        if source not in corpora or target not in corpora:
+            continue
         for heading in headings:
-            for case in known_item_cases(CORPORA[source], heading, CORPORA[target]):
+            for case in known_item_cases(corpora[source], heading, corpora[target]):
                 doc = case.expected_docs[0]
-                query = without_names(case.query, CORPORA[source] / doc)
+                query = without_names(case.query, corpora[source] / doc)
                 if len(query) >= MIN_QUERY_CHARS:
                     item_id = f"{source}->{target}:{doc}:{heading}"
                     items.append(KnownItem(item_id, query, doc, source, target, target, "crosslingual", heading))
     return items
 
 
-def index_dirs(items: Sequence[KnownItem], scratch: Path) -> dict[str, Path]:
+def index_dirs(items: Sequence[KnownItem], corpora: Mapping[str, Path], scratch: Path) -> dict[str, Path]:
     """Knowledge dir of every index the ``items`` name (held-out copies written under ``scratch``)."""
     dirs: dict[str, Path] = {}
     for name in sorted({i.index for i in items}):
         lang, _, heading = name.partition("-without-")
-        dirs[name] = held_out_corpus(CORPORA[lang], heading, scratch / name) if heading else CORPORA[lang]
+        dirs[name] = held_out_corpus(corpora[lang], heading, scratch / name) if heading else corpora[lang]
     return dirs
 
 
 def size_table(items: Sequence[KnownItem]) -> str:
-    """Queries per (query language -> corpus) and kind, as a Markdown table."""
-    counts = Counter((f"{i.language}->{i.corpus}", i.kind) for i in items)
+    """Queries per (query language -> corpus) and kind, with the documents asked for, as Markdown."""
+    counts = Counter((i.group, i.kind) for i in items)
     kinds = sorted({k for _, k in counts})
     groups = sorted({g for g, _ in counts})
-    docs = {g: len({i.doc_id for i in items if f"{i.language}->{i.corpus}" == g}) for g in groups}
+    docs = {g: len({i.doc_id for i in items if i.group == g}) for g in groups}
     rows = [
         [g, str(docs[g]), *(str(counts[(g, k)]) for k in kinds), str(sum(counts[(g, k)] for k in kinds))]
         for g in groups
     ]
     return md_table(["query -> corpus", "docs", *kinds, "total"], rows)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--show", type=int, default=0, help="print this many queries of each kind")
-    args = parser.parse_args(argv)
-    if not (EN.is_dir() and ZH.is_dir()):
-        raise SystemExit(f"corpora missing: {EN} / {ZH} (../shared not mounted)")
-    items = generate(args.seed)
-    print(size_table(items))
-    for kind in sorted({i.kind for i in items}):
-        for item in [i for i in items if i.kind == kind][: args.show]:
-            print(f"{item.id}\t{item.query[:100]}")
-
-
-if __name__ == "__main__":
-    main()
