@@ -145,11 +145,13 @@ class RagSettings(BaseSettings):
     l1_enabled: bool = True
     top_k: int = Field(20, ge=1, le=200, description="Candidates fetched per retrieval channel")
     max_evidence_blocks: int = Field(5, ge=1, le=50)
+    # 'hand' by default: the shipped learned ranker wins the cross-validation on known items but
+    # lowers MRR on both hard visible suites (issue 25's note), the figure the goal is short of.
     rerank_model: str = Field(
-        "auto",
-        description="Rerank weights: 'auto' (the learned ranker shipped for the embedding models in use, "
-        "rag_core/lookup/rankers/, fitted and cross-validated by `rag eval cv`; hand weights when there is "
-        "none), 'hand' (RerankWeights) or a ranker "
+        "hand",
+        description="Rerank weights: 'hand' (RerankWeights), 'auto' (the learned ranker shipped for the "
+        "embedding models in use, rag_core/lookup/rankers/, fitted and cross-validated by `rag eval cv`; "
+        "hand weights when there is none) or a ranker "
         "JSON file (rag_core.lookup.ranker; a missing or unusable file falls back to the hand weights)",
     )
     # The optional second-stage reranker (rag_core.lookup.second_stage), off by default.

