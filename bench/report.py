@@ -8,7 +8,7 @@ figures only, no advice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -77,7 +77,7 @@ def _fill(template: str, data: Any) -> str:
 Cell = str | Callable[[Any], Any]  # a template filled on the row, or a function of the row
 
 
-def _table(spec: dict[str, Cell], rows: Iterable[Any]) -> str:
+def _table(spec: Mapping[str, Cell], rows: Iterable[Any]) -> str:
     """A Markdown table: one column per ``spec`` entry (header -> cell), one line per row; a ``failed``
     row (see ``_entries``) shows its first cell and "–" for the others."""
 
@@ -187,10 +187,11 @@ def _status(met: bool | None) -> str:
 def borderline(r: dict[str, Any], margin: float = 0.15) -> list[dict[str, Any]]:
     """Targets whose measured value lies within ``margin`` (relative) of the limit, either side."""
 
-    def near(v: float | None, limit: float | None) -> bool:
-        return v is not None and bool(limit) and abs(v - limit) / limit <= margin  # type: ignore[operator]
+    def near(t: dict[str, Any]) -> bool:
+        v, limit = t.get("value"), t.get("limit_value")
+        return v is not None and bool(limit) and abs(v - limit) / limit <= margin
 
-    return [t for t in r.get("targets", []) if near(t.get("value"), t.get("limit_value"))]
+    return [t for t in r.get("targets", []) if near(t)]
 
 
 TARGETS: dict[str, Cell] = {
@@ -255,7 +256,11 @@ def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if _ok(every.get(p))]
     shown = every[paths[0]]["stages_ms"] if paths else {}
     spec: dict[str, Cell] = {"stage": STAGE_LABELS.get}
-    spec |= {f"{p} {k} ms": (lambda s, p=p, k=k: _f(every[p]["stages_ms"][s][k], 2)) for p in paths for k in PCTS}
+
+    def cell(p: str, k: str) -> Cell:
+        return lambda stage: _f(every[p]["stages_ms"][stage][k], 2)
+
+    spec |= {f"{p} {k} ms": cell(p, k) for p in paths for k in PCTS}
     table = _table(spec, [s for s in STAGE_LABELS if s in shown])
     notes = [_fill(_PATH_NOTE, every[p] | {"name": p}) for p in paths]
     notes += [f"**{p}**: failed: {d.get('error')}" for p, d in every.items() if not _ok(d)]
@@ -377,7 +382,11 @@ def _scale(sc: dict[str, Any], r: Results) -> list[str]:
         if section(res, "stores", "milvus", "store_api") or section(res, "stores", "pgvector", "store_api")
     ]
     if apis:
-        api = {"size": "{rows:,}", "MilvusStore.search": _api("milvus"), "PgVectorStore.search": _api("pgvector")}
+        api: dict[str, Cell] = {
+            "size": "{rows:,}",
+            "MilvusStore.search": _api("milvus"),
+            "PgVectorStore.search": _api("pgvector"),
+        }
         out += ["### Product store calls on the same data (p50 ms, unfiltered / filtered)"]
         out += [_fill(_API_NOTE, meth.get("pg_store_plan") or {}), _table(api, apis)]
     if sc.get("skipped"):
@@ -504,7 +513,11 @@ def _concurrency(conc: dict[str, Any], _r: Results) -> list[str]:
     cells |= {"latency p50 ms": "{latency_ms[p50]:1}", "CPU s per wall s": "{cpu_per_wall:2}"}
     spec: dict[str, Cell] = {"threads": lambda i: conc["threads"][i]}
     by_path = conc["paths"]
-    spec |= {f"{p} {name}": (lambda i, p=p, t=t: _fill(t, by_path[p][i])) for p in paths for name, t in cells.items()}
+
+    def cell(p: str, t: str) -> Cell:
+        return lambda i: _fill(t, by_path[p][i])
+
+    spec |= {f"{p} {name}": cell(p, t) for p in paths for name, t in cells.items()}
     failed = [f"- {p}: failed: {d.get('error')}" for p, d in conc["paths"].items() if not isinstance(d, list)]
     lines = [f"{conc['lookups_per_config']} lookups per configuration.", *failed]
     return [_table(spec, range(len(conc["threads"]))), "\n".join(lines)]
