@@ -5,11 +5,12 @@ English runbook corpus), with errors and trace rows against calls. Traces go to 
 recorder and trace store (the embedded PostgreSQL of the data dir), so a served answer pays its
 wait for the row to be durable and an in-process call its own trace path (a queue put).
 
-Every round runs the three ways one after another on the same queries, so machine load moves
-them together; the ratio served/in-process is the figure to read, not the milliseconds: the
-table gives the p50 ratio over all rounds and the median of the per-round p50 ratios.
+Every round runs the three ways one after another on the same queries (at one client, call by
+call in turn), so machine load moves them together; the ratio served/in-process is the figure to
+read, not the milliseconds: the table gives the p50 ratio over all rounds and the median of the
+per-round p50 ratios.
 
-    python -m bench.serving_latency [--rounds 3] [--queries 24]
+    python -m bench.serving_latency [--rounds 3] [--queries 24] [--clients 1,4,16]
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ async def _timed(call: Callable[[str], Awaitable[bool]], queries: list[str], cli
     return times, errors
 
 
-async def _measure(tool: LookupKnowledgeTool, base: str, queries: list[str], rounds: int) -> dict[str, Any]:
+async def _measure(
+    tool: LookupKnowledgeTool, base: str, queries: list[str], rounds: int, client_counts: tuple[int, ...]
+) -> dict[str, Any]:
     from mcp import Client
 
     async def in_process(query: str) -> bool:
@@ -103,16 +106,29 @@ async def _measure(tool: LookupKnowledgeTool, base: str, queries: list[str], rou
             return not answer.is_error
 
         ways = {"in-process": in_process, "http": over_http, "mcp-http": over_mcp}
-        for clients in CLIENTS:
+        for clients in client_counts:
             per_way: dict[str, list[float]] = {way: [] for way in ways}
             round_p50: dict[str, list[float]] = {way: [] for way in ways}
             errors = dict.fromkeys(ways, 0)
             for _ in range(rounds):
-                for way, call in ways.items():
-                    times, failed = await _timed(call, queries, clients)
+                if clients == 1:
+                    # One client: the ways take turns call by call (the order rotating), so each
+                    # query is timed the three ways within the same fraction of a second.
+                    times_of: dict[str, list[float]] = {way: [] for way in ways}
+                    names = list(ways)
+                    for i, query in enumerate(queries):
+                        for way in names[i % 3 :] + names[: i % 3]:
+                            times, failed = await _timed(ways[way], [query], 1)
+                            times_of[way] += times
+                            errors[way] += failed
+                else:
+                    times_of = {}
+                    for way, call in ways.items():
+                        times_of[way], failed = await _timed(call, queries, clients)
+                        errors[way] += failed
+                for way, times in times_of.items():
                     per_way[way] += times
                     round_p50[way].append(statistics.median(times))
-                    errors[way] += failed
             results[str(clients)] = {way: {**summarize(per_way[way]), "errors": errors[way]} for way in ways}
             for way in ("http", "mcp-http"):  # median over rounds of the round's served/in-process p50
                 per_round = [w / b for w, b in zip(round_p50[way], round_p50["in-process"], strict=True)]
@@ -154,7 +170,7 @@ def _table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
+def run(rounds: int = 3, n_queries: int = 24, clients: tuple[int, ...] = CLIENTS) -> dict[str, Any]:
     """Measure and print the table; returns the figures (ms, per client count and way)."""
     if not RUNBOOKS.is_dir():
         print(f"serving_latency: skipped, {RUNBOOKS} is absent (the shared corpora live in ../shared)")
@@ -177,7 +193,7 @@ def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
             recorder.flush(60)
             recorder.rows = 0
             load_before = os.getloadavg()[0]
-            results = asyncio.run(_measure(tool, f"http://127.0.0.1:{port}", queries, rounds))
+            results = asyncio.run(_measure(tool, f"http://127.0.0.1:{port}", queries, rounds, clients))
             load_after = os.getloadavg()[0]
         finally:
             server.should_exit = True
@@ -186,7 +202,7 @@ def run(rounds: int = 3, n_queries: int = 24) -> dict[str, Any]:
             store.close()
             stop_server(data)
             stop_embedded(data)
-        calls = len(queries) * rounds * len(CLIENTS) * 3
+        calls = len(queries) * rounds * len(clients) * 3
         print(_table(results))
         print(f"trace rows {recorder.rows} / calls {calls}; 1-min load average {load_before:.1f} -> {load_after:.1f}")
         return {"clients": results, "trace_rows": recorder.rows, "calls": calls, "load": [load_before, load_after]}
@@ -196,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per client count")
     parser.add_argument("--queries", type=int, default=24, help="queries per round")
+    parser.add_argument("--clients", default="1,4,16", help="concurrent client counts, comma-separated")
     args = parser.parse_args(argv)
-    run(args.rounds, args.queries)
+    run(args.rounds, args.queries, tuple(int(c) for c in args.clients.split(",")))
     return 0
 
 
