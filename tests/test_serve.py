@@ -6,6 +6,9 @@ TestClient. Each answer is compared with the same tool called from Python."""
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
+import random
 import socket
 import threading
 import time
@@ -20,13 +23,15 @@ pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not install
 
 import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
 from mcp import Client  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 
 from rag_core.ingest.pipeline import ingest  # noqa: E402
+from rag_core.lookup.contracts import LookupResult  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool, tool_definition  # noqa: E402
-from rag_core.serve.http_app import served_app  # noqa: E402
-from rag_core.serve.mcp_server import build_mcp_server  # noqa: E402
+from rag_core.serve.http_app import result_json_bytes, served_app  # noqa: E402
+from rag_core.serve.mcp_server import build_mcp_server, output_schema  # noqa: E402
 from rag_core.serve.runner import ServeConfigError, check_bind  # noqa: E402
 from rag_core.serve.service import LookupService, check_arguments  # noqa: E402
 from rag_core.stores.memory import InMemoryStore  # noqa: E402
@@ -143,6 +148,46 @@ def test_mcp_lists_the_tool_with_the_definitions_schema_and_answers_like_python(
     assert len(rows) == 2 and {r["retrieval_details"]["transport"] for r in rows} == {"mcp-stdio"}
     assert rows[0]["session_id"] == served["sessionId"]
     assert "knowledge://cache/RedisMemoryHigh.md" in {str(r.uri) for r in resources.resources}
+
+
+def _mutated(doc, rng):
+    """``doc`` with one value somewhere replaced by a value of a random JSON type."""
+    doc = copy.deepcopy(doc)
+    slots = []
+
+    def walk(node):
+        for key, value in node.items() if isinstance(node, dict) else enumerate(node):
+            slots.append((node, key))
+            if isinstance(value, dict | list):
+                walk(value)
+
+    walk(doc)
+    node, key = rng.choice(slots)
+    node[key] = rng.choice([None, 3, -1.5, "x", True, [], {}, ["x"]])
+    return doc
+
+
+def test_output_schema_accepts_and_refuses_what_the_models_schema_does(make_service):
+    service = make_service()
+    results = [service.tool.lookup(q) for q in (QUERY, "kafka consumer lag", "zzqx nothing here")]
+    results.append(service.tool.rejected("", None, "query: empty"))
+    flat = output_schema()
+    assert "$ref" not in json.dumps(flat) and "$defs" not in flat
+    model, served = (
+        Draft202012Validator(LookupResult.model_json_schema(by_alias=True, mode="serialization")),
+        Draft202012Validator(flat),
+    )
+    rng, refused = random.Random(24), 0
+    for result in results:
+        doc = result.to_json()
+        assert model.is_valid(doc) and served.is_valid(doc)
+        # the HTTP body is the same JSON
+        assert json.loads(result_json_bytes(result)) == doc
+        for _ in range(150):
+            bad = _mutated(doc, rng)
+            assert model.is_valid(bad) == served.is_valid(bad), bad
+            refused += not model.is_valid(bad)
+    assert refused > 200  # the mutations do reach validated fields
 
 
 def test_mcp_bad_query_is_the_tools_error_result_and_traced(make_service):

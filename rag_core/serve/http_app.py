@@ -24,7 +24,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -120,9 +120,12 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
             422: {"model": ErrorBody},
         },
     )
-    async def lookup(body: LookupRequest) -> JSONResponse:
-        result = await service.call(body.model_dump(by_alias=True, exclude_none=True), "http")
-        return JSONResponse(result.to_json())
+    async def lookup(body: LookupRequest) -> Response:
+        arguments = (
+            {"query": body.query} if body.session_id is None else {"query": body.query, "sessionId": body.session_id}
+        )
+        payload = await service.call_rendered(arguments, "http", result_json_bytes)
+        return Response(payload, media_type="application/json")
 
     @app.get("/healthz", summary="The process serves")
     async def healthz() -> dict[str, str]:
@@ -145,6 +148,12 @@ def served_app(service: LookupService, *, start: bool = True) -> ASGIApp:
     """``create_app`` behind its guards (bearer token, body size): the ASGI app to run."""
     app = create_app(service, start=start)
     return app.state.asgi  # type: ignore[no-any-return]
+
+
+def result_json_bytes(result: LookupResult) -> bytes:
+    """The body of ``POST /v1/lookup``: ``result.to_json()`` as UTF-8 JSON, encoded by pydantic
+    in one pass (no dict in between; the same JSON, ``to_json`` equal once parsed)."""
+    return result.model_dump_json(by_alias=True).encode()
 
 
 def validation_line(errors: Any) -> str:

@@ -51,6 +51,7 @@ def serve_http(settings: RagSettings, tool: LookupKnowledgeTool | None = None) -
         host=settings.serve_host,
         port=settings.serve_port,
         log_level="warning",
+        access_log=False,  # one log call less per request; the trace row records every call
         timeout_graceful_shutdown=int(settings.serve_shutdown_grace_s) or None,
     )
 

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio.to_thread
 
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from rag_core.lookup.tool import LookupKnowledgeTool
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Longest accepted ``sessionId`` (characters); the trace column holds it whole.
 MAX_SESSION_ID_CHARS: Final = 200
@@ -123,6 +125,19 @@ class LookupService:
         concurrent calls share the one tool, which is thread-safe). ``default_session`` is
         the transport's session (the MCP connection) when the caller passes no ``sessionId``.
         A rejection is the tool's structured error result, recorded like a lookup."""
+        return await self.call_rendered(arguments, transport, _same, default_session)
+
+    async def call_rendered(
+        self,
+        arguments: object,
+        transport: str,
+        render: Callable[[LookupResult], T],
+        default_session: str | None = None,
+    ) -> T:
+        """``call``, returning ``render(result)`` instead: the transport's encoding of the
+        ``LookupResult`` (JSON bytes, the MCP tool result), made in the worker thread while the
+        trace row is being written, so it costs the answer no time of its own and the event
+        loop none. An exception of ``render`` propagates (the transport's 500)."""
         checked = check_arguments(arguments, self.settings.serve_max_query_chars)
         self._enter()
         try:
@@ -134,19 +149,21 @@ class LookupService:
                 run = functools.partial(self.tool.lookup, checked.query, session, transport=transport)
             # Not abandoned on cancellation: a client that disconnects mid-call still gets its
             # trace row written (the tool records it in this thread).
-            return await anyio.to_thread.run_sync(self._traced, run)
+            return await anyio.to_thread.run_sync(self._traced, run, render)
         finally:
             self._leave()
 
-    def _traced(self, run: Callable[[], LookupResult]) -> LookupResult:
-        """``run()`` (the lookup, which queues its trace row), then wait until the recorder has
-        put that row in the trace store or the spool (at most ``TRACE_ACK_TIMEOUT_S``): an
-        answer is only sent once its row survives a SIGKILL of this process."""
+    def _traced(self, run: Callable[[], LookupResult], render: Callable[[LookupResult], T]) -> T:
+        """``run()`` (the lookup, which queues its trace row) and ``render`` its result, then
+        wait until the recorder has put that row in the trace store or the spool (at most
+        ``TRACE_ACK_TIMEOUT_S``): an answer is only sent once its row survives a SIGKILL of
+        this process. Rendering first overlaps it with the writer thread's insert."""
         result = run()
+        rendered = render(result)
         recorder = self.tool.recorder
         if recorder is not None and not recorder.flush(TRACE_ACK_TIMEOUT_S, reconnect=False):
             log.debug("trace row not yet durable after %.1f s; answering anyway", TRACE_ACK_TIMEOUT_S)
-        return result
+        return rendered
 
     def readiness(self) -> dict[str, Any]:
         """Readiness for ``GET /readyz``: ``ready`` (loaded and the main store passed its
@@ -214,3 +231,7 @@ class LookupService:
             self.tool.close()
         except Exception:
             log.warning("closing the tool failed", exc_info=True)
+
+
+def _same(result: LookupResult) -> LookupResult:
+    return result
