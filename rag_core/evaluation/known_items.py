@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_core.evaluation.cases import GoldenCase
-from rag_core.lookup.pasted import split_camel_words
 from rag_core.markdown import md_table
+from rag_core.text import split_camel_words
 
 __all__ = [
     "SEED",
