@@ -325,12 +325,12 @@ def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None
     if pg_dsn is not None:
         import psycopg
 
-        with psycopg.connect(pg_dsn) as conn:
-            backend = one(conn.execute("SELECT pg_backend_pid()"))
-        try:
-            out["pg_pss_mb"] = mib(int(psutil.Process(backend).ppid()), True)
-        except psutil.Error:
-            pass
+        with psycopg.connect(pg_dsn) as conn:  # the postmaster: the parent of this connection's backend
+            try:
+                postmaster = int(psutil.Process(one(conn.execute("SELECT pg_backend_pid()"))).ppid())
+            except psutil.Error:
+                postmaster = None
+        out["pg_pss_mb"] = mib(postmaster, True)
     return out
 
 
