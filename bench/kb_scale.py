@@ -420,6 +420,7 @@ def _child_real(
         "documents": report.documents_ingested,
         "chunks": len(texts),
         "ingest_chunks": report.chunks_total or n_chunks,
+        "kb_chunks": n_chunks,
         "passages_embedded": report.passages_embedded,
         "cache_hits": report.embedding_cache_hits,
         "raw_s": [round(raw_before, 2), round(raw_after, 2)],
@@ -520,11 +521,11 @@ def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any
     return out
 
 
-def _child_stores(kbs: list[tuple[str, str, str]], large: int, ivf: list[tuple[int, int]]) -> dict[str, Any]:
+def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[tuple[int, int]]) -> dict[str, Any]:
     """``bench.scale`` on each ingested knowledge base's own chunks and real vectors (from its
     embedding cache), the golden queries' real embeddings as queries: NumPy, Milvus FLAT and the
     ``ivf`` (nlist, nprobe) IVF_FLAT configurations, pgvector; the product calls incl. the
-    centroid and BM25 queries; server memory. The last one also at ``large`` rows (its real
+    centroid and BM25 queries; server memory. The last one also at the ``large`` row counts (its real
     vectors plus perturbed copies, ``bench.scale.synthesize``)."""
     from bench import scale
     from bench.common import make_settings
@@ -547,7 +548,7 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: int, ivf: list[tuple[i
             found = EmbeddingCache.under(Path(data)).get_many(embedder.identity(), (c.content_hash for c in chunks))
             chunks = [c for c in chunks if c.content_hash in found]
             base = scale.BaseData(np.stack([found[c.content_hash] for c in chunks]), chunks)
-            sizes = (len(chunks),) + ((large,) if i == len(kbs) - 1 and large > len(chunks) else ())
+            sizes = (len(chunks), *sorted(n for n in large if i == len(kbs) - 1 and n > len(chunks)))
             log(f"kb_scale: store benchmark on {label} ({len(chunks)} real vectors), sizes {sizes}")
             opts = scale.ScaleOptions(
                 sizes=sizes,
@@ -660,7 +661,7 @@ def run(
     whole_max: int = 10_000,
     reingest_docs: int = 10_000,
     l0: bool = True,
-    large: int = 100_000,
+    large: Sequence[int] = (100_000,),
     ivf: Sequence[tuple[int, int]] = IVF,
     keep: Path | None = None,
     fake: bool = True,
@@ -726,7 +727,7 @@ def run_product(
     batch_docs: int,
     raw_sample: int,
     rounds: int,
-    large: int,
+    large: Sequence[int],
     ivf: Sequence[tuple[int, int]],
     root: Path,
     keep: Path | None,
@@ -766,7 +767,9 @@ def run_product(
                 dirs.pop()
         log(f"kb_scale: lookups on {' and '.join(label for label, *_ in dirs)} documents, Milvus and pgvector")
         out["lookup"] = in_child("lookup", dirs, rounds)
-        out["stores"] = in_child("stores", dirs, large, [list(x) for x in ivf])
+        # a part of the knowledge base: its stores also at the whole one's chunk count
+        whole = [r["kb_chunks"] for r in out["real_model"].values() if r.get("finished_as") and "kb_chunks" in r]
+        out["stores"] = in_child("stores", dirs, [*large, *whole], [list(x) for x in ivf])
     finally:
         for *_, d in dirs:
             stop_server(Path(d))
@@ -1038,7 +1041,12 @@ def main(argv: list[str] | None = None) -> int:
         help="documents ingested with the default model into the product stores, then looked up (0: skip)",
     )
     parser.add_argument("--raw-sample", type=int, default=512, help="chunks of the raw encode beside it (default 512)")
-    parser.add_argument("--large", type=int, default=100_000, help="rows of the large store run (default 100000)")
+    parser.add_argument(
+        "--large",
+        type=lambda x: [int(n) for n in x.split(",") if n],
+        default=[100_000],
+        help="rows of the large store runs",
+    )
     parser.add_argument("--keep", type=Path, help="keep (and reuse) the product data dirs under this directory")
     parser.add_argument(
         "--ingest-minutes", type=float, default=0, help="stop the real-model ingest after this long (0: no limit)"
