@@ -864,29 +864,38 @@ def print_tables(out: dict[str, Any]) -> str:
     """The figures as Markdown tables with ratios."""
     if "skipped" in out:
         return f"kb_scale skipped: {out['skipped']}"
-    lines = [f"load average: start {out.get('load_average_start')}, end {out.get('load_average_end')}", ""]
+    lines = [f"load average: start {out.get('load_average_start')}, end {out.get('load_average_end')}"]
     if out["l0"]:
-        lines += _l0_table(out["l0"])
-    if out["first"]:
-        lines += _first_table(out["first"], out["batch_docs"])
+        base = out["l0"][0]["indexed_ms"]["p50"]
+        lines += _table(
+            f"L0 lookup (analyze_query), {len(out['l0'])} sizes, same queries; ms",
+            ["knowledge base", "docs", "build s", "linear p50/p95", "indexed p50/p95", "speed-up p50",
+             "indexed p50 vs real corpora", "equal"],
+            [[r["kb"], r["documents"], r["build_s"], _pp(r["linear_ms"]), _pp(r["indexed_ms"]),
+              _x(r["linear_ms"]["p50"], r["indexed_ms"]["p50"]), _x(r["indexed_ms"]["p50"], base), r["equal"]]
+             for r in out["l0"]],
+        )  # fmt: skip
+    first = out["first"]
+    if first:
+        rss = {k: {m: r["peak_rss_mb"] for m, r in runs.items()} for k, runs in first.items()}
+        lines += _table(
+            f"First ingest: streamed ({out['batch_docs']} documents per batch) vs one batch (the whole tree at "
+            "once, as before streaming); fake embedder, thin store, one process each",
+            ["docs", "mode", "wall s", "chunks", "chunks/s", "peak RSS MB", "RSS vs 1k docs", "RSS vs 10k docs",
+             "L0 MB"],
+            [[size, mode, r["wall_s"], r["chunks"], round(r["chunks"] / r["wall_s"]), r["peak_rss_mb"],
+              _x(r["peak_rss_mb"], rss.get("1000", {}).get(mode)), _x(r["peak_rss_mb"], rss.get("10000", {}).get(mode)),
+              round(r["l0_bytes"] / 1e6, 1)] for size, runs in first.items() for mode, r in runs.items()],
+        )  # fmt: skip
     runs = out.get("ingest", {})
     if runs:
         stages = sorted({s for r in runs.values() for s in r["stage_seconds"]})
-        lines += [
-            "",
-            "## Re-ingests (fake embedder, thin store; one process each, streamed)",
-            "",
-            "| run | wall s | docs/s | chunks | embedded | peak RSS MB | "
-            + " | ".join(f"{s} s" for s in stages)
-            + " |",
-            "|---|---:|---:|---:|---:|---:|" + "---:|" * len(stages),
-        ]
-        for name, r in runs.items():
-            cells = " | ".join(str(r["stage_seconds"].get(s, "")) for s in stages)
-            lines.append(
-                f"| {name} | {r['wall_s']} | {round(r['documents'] / r['wall_s'])} | {r['chunks']} "
-                f"| {r['passages_embedded']} | {r['peak_rss_mb']} | {cells} |"
-            )
+        lines += _table(
+            "Re-ingests (fake embedder, thin store; one process each, streamed)",
+            ["run", "wall s", "docs/s", "chunks", "embedded", "peak RSS MB", *(f"{s} s" for s in stages)],
+            [[name, r["wall_s"], round(r["documents"] / r["wall_s"]), r["chunks"], r["passages_embedded"],
+              r["peak_rss_mb"], *(r["stage_seconds"].get(s, "") for s in stages)] for name, r in runs.items()],
+        )  # fmt: skip
     if "resume" in out:
         r = out["resume"]
         lines += [
@@ -896,8 +905,18 @@ def print_tables(out: dict[str, Any]) -> str:
             f"{r['resumed']['cache_hits']} from the cache, re-embedded on resume: {r['re_embedded']}, "
             f"same chunks as an uninterrupted run: {r['same_chunks']}",
         ]
-    if "real_model" in out:
-        lines += _real_lines(out["real_model"], out["first"])
+    if out.get("real_model"):
+        lines += _table(
+            "The default model into the product stores (Milvus server + PostgreSQL), one process per size; "
+            "goal: 10k documents in <= 600 s, ingest >= 0.85 of raw encode chunks/s",
+            ["docs", "chunks", "runtime", "raw encode chunks/s", "ingest s", "ingest chunks/s", "ingest / raw",
+             "cache hits", "peak RSS MB", "load average", "note"],
+            [[label, r["ingest_chunks"], r.get("runtime"), r["raw_chunks_per_s"], r["ingest_s"],
+              r["ingest_chunks_per_s"], r["ingest_vs_raw"], r["cache_hits"], r.get("peak_rss_mb"),
+              [round(x, 1) for x in r.get("load_average") or ()],
+              " ".join(filter(None, [r.get("interrupted"), r.get("reused_from") and f"reused {r['reused_from']}"]))]
+             for label, r in out["real_model"].items()],
+        )  # fmt: skip
     if "lookup" in out:
         lines += _lookup_lines(out["lookup"])
     if "stores" in out:
@@ -905,124 +924,85 @@ def print_tables(out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _l0_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [
-        f"## L0 lookup (analyze_query), {len(rows)} sizes, same queries",
-        "",
-        "| knowledge base | docs | build s | linear p50 ms | linear p95 ms | indexed p50 ms | indexed p95 ms "
-        "| speed-up p50 | indexed p50 vs real corpora | equal |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    base = rows[0]["indexed_ms"]["p50"]
-    for r in rows:
-        lines.append(
-            f"| {r['kb']} | {r['documents']} | {r['build_s']} | {r['linear_ms']['p50']} | {r['linear_ms']['p95']} "
-            f"| {r['indexed_ms']['p50']} | {r['indexed_ms']['p95']} "
-            f"| {ratio(r['linear_ms']['p50'], r['indexed_ms']['p50'], 1)}x "
-            f"| {ratio(r['indexed_ms']['p50'], base, 2)}x | {r['equal']} |"
-        )
-    return lines
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    from rag_core.markdown import md_table_lines
+
+    return ["", f"## {title}", "", *md_table_lines(headers, rows)]
 
 
-def _first_table(first: dict[str, Any], batch_docs: int) -> list[str]:
-    lines = [
-        "",
-        f"## First ingest: streamed ({batch_docs} documents per batch) vs one batch "
-        "(the whole tree at once, as before streaming); fake embedder, thin store, one process each",
-        "",
-        "| docs | mode | wall s | chunks | chunks/s | peak RSS MB | RSS vs 1k docs | RSS vs 10k docs | L0 MB |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for size, runs in first.items():
-        for mode, r in runs.items():
-            base1 = first.get("1000", {}).get(mode, {}).get("peak_rss_mb")
-            base10 = first.get("10000", {}).get(mode, {}).get("peak_rss_mb")
-            lines.append(
-                f"| {size} | {mode} | {r['wall_s']} | {r['chunks']} | {round(r['chunks'] / r['wall_s'])} "
-                f"| {r['peak_rss_mb']} | {ratio(r['peak_rss_mb'], base1, 2)}x | {ratio(r['peak_rss_mb'], base10, 2)}x "
-                f"| {round(r['l0_bytes'] / 1e6, 1)} |"
-            )
-    return lines
+def _pp(stats: dict[str, Any] | None) -> str:
+    """``p50 / p95`` of a stats dict (ms)."""
+    return f"{stats['p50']} / {stats['p95']}" if stats else ""
 
 
-def _real_lines(ingests: dict[str, Any], first: dict[str, Any]) -> list[str]:
-    lines = [
-        "",
-        "## The default model into the product stores (Milvus server + PostgreSQL), one process per size",
-        "",
-        "| docs | chunks | runtime | raw encode chunks/s | ingest s | ingest chunks/s | ingest / raw | "
-        "cache hits | peak RSS MB | load average | note |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|",
-    ]
-    for label, r in ingests.items():
-        note = "interrupted: " + r["interrupted"] if r.get("interrupted") else ""
-        note += f" reused ({r['reused_from']})" if r.get("reused_from") else ""
-        lines.append(
-            f"| {label} | {r['ingest_chunks']} | {r.get('runtime')} | {r['raw_chunks_per_s']} | {r['ingest_s']} "
-            f"| {r['ingest_chunks_per_s']} | {r['ingest_vs_raw']} | {r['cache_hits']} | {r.get('peak_rss_mb')} "
-            f"| {r.get('load_average')} | {note.strip()} |"
-        )
-    lines.append("\ngoal: 10k documents in <= 10 min (600 s), ingest >= 0.85 of raw encode chunks/s")
-    return lines
+def _x(a: float | None, b: float | None) -> str:
+    r = ratio(a, b, 2)
+    return f"{r}x" if r is not None else ""
 
 
 def _lookup_lines(lk: dict[str, Any]) -> list[str]:
-    lines = [
-        "",
-        f"## Lookup (LookupKnowledgeTool, default settings), {lk['queries']} golden queries x {lk['rounds']}, "
-        "every size and store interleaved; ms; ratio = p95 / the same store's p95 on the smallest corpus",
-        "",
-        "| docs / store | e2e p50 | e2e p95 | e2e p95 ratio | store p50 | store p95 | store p95 ratio "
-        "| centroid p50 | centroid p95 | statuses |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
     rows = lk["targets"]
-    for name, r in rows.items():
-        base = next(v for k, v in rows.items() if k.endswith("/" + name.split("/")[1]))
-        lines.append(
-            f"| {name} | {r['e2e']['p50']} | {r['e2e']['p95']} | {ratio(r['e2e']['p95'], base['e2e']['p95'], 2)}x "
-            f"| {r['store']['p50']} | {r['store']['p95']} | {ratio(r['store']['p95'], base['store']['p95'], 2)}x "
-            f"| {r['documents']['p50']} | {r['documents']['p95']} | {','.join(r['statuses'])} |"
-        )
-    mem = " ; ".join(f"{k} docs: Milvus RSS {v['milvus_rss_mb']} MB, PostgreSQL PSS {v['pg_pss_mb']} MB"
-                     for k, v in lk["memory"].items())  # fmt: skip
-    return [*lines, "", f"server memory after the lookups: {mem}", "goal: e2e p95 at 10k <= 2x"]
+    first = {name.split("/")[1]: r for name, r in reversed(list(rows.items()))}  # each store's smallest corpus
+    return [
+        *_table(
+            f"Lookup (LookupKnowledgeTool, default settings), {lk['queries']} golden queries x {lk['rounds']} after "
+            "one warm-up round, sizes and stores interleaved; ms p50 / p95; ratio = p95 over the same store's on "
+            "the smallest corpus (goal at 10k <= 2x); store = the L1 searches, centroid = the document-similarity "
+            "query",
+            ["docs / store", "e2e", "e2e p95 ratio", "store", "store p95 ratio", "centroid", "centroid p95 ratio"],
+            [[name, _pp(r["e2e"]), _x(r["e2e"]["p95"], first[name.split("/")[1]]["e2e"]["p95"]),
+              _pp(r["store"]), _x(r["store"]["p95"], first[name.split("/")[1]]["store"]["p95"]),
+              _pp(r["documents"]), _x(r["documents"]["p95"], first[name.split("/")[1]]["documents"]["p95"])]
+             for name, r in rows.items()],
+        ),
+        "",
+        "server memory after the lookups (MB): "
+        + "; ".join(f"{k} docs: Milvus RSS {v['milvus_rss_mb']}, PostgreSQL PSS {v['pg_pss_mb']}"
+                    for k, v in lk["memory"].items()),
+    ]  # fmt: skip
 
 
 def _stores_lines(stores: dict[str, Any]) -> list[str]:
-    """One row per (corpus, rows, configuration): single-query ms and recall@10 (bench.scale)."""
-    lines = [
-        "",
-        "## Stores on real vectors (bench.scale; rows past the real ones: perturbed copies); single query ms",
-        "",
-        "| corpus | rows | store | config | p50 | p95 | recall@10 | filtered p50 | filtered recall@10 |",
-        "|---|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
-    api = ["", "| corpus | rows | store | search p50 | search p95 | centroid p50 | centroid p95 | BM25 p50 "
-           "| BM25 p95 | server MB |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    """bench.scale's figures: every configuration (single-query ms, recall@10), then the product
+    calls with ratios over the first corpus' smallest size, and the servers' memory."""
+    configs, api, skipped = [], [], []
+    base: dict[str, Any] = {}
     for label, out in stores.items():
         for n, res in out["sizes"].items():
-            for store, entry in res["stores"].items():
-                if "error" in entry:
-                    lines.append(f"| {label} | {n} | {store} | error: {entry['error'][:120]} | | | | | |")
+            for store, e in res["stores"].items():
+                if "error" in e:
+                    configs.append([label, n, store, "error: " + e["error"][:200], "", "", "", ""])
                     continue
-                for c in entry["configs"]:
-                    one, f = c["single_ms"], c["filtered_single_ms"]
-                    lines.append(
-                        f"| {label} | {n} | {store} | {c['config']} | {one['p50']} | {one['p95']} "
-                        f"| {c['recall@10']} | {f['p50']} | {c['filtered_recall@10']} |"
-                    )
-                a, mem = entry.get("store_api"), entry.get("memory") or {}
+                flat = e["configs"][0]["single_ms"]["p50"]
+                configs += [[label, n, store, c["config"], _pp(c["single_ms"]), _x(c["single_ms"]["p50"], flat),
+                             c["recall@10"], c["filtered_recall@10"]] for c in e["configs"]]  # fmt: skip
+                a, mem = e.get("store_api"), e.get("memory") or {}
                 if a:
-                    lex, cen = a.get("lexical_ms") or {}, a["centroid_ms"]
-                    api.append(
-                        f"| {label} | {n} | {store} | {a['single_ms']['p50']} | {a['single_ms']['p95']} "
-                        f"| {cen['p50']} | {cen['p95']} | {lex.get('p50')} | {lex.get('p95')} "
-                        f"| {mem.get('milvus_rss_mb') or mem.get('pg_pss_mb')} |"
-                    )
-        lines += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]]
-    api.append("\nserver MB: RSS of the Milvus server, PSS of PostgreSQL's processes (shared by the runs' tables)")
-    return lines + api
+                    b = base.setdefault(store, a)
+                    ms = [a["single_ms"], a["centroid_ms"], a.get("lexical_ms")]
+                    bs = [b["single_ms"], b["centroid_ms"], b.get("lexical_ms")]
+                    api.append([label, n, store, *(f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})"
+                                                   for m, o in zip(ms, bs, strict=True)),
+                                mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])  # fmt: skip
+        skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]
+                    if x["what"] != "milvus HNSW"]  # fmt: skip
+    return [
+        *_table(
+            "Store configurations on real vectors (bench.scale; rows past the real ones are perturbed copies); "
+            "single query ms p50 / p95, p50 over the store's first configuration (Milvus: FLAT)",
+            ["corpus", "rows", "store", "config", "ms", "p50 vs first", "recall@10", "filtered recall@10"],
+            configs,
+        ),
+        *skipped,
+        "Milvus HNSW: not measured, the embedded server (milvus-lite 2.5) refuses it: "
+        "'local mode only support FLAT IVF_FLAT AUTOINDEX'",
+        *_table(
+            "Product store calls: ms p50 / p95 (p95 over the first corpus' smallest size); server MB: Milvus "
+            "server RSS, PostgreSQL PSS",
+            ["corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)", "server MB"],
+            api,
+        ),
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
