@@ -1047,7 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
         "--ingest-minutes",
         type=float,
         default=20,
-        help="stop a real-model ingest after this long (default 20; 0: none)",
+        help="stop a real-model ingest after this long (0: never)",
     )
     parser.add_argument("--product-only", action="store_true", help="only the default-model product runs")
     parser.add_argument(
