@@ -775,9 +775,7 @@ def run_product(
                 dirs.pop()
         log(f"kb_scale: lookups on {' and '.join(label for label, *_ in dirs)} documents, Milvus and pgvector")
         out["lookup"] = in_child("lookup", dirs, rounds)
-        # a part of the knowledge base: its stores also at the whole one's chunk count
-        whole = [r["kb_chunks"] for r in out["real_model"].values() if r.get("finished_as") and "kb_chunks" in r]
-        out["stores"] = in_child("stores", dirs, [*large, *whole], [list(x) for x in ivf])
+        out["stores"] = in_child("stores", dirs, list(large), [list(x) for x in ivf])
     finally:
         for *_, d in dirs:
             stop_server(Path(d))
