@@ -408,6 +408,8 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, lim
     report, interrupted = IngestReport(str(kb)), None
     timer = threading.Timer(limit_s, os.kill, (os.getpid(), signal.SIGINT))
     if limit_s > 0:
+        # a process started in the background by a shell ignores SIGINT (and so would the limit)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         timer.start()
     try:
         report = ingest(settings, embedder, stores, batch_docs=batch_docs)
