@@ -296,7 +296,7 @@ class InterruptingEmbedder(FastFakeEmbedder):
         self.limit, self.passages = limit, 0
 
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        from rag_core.lookup.title_similarity import TITLE_LABEL
+        from rag_core.ingest.title_similarity import TITLE_LABEL
 
         chunks = sum(1 for label in ids or [""] * len(texts) if not label.startswith(TITLE_LABEL))
         if self.limit is not None and self.passages + chunks > self.limit:
