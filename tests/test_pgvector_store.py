@@ -15,6 +15,7 @@ import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
+from psycopg import sql
 
 from rag_core.models import Chunk
 from rag_core.secrets import redacted
@@ -92,7 +93,7 @@ def test_schema_has_vector_column_and_all_indexes(store, pg_dsn, pg_table):
     assert any("USING hnsw (embedding vector_cosine_ops)" in d for d in defs)
     assert any("btree (category)" in d for d in defs)
     assert any("btree (doc_id)" in d for d in defs)
-    assert any("USING gin (to_tsvector('simple'::regconfig, lexical))" in d for d in defs)
+    assert any("USING gin (lexical_tsv)" in d for d in defs)
     assert store.count() == 0 and store.chunk_hashes() == {}
 
 
@@ -469,6 +470,39 @@ def test_many_threads_resolving_at_once_get_one_server(pg_settings, pg_dsn):
     assert results == [pg_dsn] * 8
 
 
+def test_a_table_made_before_the_stored_tsvector_is_served_then_migrated_with_the_same_hits(store, pg_dsn, pg_table):
+    """A reader on a table of the old layout (tsvector parsed per row, expression GIN index)
+    gets the same BM25 hits; ``ensure_schema`` then adds the stored columns and their index."""
+    store.ensure_schema(DIM)
+    texts = ["disk full on node, disk pressure", "node not ready", "磁盘空间不足，清理磁盘日志", "disk"]
+    chunks = [chunk(i, text=t) for i, t in enumerate(texts, start=1)]
+    vecs = unit(len(chunks))
+    store.upsert(chunks, vecs)
+    terms = lexical_tokens("disk node 磁盘")
+    before = [(h.chunk_id, h.lexical_score) for h in store.search_lexical(terms, vecs[0], 10)]
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # back to the old layout
+        conn.execute(
+            sql.SQL("ALTER TABLE {t} DROP COLUMN lexical_tsv, DROP COLUMN lexical_len").format(
+                t=sql.Identifier(pg_table)
+            )
+        )
+        conn.execute(
+            sql.SQL("CREATE INDEX {i} ON {t} USING gin (to_tsvector('simple', lexical))").format(
+                i=sql.Identifier(f"{pg_table}_lexical_gin"), t=sql.Identifier(pg_table)
+            )
+        )
+    reader = PgVectorStore(pg_dsn, pg_table)
+    try:
+        assert [(h.chunk_id, h.lexical_score) for h in reader.search_lexical(terms, vecs[0], 10)] == before
+        reader.ensure_schema(DIM)
+        with psycopg.connect(pg_dsn) as conn:
+            indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (pg_table,))}
+        assert f"{pg_table}_lexical_tsv_gin" in indexes and f"{pg_table}_lexical_gin" not in indexes
+        assert [(h.chunk_id, h.lexical_score) for h in reader.search_lexical(terms, vecs[0], 10)] == before
+    finally:
+        reader.close()
+
+
 def test_lexical_scores_are_bm25_as_the_in_memory_store_computes_them(store):
     """Both paths weigh lexical hits alike: the sidecar's scores are Milvus-style BM25, the same
     numbers as the in-memory BM25 (bm25s, Lucene form, which lacks the constant k1 + 1)."""
@@ -521,7 +555,7 @@ def test_rebuild_swaps_the_new_table_in_whole_for_another_reader(store, pg_dsn, 
         }
         indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (pg_table,))}
     assert tables == {pg_table}
-    assert indexes == {f"{pg_table}_{s}" for s in ("pkey", "embedding_hnsw", "category", "doc_id", "lexical_gin")}
+    assert indexes == {f"{pg_table}_{s}" for s in ("pkey", "embedding_hnsw", "category", "doc_id", "lexical_tsv_gin")}
     reader.close()
 
 

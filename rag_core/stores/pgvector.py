@@ -3,7 +3,7 @@
 One table per store: chunk columns, a ``lexical`` column (``rag_core.text.lexical_string`` of
 the chunk's embed text, the same tokens the Milvus BM25 column holds, scored with the same
 BM25), ``embedding vector(dim)``. Indexes: HNSW ``vector_cosine_ops``, btree on category and
-doc_id, GIN on ``to_tsvector('simple', lexical)``.
+doc_id, GIN on ``lexical_tsv`` (``to_tsvector('simple', lexical)``, a stored generated column).
 
 Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
 
@@ -73,7 +73,14 @@ EXACT_SCAN_MAX_ROWS = 20_000
 EF_SEARCH = 100
 MAX_SCAN_TUPLES = 20_000
 REBUILD_SUFFIX = "__rebuild"
-_INDEX_SUFFIXES = ("embedding_hnsw", "category", "doc_id", "lexical_gin")
+_INDEX_SUFFIXES = ("embedding_hnsw", "category", "doc_id", "lexical_tsv_gin")
+# The tsvector of ``lexical``, stored: BM25 ranks every matching row, and parsing each one's
+# text again per query cost 0.45 s at 17k rows (bench/kb_scale.py).
+_TSV = "lexical_tsv"
+_TSV_COLUMNS = (  # and its length in tokens (BM25's dl), stored too
+    sql.SQL("{c} tsvector GENERATED ALWAYS AS (to_tsvector('simple', lexical)) STORED").format(c=sql.Identifier(_TSV)),
+    sql.SQL("lexical_len integer GENERATED ALWAYS AS (cardinality(string_to_array(lexical, ' '))) STORED"),
+)
 _COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text", "content_hash", "lexical", "embedding")
 _HIT_COLUMNS = ("chunk_id", "doc_id", "title", "breadcrumb", "category", "text")
 
@@ -114,7 +121,7 @@ class PgVectorStore:
         self._iterative_scan = True
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
-        self._stats: tuple[float, int, float] | None = None  # (taken at, rows, mean tokens) for BM25
+        self._stats: tuple[float, int, float, bool] | None = None  # (taken at, rows, mean tokens, stored tsv)
         self._pool = PgPool(
             dsn,
             max_size=pool_size,
@@ -160,6 +167,14 @@ class PgVectorStore:
 
     def _sql(self, template: str) -> sql.Composed:
         return sql.SQL(template).format(t=self._ident)
+
+    def _has_stored_tsv(self, conn: psycopg.Connection) -> bool:
+        """Whether the table has the stored ``lexical_tsv`` column (tables made before it do not)."""
+        found = conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attname = %s AND NOT attisdropped",
+            (self._ident.as_string(conn), _TSV),
+        ).fetchone()
+        return found is not None
 
     def _stored_dim(self, conn: psycopg.Connection) -> int | None:
         """Dimension of the table's embedding column; None when the table does not exist."""
@@ -219,11 +234,16 @@ class PgVectorStore:
                 stored = self._stored_dim(conn)
                 if stored is not None and stored != dim:
                     raise DimensionMismatchError(f"pgvector table {self.table!r}", stored, dim)
+                if stored is not None and not self._has_stored_tsv(conn):
+                    # A table made before the stored tsvector: added once (a table rewrite).
+                    adds = sql.SQL(", ").join(sql.SQL("ADD COLUMN {c}").format(c=c) for c in _TSV_COLUMNS)
+                    conn.execute(sql.SQL("ALTER TABLE {t} {adds}").format(t=self._ident, adds=adds))
+                    conn.execute(sql.SQL("DROP INDEX IF EXISTS {i}").format(i=self._index("lexical_gin")))
                 for statement in self._ddl(dim):
                     conn.execute(statement)
 
         self._run("ensure_schema", create)
-        self._dim = dim
+        self._dim, self._stats = dim, None
 
     def _index(self, suffix: str) -> sql.Identifier:
         return sql.Identifier(f"{self.table}_{suffix}"[:63])
@@ -240,13 +260,13 @@ class PgVectorStore:
                 "CREATE TABLE IF NOT EXISTS {t} (chunk_id text PRIMARY KEY, doc_id text NOT NULL, "
                 "title text NOT NULL, breadcrumb text NOT NULL, category text NOT NULL, "
                 "text text NOT NULL, content_hash text NOT NULL, lexical text NOT NULL, "
-                "embedding vector({dim}) NOT NULL)"
-            ).format(t=t, dim=sql.Literal(dim)),
+                "embedding vector({dim}) NOT NULL, {tsv})"
+            ).format(t=t, dim=sql.Literal(dim), tsv=sql.SQL(", ").join(_TSV_COLUMNS)),
             self._hnsw_sql(),
             sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (category)").format(i=self._index("category"), t=t),
             sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} (doc_id)").format(i=self._index("doc_id"), t=t),
-            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin (to_tsvector('simple', lexical))").format(
-                i=self._index("lexical_gin"), t=t
+            sql.SQL("CREATE INDEX IF NOT EXISTS {i} ON {t} USING gin ({c})").format(
+                i=self._index("lexical_tsv_gin"), t=t, c=sql.Identifier(_TSV)
             ),
         ]
 
@@ -373,7 +393,7 @@ class PgVectorStore:
         copy_sql = sql.SQL("COPY {t} ({cols}) FROM STDIN WITH (FORMAT BINARY)").format(
             t=self._ident, cols=sql.SQL(", ").join(sql.Identifier(c) for c in _COLUMNS)
         )
-        rebuilt = (self._index("embedding_hnsw"), self._index("lexical_gin"))
+        rebuilt = (self._index("embedding_hnsw"), self._index("lexical_tsv_gin"))
 
         def load(conn: psycopg.Connection) -> BulkLoad:
             with conn.transaction():
@@ -563,7 +583,7 @@ class PgVectorStore:
         q = self._query_vector(vector)
 
         def query(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
-            n, avgdl = self._bm25_stats(conn)
+            n, avgdl, stored_tsv = self._bm25_stats(conn)
             params: dict[str, Any] = {
                 "terms": words[:_MAX_TERMS],
                 "q": q,
@@ -575,23 +595,23 @@ class PgVectorStore:
                 "k1": BM25_K1,
                 "b": BM25_B,
             }
-            return conn.execute(self._lexical_sql(category is not None), params).fetchall()
+            return conn.execute(self._lexical_sql(category is not None, stored_tsv), params).fetchall()
 
         rows = self._run("lexical search", query)
         return [self._hit(r[:-1], "lexical", lexical_score=finite_score(r[-1])) for r in rows]
 
-    def _bm25_stats(self, conn: psycopg.Connection) -> tuple[int, float]:
-        """(rows, mean lexical tokens per row) of the table, cached ``BM25_STATS_TTL_S`` seconds
-        (a full scan; this process's own writes reset the cache)."""
+    def _bm25_stats(self, conn: psycopg.Connection) -> tuple[int, float, bool]:
+        """(rows, mean lexical tokens per row, whether ``lexical_tsv`` is stored) of the table,
+        cached ``BM25_STATS_TTL_S`` seconds (a full scan; this process's own writes reset the cache)."""
         cached = self._stats
         if cached is not None and time.monotonic() - cached[0] < BM25_STATS_TTL_S:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         statement = self._sql("SELECT count(*), avg(cardinality(string_to_array(lexical, ' '))) FROM {t}")
         n, avgdl = one_row(conn.execute(statement))
-        self._stats = (time.monotonic(), int(n), float(avgdl or 0.0))
-        return self._stats[1], self._stats[2]
+        self._stats = (time.monotonic(), int(n), float(avgdl or 0.0), self._has_stored_tsv(conn))
+        return self._stats[1], self._stats[2], self._stats[3]
 
-    def _lexical_sql(self, filtered: bool) -> sql.Composed:
+    def _lexical_sql(self, filtered: bool, stored_tsv: bool = True) -> sql.Composed:
         """BM25 in SQL: score = sum over query terms t in the chunk of
         idf(t) * tf (k1 + 1) / (tf + k1 (1 - b + b dl / avgdl)), idf(t) = ln(1 + (N - df + 0.5) /
         (df + 0.5)) (Robertson & Zaragoza 2009; the formula and defaults of Milvus' BM25 function).
@@ -600,9 +620,12 @@ class PgVectorStore:
         SQL only through ``plainto_tsquery`` (no term can inject tsquery operators); df is
         counted on the GIN index. The exact score is computed for the ``pool`` best matches by
         ``ts_rank_cd`` (a cheap first cut: exact whenever fewer rows match), then re-sorted.
+        ``stored_tsv``: read the stored ``lexical_tsv`` column; else (a table not yet migrated by
+        ``ensure_schema``, served by a reader) parse ``lexical`` per row as before.
         """
         where = sql.SQL("AND category = %(cat)s") if filtered else sql.SQL("")
-        tsv = sql.SQL("to_tsvector('simple', lexical)")
+        tsv = sql.Identifier(_TSV) if stored_tsv else sql.SQL("to_tsvector('simple', lexical)")
+        dl = sql.SQL("lexical_len" if stored_tsv else "cardinality(string_to_array(lexical, ' '))")
         t = self._ident
         return sql.SQL(
             "WITH terms AS MATERIALIZED (SELECT DISTINCT u.lexeme AS w"
@@ -612,7 +635,7 @@ class PgVectorStore:
             " idf AS MATERIALIZED (SELECT w, ln(1 + (%(n)s - df + 0.5) / (df + 0.5)) AS idf FROM"
             " (SELECT w, (SELECT count(*) FROM {t} WHERE {tsv} @@ plainto_tsquery('simple', w)) AS df"
             " FROM terms) d),"
-            " pool AS MATERIALIZED (SELECT chunk_id, {tsv} AS v, cardinality(string_to_array(lexical, ' ')) AS dl"
+            " pool AS MATERIALIZED (SELECT chunk_id, {tsv} AS v, {dl} AS dl"
             " FROM {t}, q WHERE {tsv} @@ q.query {where}"
             " ORDER BY ts_rank_cd({tsv}, q.query, 1) DESC, chunk_id LIMIT %(pool)s),"
             " scored AS (SELECT p.chunk_id, sum(idf.idf * cardinality(u.positions) * (%(k1)s + 1)"
@@ -622,6 +645,7 @@ class PgVectorStore:
             " FROM scored s JOIN {t} USING (chunk_id) ORDER BY s.score DESC, chunk_id LIMIT %(k)s"
         ).format(
             tsv=tsv,
+            dl=dl,
             cols=sql.SQL(", ").join(
                 sql.SQL("{t}.{c}").format(t=self._ident, c=sql.Identifier(c)) for c in _HIT_COLUMNS
             ),
