@@ -135,6 +135,20 @@ def test_missing_or_unusable_files_fall_back_to_the_hand_weights_with_one_warnin
     assert not caplog.records
 
 
+def test_model_fingerprints_are_asked_for_only_when_a_ranker_file_is_read(tmp_path):
+    hand, asked = RerankWeights().ranker(), []
+
+    def models():
+        asked.append(1)
+        return MODELS
+
+    keys = {"main": "x:none", "second": ""}
+    assert resolve_ranker("auto", hand, models, keys) is hand and not asked
+    assert resolve_ranker("hand", hand, models, keys) is hand and not asked
+    assert resolve_ranker(str(_write(tmp_path / "ok.json")), hand, models, keys).name == "test-ranker"
+    assert asked == [1]
+
+
 def test_ranker_json_round_trips(tmp_path):
     ranker = RerankWeights().ranker()
     data = {**ranker.to_json(), "models": dict(MODELS)}

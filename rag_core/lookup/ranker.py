@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,13 +172,17 @@ def shipped_ranker_path(main: str, second: str) -> Path:
 
 
 def resolve_ranker(
-    setting: str, hand: LinearRanker, models: Mapping[str, str], keys: Mapping[str, str]
+    setting: str,
+    hand: LinearRanker,
+    models: Mapping[str, str] | Callable[[], Mapping[str, str]],
+    keys: Mapping[str, str],
 ) -> LinearRanker:
     """The ranker ``setting`` (``RagSettings.rerank_model``) asks for: 'hand' -> ``hand``;
     'auto' -> the shipped file for the model ``keys`` (role -> ``backend:model``) if there is
     one, else ``hand``; anything else is a file path. A missing, corrupt or mismatched file
-    (``models``: role -> fingerprint, see :func:`load_ranker`) logs one warning naming the file
-    and gives ``hand``; never raises."""
+    (``models``: role -> fingerprint, see :func:`load_ranker`; a callable is called only when a
+    file is read, as a fingerprint may need the model) logs one warning naming the file and
+    gives ``hand``; never raises."""
     if setting in ("", "hand"):
         return hand
     if setting == "auto":
@@ -188,7 +192,7 @@ def resolve_ranker(
     else:
         path = Path(setting).expanduser()
     try:
-        return load_ranker(path, models)
+        return load_ranker(path, models() if callable(models) else models)
     except RankerFileError as exc:
         log.warning("rerank: %s; using the hand-set weights", exc)
         return hand

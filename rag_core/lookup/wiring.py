@@ -17,7 +17,7 @@ from rag_core.l0 import L0Index
 from rag_core.lookup.document_similarity import DocumentSimilarity
 from rag_core.lookup.ensemble import EnsembleSimilarity
 from rag_core.lookup.postprocessor import RerankWeights
-from rag_core.lookup.ranker import LinearRanker, resolve_ranker, shipped_ranker_path
+from rag_core.lookup.ranker import LinearRanker, resolve_ranker
 from rag_core.lookup.rerankers import Reranker, make_reranker
 from rag_core.settings import RagSettings
 
@@ -140,11 +140,11 @@ class LookupComponents:
                 main = self.embedder
                 second = self.ensemble.embedder if self.ensemble is not None else None
                 keys = {"main": _model_key(main), "second": _model_key(second)}
-                if setting == "auto" and not shipped_ranker_path(keys["main"], keys["second"]).is_file():
-                    self._ranker = hand  # no learned ranker for these models: nothing to check
-                else:
-                    models = {"main": getattr(main, "fingerprint", ""), "second": getattr(second, "fingerprint", "")}
-                    self._ranker = resolve_ranker(setting, hand, models, keys)
+
+                def models() -> dict[str, str]:  # only when a ranker file is read: may probe the model
+                    return {"main": getattr(main, "fingerprint", ""), "second": getattr(second, "fingerprint", "")}
+
+                self._ranker = resolve_ranker(setting, hand, models, keys)
         return self._ranker
 
     @property
