@@ -74,7 +74,8 @@ def load(data: bytes, kind: Any, where: str) -> Any:
 
 class RagFilesIOManager(dg.ConfigurableIOManager):
     """Stores asset outputs at ``AssetFiles.output_path`` of the RAG data dir (reports in the
-    reports dir), op outputs of graph-backed assets under ``<data_dir>/dagster/steps/<run id>``."""
+    reports dir), op outputs of graph-backed assets under ``<data_dir>/dagster/steps/<run id>``
+    (a run's first op output removes the folders of runs older than ``STEP_OUTPUTS_MAX_AGE_S``)."""
 
     rag: RagSettingsResource
     evaluation: EvaluationConfigResource
@@ -94,6 +95,8 @@ class RagFilesIOManager(dg.ConfigurableIOManager):
         if obj is None:
             return
         path = self._path(context)
+        if not context.has_asset_key and not path.parent.exists():
+            self._files().prune_step_outputs(keep_run=context.run_id)  # a new run: old runs' op outputs go
         if isinstance(obj, pl.DataFrame):
             write_parquet_atomic(obj, path)
         else:

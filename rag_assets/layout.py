@@ -8,6 +8,8 @@ layout so the IO manager, assets, ``run.py`` and tests agree.
 
 from __future__ import annotations
 
+import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,8 @@ REPO_BASELINE = PROJECT_ROOT / "golden" / "reports" / "baseline.json"
 DEFAULT_DAGSTER_HOME = PROJECT_ROOT / ".dagster_home"
 #: Instance config copied into a DAGSTER_HOME that has none.
 LOCAL_INSTANCE_YAML = PROJECT_ROOT / "dagster.local.yaml"
+#: How long a run's op outputs are kept for a re-execution from failure (7 days, in seconds).
+STEP_OUTPUTS_MAX_AGE_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,31 @@ class AssetFiles:
     def step_output_path(self, run_id: str, step_key: str, output: str, mapping_key: str | None = None) -> Path:
         """The file of an op output inside a graph-backed asset (one run's intermediate)."""
         name = f"{step_key}.{output}" + (f".{mapping_key}" if mapping_key else "")
-        return self.outputs_dir / "steps" / run_id / f"{name}.json"
+        return self.steps_dir / run_id / f"{name}.json"
+
+    @property
+    def steps_dir(self) -> Path:
+        """``<outputs>/steps``: one folder of op outputs per run (pruned by :meth:`prune_step_outputs`)."""
+        return self.outputs_dir / "steps"
+
+    def prune_step_outputs(self, keep_run: str, max_age_s: float = STEP_OUTPUTS_MAX_AGE_S) -> list[str]:
+        """Remove the op-output folders of runs other than ``keep_run`` last written more than
+        ``max_age_s`` seconds ago; returns the run ids removed. A run re-executed from failure
+        reads its parent run's folder, so young folders stay; the age bound keeps the folder
+        count at about the runs of that many days. A folder that cannot be removed is left."""
+        removed: list[str] = []
+        if not self.steps_dir.is_dir():
+            return removed
+        cutoff = time.time() - max_age_s
+        for run_dir in self.steps_dir.iterdir():
+            try:
+                if run_dir.name == keep_run or not run_dir.is_dir() or run_dir.stat().st_mtime > cutoff:
+                    continue
+                shutil.rmtree(run_dir)
+            except OSError:
+                continue  # another process removed it, or it is not ours to remove
+            removed.append(run_dir.name)
+        return removed
 
     @property
     def sensor_state(self) -> Path:

@@ -9,6 +9,8 @@ rebuilt in each step process from ``fake_embed_job`` below (``dg.build_reconstru
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -140,9 +142,17 @@ def test_sharded_embedding_on_the_multiprocess_executor_gives_the_one_process_ve
 
             embeddings = load(stored, ChunkEmbeddings, "chunk_embeddings.json")
             steps = {e.step_key for e in result.all_events if e.is_step_success}
-            results[executor] = (embeddings, embeddings.vectors_for(plan.to_embed()), steps)
-    one, one_vectors, one_steps = results["in_process"]
-    sharded, sharded_vectors, sharded_steps = results["multiprocess"]
+            results[executor] = (embeddings, embeddings.vectors_for(plan.to_embed()), steps, result.run_id)
+        # a new run removes the op outputs of runs older than a week, and only those
+        steps_dir = data_dir / "dagster" / "steps"
+        old_run, young_run = results["in_process"][3], results["multiprocess"][3]
+        week_ago = time.time() - 8 * 24 * 3600
+        os.utime(steps_dir / old_run, (week_ago, week_ago))
+        newest = _run(data_dir, 1, "in_process", instance)
+        assert newest.success
+        assert {d.name for d in steps_dir.iterdir()} == {young_run, newest.run_id}
+    one, one_vectors, one_steps, _ = results["in_process"]
+    sharded, sharded_vectors, sharded_steps, _ = results["multiprocess"]
     assert {s for s in sharded_steps if s.startswith("chunk_embeddings.embed_shard")} == {
         "chunk_embeddings.embed_shard[shard_0_of_2]",
         "chunk_embeddings.embed_shard[shard_1_of_2]",
