@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag_assets.files import write_text_atomic
-from rag_core.ingest.documents import doc_id_for, markdown_files
+from rag_core.ingest.documents import markdown_files
 
 #: Metadata key of ``knowledge_documents``: the stat digest of the files that ingest read.
 STAT_DIGEST_KEY = "knowledge_stat_sha256"
@@ -82,8 +82,7 @@ def stat_files(root: Path) -> tuple[str, dict[str, tuple[Path, Stat]]]:
     file and its (size, mtime ns)."""
     h = hashlib.sha256()
     files: dict[str, tuple[Path, Stat]] = {}
-    for path in markdown_files(root):
-        doc_id = doc_id_for(path, root)
+    for doc_id, path in markdown_files(root):
         stat = _stat(path)
         files[doc_id] = (path, stat)
         h.update(_stat_line(doc_id, stat))

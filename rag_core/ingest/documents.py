@@ -498,8 +498,10 @@ def _is_markdown(name: str) -> bool:
     return name.lower().endswith(MARKDOWN_SUFFIXES) and not name.startswith(".")
 
 
-def _walk(root: Path, issues: list[DocumentIssue]) -> Iterator[Path]:
-    """Markdown files under ``root``; hidden entries skipped, directory symlinks not followed."""
+def _walk(root: Path, issues: list[DocumentIssue]) -> Iterator[tuple[str, Path]]:
+    """(doc id, file) of the Markdown files under ``root``; hidden entries skipped, directory
+    symlinks not followed. The id is ``doc_id_for``'s, built from the directory's relative path
+    once per directory: ``doc_id_for`` per file is pathlib parsing that cost ~0.5 ms a file."""
     real_root = root.resolve()
 
     def unreadable(exc: OSError) -> None:
@@ -508,6 +510,8 @@ def _walk(root: Path, issues: list[DocumentIssue]) -> Iterator[Path]:
 
     for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable, followlinks=False):
         here = Path(dirpath)
+        rel = os.path.relpath(dirpath, root)
+        prefix = "" if rel == os.curdir else rel.replace(os.sep, "/") + "/"
         for name in list(dirnames):
             if name.startswith("."):
                 dirnames.remove(name)
@@ -518,7 +522,7 @@ def _walk(root: Path, issues: list[DocumentIssue]) -> Iterator[Path]:
                         reason="symlinked directory points outside the knowledge root; not followed",
                     )
                 )
-        yield from (here / name for name in filenames if _is_markdown(name))
+        yield from ((prefix + name, here / name) for name in filenames if _is_markdown(name))
 
 
 def list_markdown(root: Path) -> tuple[list[Path], list[DocumentIssue]]:
@@ -535,8 +539,7 @@ def list_markdown(root: Path) -> tuple[list[Path], list[DocumentIssue]]:
     if not root.is_dir():
         raise NotADirectoryError(f"knowledge root {root} is not a directory")
     issues: list[DocumentIssue] = []
-    paths = sorted(_walk(root, issues), key=lambda p: doc_id_for(p, root))
-    return paths, issues
+    return [path for _, path in sorted(_walk(root, issues))], issues
 
 
 def list_doc_ids(root: Path) -> tuple[list[str], list[DocumentIssue]]:
@@ -549,7 +552,7 @@ def list_doc_ids(root: Path) -> tuple[list[str], list[DocumentIssue]]:
     if not root.is_dir():
         raise NotADirectoryError(f"knowledge root {root} is not a directory")
     issues: list[DocumentIssue] = []
-    doc_ids = sorted(doc_id_for(p, root) for p in _walk(root, issues))
+    doc_ids = sorted(doc_id for doc_id, _ in _walk(root, issues))
     return doc_ids, issues
 
 
@@ -589,12 +592,12 @@ def scan_documents(
     return docs, [*issues, *load_issues]
 
 
-def markdown_files(root: Path) -> list[Path]:
-    """The Markdown files ``scan_documents`` reads under ``root``, sorted by doc id: the same
-    walk (hidden entries skipped, directory symlinks not followed, symlinked directories
-    outside the root refused). Listing problems are ``scan_documents``' to report; a missing
-    ``root`` yields ``[]``. For change detection (the Dagster sensor) without loading anything."""
+def markdown_files(root: Path) -> list[tuple[str, Path]]:
+    """(doc id, file) of the Markdown files ``scan_documents`` reads under ``root``, sorted by
+    doc id: the same walk (hidden entries skipped, directory symlinks not followed, symlinked
+    directories outside the root refused). Listing problems are ``scan_documents``' to report; a
+    missing ``root`` yields ``[]``. For change detection (the Dagster sensor) without loading anything."""
     root = Path(root)
     if not root.is_dir():
         return []
-    return sorted(_walk(root, []), key=lambda p: doc_id_for(p, root))
+    return sorted(_walk(root, []))
