@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, error_entry, log, progress, ratio
+from bench.common import Budget, error_entry, log, progress, ratio, server_memory
 from bench.harness import Stats, Target, measure
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
@@ -292,51 +292,6 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
         return out
     finally:
         store.close()
-
-
-def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None) -> dict[str, float | None]:
-    """MiB: RSS of the embedded Milvus server of ``milvus_data_dir`` and PSS summed over the
-    processes of the local PostgreSQL at ``pg_dsn`` (postmaster and backends: PSS counts shared
-    buffers once); None for a server not given, not running or not local."""
-    import psutil
-
-    def mib(pid: int | None, tree: bool) -> float | None:
-        try:
-            proc = psutil.Process(pid or -1)
-            if not tree:
-                return round(float(proc.memory_info().rss) / 2**20, 1)
-            procs = [proc, *proc.children(recursive=True)]
-        except (psutil.Error, ValueError):
-            return None
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_full_info().pss
-            except psutil.Error:  # a backend that just exited
-                pass
-        return round(total / 2**20, 1)
-
-    out: dict[str, float | None] = {"milvus_rss_mb": None, "pg_pss_mb": None}
-    if milvus_data_dir is not None:
-        from rag_core.stores.milvus_server import server_status
-
-        state = server_status(milvus_data_dir)
-        out["milvus_rss_mb"] = mib(state.pid if state else None, False)
-    if pg_dsn is not None:
-        import psycopg
-
-        with psycopg.connect(pg_dsn) as conn:  # the postmaster: the parent of this connection's backend
-            try:
-                postmaster = int(psutil.Process(one(conn.execute("SELECT pg_backend_pid()"))).ppid())
-            except psutil.Error:
-                postmaster = None
-        out["pg_pss_mb"] = mib(postmaster, True)
-    return out
-
-
-def one(cursor: Any) -> Any:
-    row = cursor.fetchone()
-    return row[0] if row else None
 
 
 # --- NumPy --------------------------------------------------------------------------------------------
