@@ -1,12 +1,6 @@
-"""A one-shot ``rag lookup``: wall time of fresh CLI processes beside the warm in-process p50.
-
-An agent that shells out, or a person at a terminal, pays for everything a long-lived service
-pays once: imports, the two models, the L0 index (and jieba's dictionary), the store
-connection, and whatever the index does not hold yet. Each cold sample is a new process
-(the ``rag`` entry point: ``rag lookup --json QUERY``) on the runbook corpus' ingested data
-dir, timed from spawn to exit; the warm figure is the same queries through one
-``LookupKnowledgeTool`` after a warm-up, in the same run. Goal (issue 26): cold <= 2 s on this
-machine when it is quiet.
+"""A one-shot ``rag lookup`` (issue 26): seconds from spawning ``rag lookup --json QUERY`` to its
+exit on the runbook corpus' data dir (imports, models, L0, store connection), beside the warm
+in-process p50 (ms) of the same queries in the same run. Goal: cold <= 2 s on a quiet machine.
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
-"""Retrieval quality on the in-memory floor, variants side by side: the golden suites and
-cross-lingual known-item sets built at run time from the two runbook corpora.
+"""Retrieval quality (recall@5/@20, MRR) on the in-memory floor, settings variants side by side.
 
-The real lookup pipeline (query transform, L0, dense + BM25 channels, RRF, rerank) runs on an
-``InMemoryStore`` (exact NumPy cosine, the stores' BM25), which gives the Milvus figures of the
-suites exactly in seconds, so a ranking change can be measured on more cases than the visible
-golden sets before the real stores are re-recorded (``rag eval suites``).
-
-The known-item sets (``--crosslingual``) take the alerts present in both corpora
-(``kubernetes/KubeletTooManyPods.md`` in English and in Chinese): the Chinese runbook's first
-"含义" or "影响" section is a query for the English runbook, the English "Meaning" or "Impact"
-section one for the Chinese runbook (the alert's own name removed). A translation shares no
-words with its target, so these sets measure the semantic channels on paraphrases, the weak
-spot of vague symptoms and pure-Chinese questions; they are built at run time and never stored.
-
-The held-out-section sets (``--held-out``) ask each runbook's own "Impact"/"影响" (or
-"Meaning"/"含义") section, with the alert name removed, against a copy of its corpus from
-which that section was removed in every runbook: a symptom description in the corpus's own
-language, found only through the runbook's other sections, the weak spot of vague symptoms.
-
-Variants (``--variants``) are named settings overrides, e.g. ``single-model`` (the rerank
-without its second model); ``--channels`` adds each first-stage channel alone. Run:
-``python -m bench.quality_floor [--crosslingual] [--held-out] [--channels] [--variants
-default,single-model] [--suite runbooks-zh] [--backend use]``; vectors are cached (by model and
-content hash) under ``--data`` between runs.
+The real lookup pipeline runs on an ``InMemoryStore`` (exact NumPy cosine, the stores' BM25), which
+gives the Milvus suite figures in seconds. Case sets: the golden suites; ``--crosslingual``: each
+alert in both runbook corpora asked by its other-language "Meaning"/"Impact" section; ``--held-out``:
+each runbook's own section asked against a corpus copy without it (both built at run time, never
+stored). ``--variants``: named settings overrides (``VARIANTS``); ``--channels``: each first-stage
+channel alone. ``python -m bench.quality_floor [--crosslingual] [--held-out] [--channels]
+[--variants default,single-model] [--suite runbooks-zh] [--backend use]``; vectors are cached under
+``--data`` between runs.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""Store search at scale: Milvus (the embedded server of a scratch data dir, reached by URI like
-the product's default), pgvector and an exact NumPy top-k over the same vectors.
+"""Store search at scale (ms, queries/s, recall@10): Milvus (the embedded server of a scratch data
+dir), pgvector and an exact NumPy top-k over the same vectors, filled by the stores' ``bulk_load``.
 
-Vectors: the real runbook chunk embeddings, scaled up to each size by copying random chunks
-with a small Gaussian perturbation (``sigma`` per dimension) and renormalising; the real
-chunks themselves are the first rows. Every row keeps its source chunk's payload (doc id,
-title, breadcrumb, text, BM25 text), so a collection is a usable knowledge base; a random
-``rare_fraction`` (3 %) of the rows get the category ``bench_rare`` for the filtered searches.
-Queries: the benchmark queries' real embeddings.
-
-Per size and store configuration: single-query latency (one query per call), batched
-throughput (all queries in one call: a NumPy matrix product, one Milvus ``search`` with many
-vectors, a psycopg pipeline for PostgreSQL) and recall@10 against the exact NumPy result,
-unfiltered and filtered. Recall is tie-tolerant: a returned row counts when its exact score
-is at least the exact 10th-best score (minus 1e-5), so equal-scoring rows are not misses.
-
-Index choice by measurement: Milvus FLAT vs HNSW (M, efConstruction as below) at several
-``ef``; pgvector HNSW (pgvector's defaults m=16, ef_construction=64, as the product creates it)
-at several ``hnsw.ef_search`` and an exact scan. The best configuration of a store is the
-fastest (single-query p50) with recall@10 >= 0.95. Expensive steps are skipped when their
-estimate (from the sizes measured before) does not fit the run's remaining time budget; every
-skip is recorded with its reason.
+Vectors: the real runbook chunk embeddings first, scaled up to each size by perturbed copies
+(``sigma`` per dimension, renormalised) keeping their source chunk's payload; ``rare_fraction``
+(3 %) of the rows get the category ``bench_rare`` for the filtered searches. Queries: the benchmark
+queries' real embeddings. Per size and configuration: single-query latency, batched throughput
+(all queries in one call) and tie-tolerant recall@10 against NumPy (a hit counts when its exact
+score is >= the exact 10th-best minus 1e-5), unfiltered and filtered. Milvus FLAT (IVF_FLAT /
+HNSW sweeps where asked and the engine has them), pgvector HNSW at several ``hnsw.ef_search`` and
+an exact scan; a store's best = fastest p50 with recall@10 >= 0.95. Steps whose estimate does not
+fit the run's budget are skipped, with the reason recorded.
 """
 
 from __future__ import annotations
