@@ -426,13 +426,10 @@ def with_rates(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def golden_queries() -> list[str]:
-    """The golden cases' query texts (``../shared/golden/*.yaml``), used as query text only."""
-    import yaml
+    """The query texts of every golden case file (``../shared/golden/*.yaml``), used as query text only."""
+    from bench.queries import golden_queries as of_file
 
-    out: list[str] = []
-    for path in sorted((SHARED / "golden").glob("*.yaml")):
-        out += [str(c["query"]) for c in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("cases", [])]
-    return out
+    return [q for path in sorted((SHARED / "golden").glob("*.yaml")) for q in of_file(path)]
 
 
 def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any]:

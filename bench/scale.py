@@ -721,13 +721,15 @@ def _pg_measure(run: ScaleRun, sr: SizeRun, pg: _PgTable) -> dict[str, Any]:
 
 
 def _pg_close(_run: ScaleRun, _sr: SizeRun, pg: _PgTable) -> None:
-    try:
-        import psycopg
+    from rag_core.stores.pgvector import PgVectorStore
 
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {pg.table}")
+    store = PgVectorStore(pg.dsn, pg.table)
+    try:
+        store.drop()
     except Exception:  # a leftover scratch table must not fail the run
         pass
+    finally:
+        store.close()
 
 
 # Milvus: the embedded server of a scratch data dir, FLAT (HNSW where the engine has it).
