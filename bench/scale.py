@@ -100,7 +100,6 @@ class Dataset:
     gt_kth: np.ndarray  # (nq,) exact k-th score
     gt_f: np.ndarray
     gt_f_kth: np.ndarray
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def synthesize(
