@@ -49,8 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import CORPORA, RUNBOOKS, SHARED, child_json, log, parse_command_line, ratio, summarize
-from rag_core.settings import RagSettings
+from bench.common import CORPORA, RUNBOOKS, SHARED, child_json, load_average, log, make_settings, ratio, summarize
 
 SEED = 23
 DIM = 384
@@ -275,7 +274,6 @@ class ThinStore:
 
 def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
     """One ingest (``batch_docs`` 0: the whole tree in one batch, as before streaming)."""
-    from bench.common import make_settings
     from rag_core.ingest.pipeline import IngestInterrupted, ingest
 
     kb, data_dir = Path(kb), Path(data_dir)
@@ -335,7 +333,6 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, lim
     of ``data_dir``). ``limit_s`` > 0: SIGINT (as Ctrl-C)
     after that many seconds of ingest; the figures are then those of the part done
     (``interrupted``; the vectors embedded are in the embedding cache)."""
-    from bench.common import make_settings
     from rag_core.components import make_stores
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
@@ -438,7 +435,7 @@ def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any
     golden queries ``rounds`` times, every target interleaved query by query; per target: end
     to end, the store figure (``bench.common.STORE_MS_MEANS``) and the document-similarity
     centroid query (``documents``) in ms; then the servers' memory."""
-    from bench.common import make_settings, server_memory, store_ms
+    from bench.common import server_memory, store_ms
     from bench.harness import Target, measure
     from bench.latency import build_tool
     from rag_core.components import make_sidecar_store
@@ -497,7 +494,6 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[t
     centroid and BM25 queries; server memory. The last one also at the ``large`` row counts (its real
     vectors plus perturbed copies, ``bench.scale.synthesize``)."""
     from bench import scale
-    from bench.common import make_settings
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
     from rag_core.ingest.embed_cache import EmbeddingCache
@@ -631,7 +627,6 @@ def run(
     if isinstance(sources, str):
         log(f"kb_scale skipped: {sources}")
         return {"skipped": sources}
-    from bench.common import load_average
     from rag_core.ingest.documents import scan_documents
 
     scratch = Path(tempfile.mkdtemp(prefix="kb-scale-", dir=workdir))
@@ -730,7 +725,7 @@ def run_product(
     finally:
         for *_, d in dirs:
             stop_server(Path(d))
-            stop_embedded(RagSettings(data_dir=Path(d), _env_file=None).pg_data_dir, mode="fast")
+            stop_embedded(make_settings(Path(d)).pg_data_dir, mode="fast")
             if keep is None:
                 shutil.rmtree(d, ignore_errors=True)
     return out
@@ -741,7 +736,6 @@ def finish_partial(kb: Path, data: Path, batch_docs: int) -> tuple[str, str, str
     ingested from it into the same data dir (every vector from the cache; writes the L0 index),
     so the lookups run on a whole knowledge base of that size. (label, knowledge dir, data dir);
     None when no batch was written."""
-    from bench.common import make_settings
     from rag_core.stores.milvus import MilvusStore
 
     store = MilvusStore.from_settings(make_settings(data, kb))
@@ -986,6 +980,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-l0": dict(action="store_true", help="skip the L0 lookup comparison"),
         "--json": dict(type=Path, help="also write the figures to this JSON file"),
     }
+    from bench.common import parse_command_line
+
     args = parse_command_line(__doc__, options, argv, prog="python -m bench.kb_scale")
     out = run(
         args.docs,

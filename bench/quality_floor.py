@@ -23,7 +23,7 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import SHARED, log, parse_command_line  # noqa: E402
+from bench.common import CORPORA, log, make_settings, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
 from rag_core.evaluation.known_items import held_out_corpus, known_item_cases, section_query  # noqa: E402
 from rag_core.evaluation.metrics import normalize_doc_id, recall_at_k, reciprocal_rank  # noqa: E402
@@ -33,8 +33,7 @@ from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import RagSettings  # noqa: E402
 from rag_core.stores.memory import InMemoryStore  # noqa: E402
 
-EN = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
-ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
+EN, ZH = CORPORA["en"], CORPORA["zh"]
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-model": {"ensemble_backend": "none"},
@@ -190,9 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="rag-floor-") as tmp:
         data = args.data or Path(tmp)
-        base = RagSettings(
-            data_dir=data, embedding_backend=args.backend, trace_enabled=False, sidecar_enabled=False, _env_file=None
-        )
+        base = make_settings(data, embedding_backend=args.backend, sidecar_enabled=False)  # knowledge_dir per set
         rows, channel_rows = [], []
         for name, knowledge, cases in case_sets(
             args.suite, args.crosslingual, data / "held-out" if args.held_out else None
