@@ -82,8 +82,11 @@ def _interleaved(
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[np.ndarray]]]:
     """``rounds`` interleaved rounds (``harness.measure``) of every ``fns`` entry over ``texts`` in
     ingest steps: per name the wall and process CPU seconds and the vectors of each round."""
-    targets = [Target(name, lambda _h, _round, fn=fn: _stepped(fn, texts)) for name, fn in fns.items()]
-    timings = measure(targets, range(rounds))
+
+    def steps(fn: Callable[[list[str]], np.ndarray]) -> Callable[[None, int], np.ndarray]:
+        return lambda _h, _round: _stepped(fn, texts)
+
+    timings = measure([Target(name, steps(fn)) for name, fn in fns.items()], range(rounds))
     wall = {k: [ms / 1000 for ms in t.ms] for k, t in timings.items()}
     for r in range(rounds):
         log(
@@ -136,12 +139,17 @@ def _stats(ms: list[float]) -> dict[str, Any]:
     return {"n": st.n, "p50_ms": st.p50, "max_ms": st.max}
 
 
+def _query(embedder: Any) -> Callable[[None, str], np.ndarray]:
+    """``embedder.embed_query`` as a harness target's call."""
+    return lambda _h, q: embedder.embed_query(q)
+
+
 def _quiet_queries(embedder: Any) -> dict[str, Any]:
     """Query latency with nothing else in this process, alternating per query: ``quiet`` (the
     default, the engine's own OpenMP threads in this thread) and, for comparison, what the query
     thread gives (one OpenMP thread)."""
     one = embedder._query_thread() if hasattr(embedder, "_query_thread") else None
-    targets = [Target("quiet", lambda _h, q: embedder.embed_query(q))]
+    targets: list[Target[None, str, Any]] = [Target("quiet", _query(embedder))]
     if one is not None:
         one.submit(embedder._e5.encode, ["warm-up"], True).result()
         encode = embedder._e5.encode
@@ -195,7 +203,7 @@ def run_runtimes(
         log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
     fns = {k: e.embed_passages for k, e in embedders.items()}
     wall, cpu, vectors = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
-    targets = [Target(name, lambda _h, q, e=e: e.embed_query(q)) for name, e in embedders.items()]
+    targets = [Target(name, _query(e)) for name, e in embedders.items()]
     query_ms = {k: t.ms for k, t in measure(targets, QUERIES * query_repeats, warmup=["warm-up"]).items()}
     out: dict[str, Any] = {"workers": embedders["engine"].workers, "candidates": {}}
     for name, e in embedders.items():

@@ -578,7 +578,10 @@ def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -
     build_s = time.perf_counter() - t0
     old = LinearL0Index(new.entries.values())
     old._linear_choices()
-    targets = [Target(name, lambda _h, q, i=i: i.analyze_query(q)) for name, i in (("indexed", new), ("linear", old))]
+    targets: list[Target[None, str, Any]] = [
+        Target("indexed", lambda _h, q: new.analyze_query(q)),
+        Target("linear", lambda _h, q: old.analyze_query(q)),
+    ]
     inputs = [q for _ in range(rounds) for q in queries]
     t = measure(targets, inputs, warmup=queries[:3])  # warm-up: the tokenizer's caches
     pairs = zip(t["indexed"].results, t["linear"].results, inputs, strict=True)
