@@ -52,7 +52,6 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
         sizes=sizes,
         pg_max_size=args.pg_max_size,
         milvus_max_size=args.milvus_max_size,
-        milvus_hnsw_max_size=args.milvus_hnsw_max_size,
         keep_milvus_size=keep if memory_next else None,
         overlap_pg_build=not args.no_overlap,
         budget=ctx.budget,
@@ -107,7 +106,6 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    hnsw = "0: the embedded engine, milvus-lite 2.5, has no HNSW; raise it for a Milvus server URI"
     options: dict[str, dict[str, Any]] = {
         "--quick": dict(action="store_true", help="small sizes and few repetitions (a smoke run)"),
         "--sizes": dict(type=_sizes, help="scale sizes, comma-separated (default 10000,100000,300000; --quick: 10000)"),
@@ -117,7 +115,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-min": dict(type=float, help="wall-clock budget (default 12; --quick: 6)"),
         "--pg-max-size": dict(type=int, default=100_000, help="largest pgvector scale size (HNSW build time)"),
         "--milvus-max-size": dict(type=int, default=300_000, help="largest Milvus scale size"),
-        "--milvus-hnsw-max-size": dict(type=int, default=0, help=f"largest size with Milvus HNSW (default {hnsw})"),
         "--rounds": dict(type=int, help="latency rounds over the queries (default 3; --quick: 1)"),
         "--eval-cases": dict(type=int, default=1000, help="cases of the offline evaluation benchmark"),
         "--no-overlap": dict(action="store_true", help="build the pgvector index before, not while, Milvus inserts"),

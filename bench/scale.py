@@ -6,8 +6,8 @@ Vectors: the real runbook chunk embeddings first, scaled up to each size by pert
 (3 %) of the rows get the category ``bench_rare`` for the filtered searches. Queries: the benchmark
 queries' real embeddings. Per size and configuration: single-query latency, batched throughput
 (all queries in one call) and tie-tolerant recall@10 against NumPy (a hit counts when its exact
-score is >= the exact 10th-best minus 1e-5), unfiltered and filtered. Milvus FLAT (IVF_FLAT /
-HNSW sweeps where asked and the engine has them), pgvector HNSW at several ``hnsw.ef_search`` and
+score is >= the exact 10th-best minus 1e-5), unfiltered and filtered. Milvus FLAT (an IVF_FLAT
+sweep where asked; the embedded engine has no HNSW), pgvector HNSW at several ``hnsw.ef_search`` and
 an exact scan; a store's best = fastest p50 with recall@10 >= 0.95. Steps whose estimate does not
 fit the run's budget are skipped, with the reason recorded.
 """
@@ -47,11 +47,7 @@ class ScaleOptions:
     sigma: float = 0.05
     rare_fraction: float = 0.03
     seed: int = 13
-    milvus_ef: tuple[int, ...] = (32, 64, 128, 256, 512)
     pg_ef: tuple[int, ...] = (40, 100, 200, 400, 1000)
-    hnsw_m: int = 16
-    hnsw_ef_construction: int = 64
-    milvus_hnsw_max_size: int = 0  # the embedded engine (milvus-lite 2.5) has no HNSW
     milvus_ivf: tuple[tuple[int, int], ...] = ()  # IVF_FLAT (nlist, nprobe) configurations swept
     milvus_max_size: int = 300_000
     pg_max_size: int = 100_000
@@ -545,7 +541,6 @@ class ScaleRun:
         self.work.chmod(0o755)  # PostgreSQL runs as another user
         self.est = _Estimates()
         self.terms = bm25_terms(base, len(Q))  # the product's lexical call, one per query
-        self.milvus_choice: ConfigRow | None = None  # best Milvus config at the largest HNSW-swept size
         self.out: dict[str, Any] = {
             "method": method(base, Q, opts),
             "sizes": {},
@@ -731,7 +726,7 @@ def _pg_close(_run: ScaleRun, _sr: SizeRun, pg: _PgTable) -> None:
         store.close()
 
 
-# Milvus: the embedded server of a scratch data dir, FLAT (HNSW where the engine has it).
+# Milvus: the embedded server of a scratch data dir (milvus-lite: FLAT, IVF_FLAT, AUTOINDEX; no HNSW).
 
 
 @dataclass
@@ -773,30 +768,6 @@ def _milvus_load(run: ScaleRun, sr: SizeRun) -> Loaded:
     return Loaded(_MilvusCollection(uri, data_dir, client), setup)
 
 
-def _milvus_hnsw(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[ConfigRow]:
-    """HNSW configurations: the ef sweep up to --milvus-hnsw-max-size, above it only the ef that
-    won at the smaller size (and nothing when FLAT won there)."""
-    opts, n, choice = run.opts, sr.n, run.milvus_choice
-    swept = n <= opts.milvus_hnsw_max_size
-    if not swept and not (choice is not None and choice.config.startswith("HNSW")):
-        reason = f"above --milvus-hnsw-max-size {opts.milvus_hnsw_max_size:,} and FLAT was the best Milvus index"
-        run.skip(n, "milvus HNSW", reason + " at the smaller size")
-        return []
-    if not run.fits("milvus HNSW build + searches", n, run.est.estimate("milvus_hnsw", n, nlogn=True)):
-        return []
-    t0 = time.perf_counter()
-    build = {"M": opts.hnsw_m, "efConstruction": opts.hnsw_ef_construction}
-    sr.res["setup"]["milvus"]["hnsw_build_s"] = round(milvus_set_index(m.client, "HNSW", build), 2)
-    m.index = "HNSW"
-    efs = opts.milvus_ef if swept or choice is None else (choice.params["ef"],)
-    configs = [
-        measure_config(milvus_config(m.client, opts.k, {"ef": ef}, f"HNSW ef={ef}", sr.n_single), sr.ds, opts.k)
-        for ef in progress(efs, enabled=opts.show_progress, desc=f"milvus HNSW {n:,}")
-    ]
-    run.est.learn("milvus_hnsw", n, time.perf_counter() - t0)
-    return configs
-
-
 def _milvus_ivf(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[ConfigRow]:
     """IVF_FLAT configurations of ``milvus_ivf`` ((nlist, nprobe) pairs): one index build per nlist."""
     configs = []
@@ -818,10 +789,7 @@ def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[st
     configs = [measure_config(milvus_config(m.client, opts.k, {}, "FLAT", sr.n_single), ds, opts.k)]
     bm25_ms = milvus_bm25(m.client, run.base, opts.k, sr.n_single)
     run.est.learn("milvus_flat_query", sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
-    configs += _milvus_ivf(run, sr, m) + _milvus_hnsw(run, sr, m)
-    best = best_config(configs)
-    if sr.n <= opts.milvus_hnsw_max_size:
-        run.milvus_choice = best
+    configs += _milvus_ivf(run, sr, m)
     if m.index != "FLAT":  # back to the product's index for its own calls and the memory benchmark
         milvus_set_index(m.client, "FLAT", {})
         m.index = "FLAT"
@@ -874,10 +842,8 @@ def method(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
             "real chunk embeddings scaled up: each extra row is a random real chunk's vector "
             f"+ N(0, {opts.sigma}^2) per dimension, renormalised; payload copied from that chunk"
         ),
-        "hnsw": {"M": opts.hnsw_m, "efConstruction": opts.hnsw_ef_construction},
         "min_recall": MIN_RECALL,
         "pg_store_plan": _pg_store_plan(),
-        "milvus_ef": list(opts.milvus_ef),
         "pg_ef_search": list(opts.pg_ef),
     }
 
