@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import log, ratio, summarize
+from bench.common import load_average, log, ratio, summarize
 from bench.context import BenchContext
 from bench.harness import Target, measure
 
@@ -76,7 +76,7 @@ def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
         "warm_ms": warm_s,
         "cold_over_warm_p50": ratio(cold_s["p50"] * 1000 if cold_s["p50"] else None, warm_s["p50"], 1),
         "cold_goal_s": COLD_GOAL_S,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average": load_average(),
     }
     log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
     return out

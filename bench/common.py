@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Stats
+from bench.harness import Stats, error_text
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
 SHARED = PROJECT_ROOT.parent / "shared"
@@ -54,7 +54,7 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
 
 def error_entry(exc: BaseException, limit: int = 500) -> dict[str, str]:
     """A failed benchmark's (or part's) results entry: ``{"error": "Type: message"}``."""
-    return {"error": f"{type(exc).__name__}: {exc}"[:limit]}
+    return {"error": error_text(exc, limit)}
 
 
 def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:

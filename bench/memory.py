@@ -18,12 +18,9 @@ from typing import Any
 
 from bench.common import child_json, error_entry, log, make_settings, server_memory, summarize
 from bench.context import BenchContext
+from bench.harness import ok
 
 CHILD_TIMEOUT_S = 900
-
-
-def _ok(d: Any) -> bool:
-    return isinstance(d, dict) and "error" not in d
 
 
 def _child(spec: dict[str, Any]) -> None:
@@ -145,7 +142,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
 
         stop_server(data_dir)
     base, large = out.get("baseline", {}), out["large"]
-    if _ok(base) and _ok(large):
+    if ok(base) and ok(large):
         out["collection_cost_mb"] = {
             "peak_ru_maxrss": round(large["peak_rss_mb_ru_maxrss"] - base["peak_rss_mb_ru_maxrss"], 1),
             "peak_sampled": round(large["peak_rss_mb_sampled"] - base["peak_rss_mb_sampled"], 1),

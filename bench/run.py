@@ -24,6 +24,7 @@ from typing import Any
 from bench import report
 from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log, parse_command_line
 from bench.context import BenchContext
+from bench.harness import error_text
 from rag_core.fileio import write_text_atomic
 
 
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = RUNNERS[name](ctx, state)
             except Exception as exc:  # one failing benchmark must not lose the others
                 log(f"{name} failed: {exc}")
-                results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                results[name] = {"error": error_text(exc, 10**6), "traceback": traceback.format_exc()[-3000:]}
             results["meta"]["seconds"][name] = round(time.perf_counter() - t0, 1)
             results["meta"].setdefault("load_average_after", {})[name] = load_average()
             if "model_load_s" in ctx.notes:
