@@ -1,12 +1,6 @@
-"""A one-shot ``rag lookup``: wall time of fresh CLI processes beside the warm in-process p50.
-
-An agent that shells out, or a person at a terminal, pays for everything a long-lived service
-pays once: imports, the two models, the L0 index (and jieba's dictionary), the store
-connection, and whatever the index does not hold yet. Each cold sample is a new process
-(the ``rag`` entry point: ``rag lookup --json QUERY``) on the runbook corpus' ingested data
-dir, timed from spawn to exit; the warm figure is the same queries through one
-``LookupKnowledgeTool`` after a warm-up, in the same run. Goal (issue 26): cold <= 2 s on this
-machine when it is quiet.
+"""A one-shot ``rag lookup`` (issue 26): seconds from spawning ``rag lookup --json QUERY`` to its
+exit on the runbook corpus' data dir (imports, models, L0, store connection), beside the warm
+in-process p50 (ms) of the same queries in the same run. Goal: cold <= 2 s on a quiet machine.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from bench.common import log, ratio, summarize
+from bench.common import load_average, log, ratio, summarize
 from bench.context import BenchContext
 from bench.harness import Target, measure
 
@@ -82,7 +76,7 @@ def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
         "warm_ms": warm_s,
         "cold_over_warm_p50": ratio(cold_s["p50"] * 1000 if cold_s["p50"] else None, warm_s["p50"], 1),
         "cold_goal_s": COLD_GOAL_S,
-        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "load_average": load_average(),
     }
     log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
     return out

@@ -1,14 +1,16 @@
-"""Plumbing shared by the benchmarks: settings, scratch dirs, the embedded PostgreSQL, timing
-statistics, the store figure of a lookup, cProfile summaries, the
+"""Plumbing shared by the benchmarks: settings, corpora, scratch dirs, the embedded PostgreSQL,
+statistics, child processes, server memory, the store figure of a lookup, cProfile summaries, the
 run's time budget and metadata."""
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import json
 import os
 import platform
 import pstats
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import Stats
+from bench.harness import Stats, error_text
 from rag_core.settings import PROJECT_ROOT, RagSettings
 
 SHARED = PROJECT_ROOT.parent / "shared"
 RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
+CORPORA = {"en": RUNBOOKS, "zh": SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"}
 RUNBOOKS_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 
@@ -51,7 +54,7 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
 
 def error_entry(exc: BaseException, limit: int = 500) -> dict[str, str]:
     """A failed benchmark's (or part's) results entry: ``{"error": "Type: message"}``."""
-    return {"error": f"{type(exc).__name__}: {exc}"[:limit]}
+    return {"error": error_text(exc, limit)}
 
 
 def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:
@@ -100,6 +103,66 @@ def parse_command_line(
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --- child processes and server memory ---------------------------------------------------------------
+
+
+def child_json(module: str, *args: str, fresh_rss: bool = False, timeout: float | None = None) -> dict[str, Any]:
+    """``python -m module *args`` from the project root; the JSON object on its last stdout line.
+    ``fresh_rss``: started through ``sh -c`` that cannot exec it in place, so the child does not
+    inherit this process' ``ru_maxrss`` (Linux keeps the high-water mark across fork + exec), and
+    its stderr is captured for the error. RuntimeError when the child fails."""
+    cmd = [sys.executable, "-m", module, *args]
+    if fresh_rss:
+        cmd = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]
+    stderr = subprocess.PIPE if fresh_rss else None
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        why = proc.stderr.strip()[-800:] if fresh_rss else "its stderr is above"
+        raise RuntimeError(f"{module} child failed ({proc.returncode}): {why}")
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None) -> dict[str, float | None]:
+    """MiB: RSS of the embedded Milvus server of ``milvus_data_dir`` and PSS summed over the
+    processes of the local PostgreSQL at ``pg_dsn`` (postmaster and backends: PSS counts shared
+    buffers once); None for a server not given, not running or not local."""
+    import psutil
+
+    def mib(pid: int | None, tree: bool) -> float | None:
+        try:
+            proc = psutil.Process(pid or -1)
+            if not tree:
+                return round(float(proc.memory_info().rss) / 2**20, 1)
+            procs = [proc, *proc.children(recursive=True)]
+        except (psutil.Error, ValueError):
+            return None
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_full_info().pss
+            except psutil.Error:  # a backend that just exited
+                pass
+        return round(total / 2**20, 1)
+
+    out: dict[str, float | None] = {"milvus_rss_mb": None, "pg_pss_mb": None}
+    if milvus_data_dir is not None:
+        from rag_core.stores.milvus_server import server_status
+
+        state = server_status(milvus_data_dir)
+        out["milvus_rss_mb"] = mib(state.pid if state else None, False)
+    if pg_dsn is not None:
+        import psycopg
+
+        with psycopg.connect(pg_dsn) as conn:  # the postmaster: the parent of this connection's backend
+            row = conn.execute("SELECT pg_backend_pid()").fetchone()
+            try:
+                postmaster = int(psutil.Process(row[0] if row else None).ppid())
+            except psutil.Error:
+                postmaster = None
+        out["pg_pss_mb"] = mib(postmaster, True)
+    return out
 
 
 # --- scratch space and the embedded PostgreSQL ---------------------------------------------------

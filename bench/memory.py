@@ -1,37 +1,26 @@
-"""Memory: peak RSS of a lookup process and of the embedded Milvus server on a 100k-chunk collection.
+"""Memory (MiB): peak RSS of a lookup process and of the embedded Milvus server on a 100k-chunk collection.
 
-A fresh subprocess (``python -m bench.memory '<json spec>'``) opens ``LookupKnowledgeTool`` on the
-collection the scale benchmark left behind (product schema, FLAT index, the runbook L0 index
-copied beside it) and runs lookups. It reports ``ru_maxrss``, the kernel's high-water mark
-(``VmHWM``) and the RSS at each step (sampled every 20 ms by a thread). The child is started
-through ``sh -c`` so that it does not inherit this process' ``ru_maxrss`` across fork + exec
-(Linux carries the high-water mark over exec). The embedded Milvus server is its own process
-(``rag_core.stores.milvus_server``): its RSS after the lookups is reported beside the lookup
-process' (``server_rss_mb``). The same child on the 454-chunk runbook
-collection gives the baseline (Python, torch, the model), so the difference is what the 100k
-collection costs.
+A fresh child (``python -m bench.memory '<json spec>'``, via ``common.child_json(fresh_rss=True)``)
+opens ``LookupKnowledgeTool`` on the collection the scale benchmark kept (FLAT, the runbook L0
+index copied beside it) and runs lookups: ``ru_maxrss``, ``VmHWM`` and the RSS at each step
+(sampled every 20 ms); ``server_rss_mb`` is the Milvus server's RSS after the lookups. The same
+child on the runbook collection is the baseline, so the difference is what the collection costs.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import error_entry, log, summarize
+from bench.common import child_json, error_entry, log, make_settings, server_memory, summarize
 from bench.context import BenchContext
-from rag_core.settings import PROJECT_ROOT
+from bench.harness import ok
 
 CHILD_TIMEOUT_S = 900
-
-
-def _ok(d: Any) -> bool:
-    return isinstance(d, dict) and "error" not in d
 
 
 def _child(spec: dict[str, Any]) -> None:
@@ -60,17 +49,9 @@ def _child(spec: dict[str, Any]) -> None:
 
     mark("start")
     from rag_core.lookup.tool import LookupKnowledgeTool
-    from rag_core.settings import RagSettings
 
-    settings = RagSettings(
-        data_dir=Path(spec["data_dir"]),
-        knowledge_dir=Path(spec["knowledge_dir"]),
-        collection=spec["collection"],
-        trace_enabled=False,
-        _env_file=None,
-        **spec.get("settings", {}),
-    )
-    tool = LookupKnowledgeTool(settings)
+    kb, data = Path(spec["knowledge_dir"]), Path(spec["data_dir"])
+    tool = LookupKnowledgeTool(make_settings(data, kb, collection=spec["collection"], **spec["settings"]))
     mark("after_import")
     t0 = time.perf_counter()
     tool.embedder.embed_query("warm-up")
@@ -128,34 +109,11 @@ def measure(
     when the child fails."""
     spec = {"data_dir": str(data_dir), "collection": collection, "knowledge_dir": str(knowledge_dir)}
     spec |= {"lookups": lookups, "queries": queries, "settings": settings or {}}
-    cmd = [sys.executable, "-m", "bench.memory", json.dumps(spec)]
-    # Through a shell that cannot exec the command in place: a child forked straight from this
-    # (large) process would inherit its ru_maxrss high-water mark across exec.
-    shell = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]
     t0 = time.perf_counter()
-    proc = subprocess.run(shell, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory child failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    out["process_wall_s"] = round(wall, 2)
-    out["server_rss_mb"] = server_rss_mb(data_dir)
+    out = child_json("bench.memory", json.dumps(spec), fresh_rss=True, timeout=CHILD_TIMEOUT_S)
+    out["process_wall_s"] = round(time.perf_counter() - t0, 2)
+    out["server_rss_mb"] = server_memory(data_dir)["milvus_rss_mb"]
     return out
-
-
-def server_rss_mb(data_dir: Path) -> float | None:
-    """RSS of the embedded Milvus server of ``data_dir`` in MiB (None when none runs)."""
-    import psutil
-
-    from rag_core.stores.milvus_server import server_status
-
-    state = server_status(data_dir)
-    if state is None:
-        return None
-    try:
-        return round(psutil.Process(state.pid).memory_info().rss / 2**20, 1)
-    except psutil.Error:
-        return None
 
 
 def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | None = None) -> dict[str, Any]:
@@ -184,7 +142,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
 
         stop_server(data_dir)
     base, large = out.get("baseline", {}), out["large"]
-    if _ok(base) and _ok(large):
+    if ok(base) and ok(large):
         out["collection_cost_mb"] = {
             "peak_ru_maxrss": round(large["peak_rss_mb_ru_maxrss"] - base["peak_rss_mb_ru_maxrss"], 1),
             "peak_sampled": round(large["peak_rss_mb_sampled"] - base["peak_rss_mb_sampled"], 1),

@@ -1,28 +1,13 @@
-"""Retrieval quality on the in-memory floor, variants side by side: the golden suites and
-cross-lingual known-item sets built at run time from the two runbook corpora.
+"""Retrieval quality (recall@5/@20, MRR) on the in-memory floor, settings variants side by side.
 
-The real lookup pipeline (query transform, L0, dense + BM25 channels, RRF, rerank) runs on an
-``InMemoryStore`` (exact NumPy cosine, the stores' BM25), which gives the Milvus figures of the
-suites exactly in seconds, so a ranking change can be measured on more cases than the visible
-golden sets before the real stores are re-recorded (``rag eval suites``).
-
-The known-item sets (``--crosslingual``) take the alerts present in both corpora
-(``kubernetes/KubeletTooManyPods.md`` in English and in Chinese): the Chinese runbook's first
-"含义" or "影响" section is a query for the English runbook, the English "Meaning" or "Impact"
-section one for the Chinese runbook (the alert's own name removed). A translation shares no
-words with its target, so these sets measure the semantic channels on paraphrases, the weak
-spot of vague symptoms and pure-Chinese questions; they are built at run time and never stored.
-
-The held-out-section sets (``--held-out``) ask each runbook's own "Impact"/"影响" (or
-"Meaning"/"含义") section, with the alert name removed, against a copy of its corpus from
-which that section was removed in every runbook: a symptom description in the corpus's own
-language, found only through the runbook's other sections, the weak spot of vague symptoms.
-
-Variants (``--variants``) are named settings overrides, e.g. ``single-model`` (the rerank
-without its second model); ``--channels`` adds each first-stage channel alone. Run:
-``python -m bench.quality_floor [--crosslingual] [--held-out] [--channels] [--variants
-default,single-model] [--suite runbooks-zh] [--backend use]``; vectors are cached (by model and
-content hash) under ``--data`` between runs.
+The real lookup pipeline runs on an ``InMemoryStore`` (exact NumPy cosine, the stores' BM25), which
+gives the Milvus suite figures in seconds. Case sets: the golden suites; ``--crosslingual``: each
+alert in both runbook corpora asked by its other-language "Meaning"/"Impact" section; ``--held-out``:
+each runbook's own section asked against a corpus copy without it (both built at run time, never
+stored). ``--variants``: named settings overrides (``VARIANTS``); ``--channels``: each first-stage
+channel alone. ``python -m bench.quality_floor [--crosslingual] [--held-out] [--channels]
+[--variants default,single-model] [--suite runbooks-zh] [--backend use]``; vectors are cached under
+``--data`` between runs.
 """
 
 from __future__ import annotations
@@ -38,9 +23,9 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import SHARED, log, parse_command_line  # noqa: E402
+from bench.common import CORPORA, log, make_settings, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
-from rag_core.evaluation.known_items import known_item_cases, section_query, without_section  # noqa: E402
+from rag_core.evaluation.known_items import held_out_corpus, known_item_cases, section_query  # noqa: E402
 from rag_core.evaluation.metrics import normalize_doc_id, recall_at_k, reciprocal_rank  # noqa: E402
 from rag_core.evaluation.suites import load_suites  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
@@ -48,8 +33,7 @@ from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import RagSettings  # noqa: E402
 from rag_core.stores.memory import InMemoryStore  # noqa: E402
 
-EN = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
-ZH = SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"
+EN, ZH = CORPORA["en"], CORPORA["zh"]
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-model": {"ensemble_backend": "none"},
@@ -76,17 +60,13 @@ Ranks = list[tuple[list[str | None], list[str]]]  # per case: distinct doc ranki
 
 def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenCase]:
     """One case per runbook under ``root`` with a ``heading`` section: that section
-    (``section_query``: first characters, alert name removed) expects its own runbook, searched in a
-    copy of the corpus written to ``dest`` with every such section left out (:func:`without_section`),
-    so the runbook must be found by its other sections: a symptom description in the corpus's
-    own language that shares no sentence with its target."""
+    (``section_query``: first characters, alert name removed) expects its own runbook, searched in
+    ``held_out_corpus``'s copy at ``dest`` with every such section left out, so the runbook must be
+    found by its other sections (a symptom in the corpus's own language, no sentence shared)."""
+    held_out_corpus(root, heading, dest)
     cases = []
     for path in sorted(root.rglob("*.md")):
-        doc = path.relative_to(root).as_posix()
-        text = path.read_text(encoding="utf-8")
-        (dest / doc).parent.mkdir(parents=True, exist_ok=True)
-        (dest / doc).write_text(without_section(text, heading), encoding="utf-8")
-        query = section_query(path, heading)
+        doc, query = path.relative_to(root).as_posix(), section_query(path, heading)
         if query and not doc.endswith("_index.md"):
             cases.append(GoldenCase(id=f"{heading}-{path.stem}", scenario="chat", query=query, expected_docs=[doc]))
     return cases
@@ -209,9 +189,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="rag-floor-") as tmp:
         data = args.data or Path(tmp)
-        base = RagSettings(
-            data_dir=data, embedding_backend=args.backend, trace_enabled=False, sidecar_enabled=False, _env_file=None
-        )
+        base = make_settings(data, embedding_backend=args.backend, sidecar_enabled=False)  # knowledge_dir per set
         rows, channel_rows = [], []
         for name, knowledge, cases in case_sets(
             args.suite, args.crosslingual, data / "held-out" if args.held_out else None

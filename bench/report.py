@@ -18,7 +18,7 @@ from bench.cold_lookup import COLD_GOAL_S
 from bench.embed_throughput import summary_lines
 from bench.engine import GOALS as ENGINE_GOALS
 from bench.evaluation import TARGET_CASES_PER_S
-from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, evaluate, section
+from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, evaluate, ok, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
 from bench.latency import SINGLE_MODEL, TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
@@ -95,10 +95,6 @@ def _kv(rows: dict[str, str], data: Any) -> str:
 
 def _bullets(lines: Iterable[str]) -> str:
     return "\n".join(f"- {line}" for line in lines)
-
-
-def _ok(r: Any) -> bool:
-    return isinstance(r, dict) and "error" not in r
 
 
 PROFILE: dict[str, Cell] = {
@@ -253,7 +249,7 @@ _PATH_NOTE = (
 
 def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     every = lat["paths"]
-    paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if _ok(every.get(p))]
+    paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if ok(every.get(p))]
     shown = every[paths[0]]["stages_ms"] if paths else {}
     spec: dict[str, Cell] = {"stage": STAGE_LABELS.get}
 
@@ -263,7 +259,7 @@ def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     spec |= {f"{p} {k} ms": cell(p, k) for p in paths for k in PCTS}
     table = _table(spec, [s for s in STAGE_LABELS if s in shown])
     notes = [_fill(_PATH_NOTE, every[p] | {"name": p}) for p in paths]
-    notes += [f"**{p}**: failed: {d.get('error')}" for p, d in every.items() if not _ok(d)]
+    notes += [f"**{p}**: failed: {d.get('error')}" for p, d in every.items() if not ok(d)]
     profiles = []
     for p in paths:
         if prof := every[p].get("overhead_profile"):
@@ -314,7 +310,7 @@ def _scale_rows(sc: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str
     for n, res in sc["sizes"].items():
         size, numpy_p50 = int(n), section(res, "stores", "numpy", "best", "single_ms").get("p50")
         for store, s in res["stores"].items():
-            if not _ok(s):
+            if not ok(s):
                 best_rows.append({"size": size, "store": store, "name": f"failed: {s.get('error')}"})
                 continue
             b = s.get("best")
@@ -334,7 +330,6 @@ SETUP: dict[str, Cell] = {
     "generate + exact ground truth": "{setup[generate_and_exact_gt_s]:2}",
     "Milvus insert": _rate("milvus", "insert_s", "insert_rows_per_s"),
     "Milvus flush + settle": "{setup[milvus][flush_s]:1}",
-    "Milvus HNSW build": "{setup[milvus][hnsw_build_s]:1}",
     "pgvector COPY": _rate("pgvector", "copy_s", "copy_rows_per_s"),
     "pgvector HNSW build": "{setup[pgvector][hnsw_build_s]:1}",
     "HNSW index MB": "{setup[pgvector][hnsw_index_mb]:1}",
@@ -402,7 +397,7 @@ def _extrapolation(sc: dict[str, Any], skip: dict[str, Any]) -> str:
     measured = [
         (int(n), res)
         for n, res in sc["sizes"].items()
-        if int(n) < skip["size"] and _ok(res["stores"].get("milvus")) and res["setup"].get("milvus")
+        if int(n) < skip["size"] and ok(res["stores"].get("milvus")) and res["setup"].get("milvus")
     ]
     if not measured:
         return ""
@@ -412,8 +407,6 @@ def _extrapolation(sc: dict[str, Any], skip: dict[str, Any]) -> str:
     rate = setup["insert_rows_per_s"]
     text = f" At the rates measured at {n0:,} it would take about {skip['size'] / rate:.0f} s to insert "
     text += f"({rate:,.0f} rows/s)"
-    if setup.get("hnsw_build_s"):
-        text += f" plus about {setup['hnsw_build_s'] * scale:.0f} s of HNSW build"
     if flat and flat["single_ms"]["p50"]:
         text += f"; a FLAT search would take about {flat['single_ms']['p50'] * scale:,.0f} ms if linear in size"
     return text + " (extrapolated, not measured)."
@@ -458,7 +451,7 @@ def _entries(pairs: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
     """Rows of (label, benchmark entry): a failed entry keeps only its label, with the error."""
     failed = "{}: failed: {}"
     return [
-        e | {"label": k} if _ok(e) else {"label": failed.format(k, (e or {}).get("error", "not run")), "failed": 1}
+        e | {"label": k} if ok(e) else {"label": failed.format(k, (e or {}).get("error", "not run")), "failed": 1}
         for k, e in pairs
     ]
 
@@ -568,8 +561,8 @@ _SYNTHETIC = (
 _SCALE_NOTES = (
     "The pgvector HNSW index is built while Milvus inserts (both need CPU), to fit the time budget: build and "
     "insert seconds are inflated by each other; no search is timed while either runs.",
-    "Milvus HNSW and pgvector HNSW use M=16, efConstruction=64 (pgvector's defaults, which the product uses; the "
-    "product's Milvus HNSW option uses efConstruction=200).",
+    "pgvector HNSW uses m=16, ef_construction=64 (pgvector's defaults, as the product creates it); the embedded "
+    "Milvus engine has no HNSW (the product's Milvus HNSW option, for a Milvus server, uses efConstruction=200).",
     "NumPy exact is measured with the BLAS default threads and with one thread; the faster is the reference. Its "
     "filtered variant multiplies a pre-extracted matrix of the category's rows.",
 )
@@ -591,7 +584,7 @@ def _caveats(_m: Any, r: Results) -> list[str]:
         "Latency excludes model loading (done before timing); the trace hand-off is measured against an in-memory "
         "recorder that does the real recorder's caller-side work (`trace_row`) but no PostgreSQL write."
     )
-    if _ok(ing) and len(ing.get("raw_encode_runs_s", [])) > 1:
+    if ok(ing) and len(ing.get("raw_encode_runs_s", [])) > 1:
         notes.append("Raw encode throughput is the mean of a run before and a run after the ingest.")
     return [_bullets(notes)]
 
@@ -617,7 +610,7 @@ class _Section:
 
 def _has(key: str, *need: str) -> Callable[[Results], bool]:
     """Ready when ``results[key]`` has no error and holds one of ``need`` (none: any key)."""
-    return lambda r: _ok(r.get(key)) and (not need or any(k in r[key] for k in need))
+    return lambda r: ok(r.get(key)) and (not need or any(k in r[key] for k in need))
 
 
 SECTIONS: tuple[_Section, ...] = (
@@ -682,7 +675,7 @@ def summary_text(r: dict[str, Any]) -> str:
         lines += [f"[{status:>7}] {t['target']}: {t.get('ratio', '–')} (limit {t['limit']}){flag}"]
         lines += [f"          {t.get('measured', '')}"]
     paths = section(r, "latency", "paths")
-    lines += [_fill(_LATENCY_LINE, d["stages_ms"] | {"name": p}) for p, d in paths.items() if _ok(d)]
+    lines += [_fill(_LATENCY_LINE, d["stages_ms"] | {"name": p}) for p, d in paths.items() if ok(d)]
     for n, res in section(r, "scale", "sizes").items():
         bests = [(store, s.get("best") if isinstance(s, dict) else None) for store, s in res["stores"].items()]
         best = "{config} p50 {single_ms[p50]:.2f} ms R@10 {recall@10:.3f}"
@@ -692,7 +685,7 @@ def summary_text(r: dict[str, Any]) -> str:
     for p, rows in section(r, "concurrency", "paths").items():
         if isinstance(rows, list):
             lines.append(f"concurrency {p}: " + ", ".join(f"{c['threads']}t {c['lookups_per_s']:.1f}/s" for c in rows))
-    if _ok(r.get("embed_throughput")):
+    if ok(r.get("embed_throughput")):
         lines += summary_lines(r["embed_throughput"])
     tail = "total runtime {total_seconds} s (budget {budget_s} s); load average {load_average_start} -> "
     tail += "{load_average_end}"

@@ -24,6 +24,7 @@ from typing import Any
 from bench import report
 from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log, parse_command_line
 from bench.context import BenchContext
+from bench.harness import error_text
 from rag_core.fileio import write_text_atomic
 
 
@@ -52,7 +53,6 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
         sizes=sizes,
         pg_max_size=args.pg_max_size,
         milvus_max_size=args.milvus_max_size,
-        milvus_hnsw_max_size=args.milvus_hnsw_max_size,
         keep_milvus_size=keep if memory_next else None,
         overlap_pg_build=not args.no_overlap,
         budget=ctx.budget,
@@ -107,7 +107,6 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    hnsw = "0: the embedded engine, milvus-lite 2.5, has no HNSW; raise it for a Milvus server URI"
     options: dict[str, dict[str, Any]] = {
         "--quick": dict(action="store_true", help="small sizes and few repetitions (a smoke run)"),
         "--sizes": dict(type=_sizes, help="scale sizes, comma-separated (default 10000,100000,300000; --quick: 10000)"),
@@ -117,7 +116,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-min": dict(type=float, help="wall-clock budget (default 12; --quick: 6)"),
         "--pg-max-size": dict(type=int, default=100_000, help="largest pgvector scale size (HNSW build time)"),
         "--milvus-max-size": dict(type=int, default=300_000, help="largest Milvus scale size"),
-        "--milvus-hnsw-max-size": dict(type=int, default=0, help=f"largest size with Milvus HNSW (default {hnsw})"),
         "--rounds": dict(type=int, help="latency rounds over the queries (default 3; --quick: 1)"),
         "--eval-cases": dict(type=int, default=1000, help="cases of the offline evaluation benchmark"),
         "--no-overlap": dict(action="store_true", help="build the pgvector index before, not while, Milvus inserts"),
@@ -162,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[name] = RUNNERS[name](ctx, state)
             except Exception as exc:  # one failing benchmark must not lose the others
                 log(f"{name} failed: {exc}")
-                results[name] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]}
+                results[name] = {"error": error_text(exc, 10**6), "traceback": traceback.format_exc()[-3000:]}
             results["meta"]["seconds"][name] = round(time.perf_counter() - t0, 1)
             results["meta"].setdefault("load_average_after", {})[name] = load_average()
             if "model_load_s" in ctx.notes:

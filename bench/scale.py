@@ -1,25 +1,15 @@
-"""Store search at scale: Milvus (the embedded server of a scratch data dir, reached by URI like
-the product's default), pgvector and an exact NumPy top-k over the same vectors.
+"""Store search at scale (ms, queries/s, recall@10): Milvus (the embedded server of a scratch data
+dir), pgvector and an exact NumPy top-k over the same vectors, filled by the stores' ``bulk_load``.
 
-Vectors: the real runbook chunk embeddings, scaled up to each size by copying random chunks
-with a small Gaussian perturbation (``sigma`` per dimension) and renormalising; the real
-chunks themselves are the first rows. Every row keeps its source chunk's payload (doc id,
-title, breadcrumb, text, BM25 text), so a collection is a usable knowledge base; a random
-``rare_fraction`` (3 %) of the rows get the category ``bench_rare`` for the filtered searches.
-Queries: the benchmark queries' real embeddings.
-
-Per size and store configuration: single-query latency (one query per call), batched
-throughput (all queries in one call: a NumPy matrix product, one Milvus ``search`` with many
-vectors, a psycopg pipeline for PostgreSQL) and recall@10 against the exact NumPy result,
-unfiltered and filtered. Recall is tie-tolerant: a returned row counts when its exact score
-is at least the exact 10th-best score (minus 1e-5), so equal-scoring rows are not misses.
-
-Index choice by measurement: Milvus FLAT vs HNSW (M, efConstruction as below) at several
-``ef``; pgvector HNSW (pgvector's defaults m=16, ef_construction=64, as the product creates it)
-at several ``hnsw.ef_search`` and an exact scan. The best configuration of a store is the
-fastest (single-query p50) with recall@10 >= 0.95. Expensive steps are skipped when their
-estimate (from the sizes measured before) does not fit the run's remaining time budget; every
-skip is recorded with its reason.
+Vectors: the real runbook chunk embeddings first, scaled up to each size by perturbed copies
+(``sigma`` per dimension, renormalised) keeping their source chunk's payload; ``rare_fraction``
+(3 %) of the rows get the category ``bench_rare`` for the filtered searches. Queries: the benchmark
+queries' real embeddings. Per size and configuration: single-query latency, batched throughput
+(all queries in one call) and tie-tolerant recall@10 against NumPy (a hit counts when its exact
+score is >= the exact 10th-best minus 1e-5), unfiltered and filtered. Milvus FLAT (an IVF_FLAT
+sweep where asked; the embedded engine has no HNSW), pgvector HNSW at several ``hnsw.ef_search`` and
+an exact scan; a store's best = fastest p50 with recall@10 >= 0.95. Steps whose estimate does not
+fit the run's budget are skipped, with the reason recorded.
 """
 
 from __future__ import annotations
@@ -36,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, error_entry, log, progress, ratio
+from bench.common import Budget, error_entry, log, progress, ratio, server_memory
 from bench.harness import Stats, Target, measure
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
@@ -57,11 +47,7 @@ class ScaleOptions:
     sigma: float = 0.05
     rare_fraction: float = 0.03
     seed: int = 13
-    milvus_ef: tuple[int, ...] = (32, 64, 128, 256, 512)
     pg_ef: tuple[int, ...] = (40, 100, 200, 400, 1000)
-    hnsw_m: int = 16
-    hnsw_ef_construction: int = 64
-    milvus_hnsw_max_size: int = 0  # the embedded engine (milvus-lite 2.5) has no HNSW
     milvus_ivf: tuple[tuple[int, int], ...] = ()  # IVF_FLAT (nlist, nprobe) configurations swept
     milvus_max_size: int = 300_000
     pg_max_size: int = 100_000
@@ -110,7 +96,6 @@ class Dataset:
     gt_kth: np.ndarray  # (nq,) exact k-th score
     gt_f: np.ndarray
     gt_f_kth: np.ndarray
-    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def synthesize(
@@ -292,51 +277,6 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
         return out
     finally:
         store.close()
-
-
-def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None) -> dict[str, float | None]:
-    """MiB: RSS of the embedded Milvus server of ``milvus_data_dir`` and PSS summed over the
-    processes of the local PostgreSQL at ``pg_dsn`` (postmaster and backends: PSS counts shared
-    buffers once); None for a server not given, not running or not local."""
-    import psutil
-
-    def mib(pid: int | None, tree: bool) -> float | None:
-        try:
-            proc = psutil.Process(pid or -1)
-            if not tree:
-                return round(float(proc.memory_info().rss) / 2**20, 1)
-            procs = [proc, *proc.children(recursive=True)]
-        except (psutil.Error, ValueError):
-            return None
-        total = 0
-        for p in procs:
-            try:
-                total += p.memory_full_info().pss
-            except psutil.Error:  # a backend that just exited
-                pass
-        return round(total / 2**20, 1)
-
-    out: dict[str, float | None] = {"milvus_rss_mb": None, "pg_pss_mb": None}
-    if milvus_data_dir is not None:
-        from rag_core.stores.milvus_server import server_status
-
-        state = server_status(milvus_data_dir)
-        out["milvus_rss_mb"] = mib(state.pid if state else None, False)
-    if pg_dsn is not None:
-        import psycopg
-
-        with psycopg.connect(pg_dsn) as conn:  # the postmaster: the parent of this connection's backend
-            try:
-                postmaster = int(psutil.Process(one(conn.execute("SELECT pg_backend_pid()"))).ppid())
-            except psutil.Error:
-                postmaster = None
-        out["pg_pss_mb"] = mib(postmaster, True)
-    return out
-
-
-def one(cursor: Any) -> Any:
-    row = cursor.fetchone()
-    return row[0] if row else None
 
 
 # --- NumPy --------------------------------------------------------------------------------------------
@@ -601,7 +541,6 @@ class ScaleRun:
         self.work.chmod(0o755)  # PostgreSQL runs as another user
         self.est = _Estimates()
         self.terms = bm25_terms(base, len(Q))  # the product's lexical call, one per query
-        self.milvus_choice: ConfigRow | None = None  # best Milvus config at the largest HNSW-swept size
         self.out: dict[str, Any] = {
             "method": method(base, Q, opts),
             "sizes": {},
@@ -776,16 +715,18 @@ def _pg_measure(run: ScaleRun, sr: SizeRun, pg: _PgTable) -> dict[str, Any]:
 
 
 def _pg_close(_run: ScaleRun, _sr: SizeRun, pg: _PgTable) -> None:
-    try:
-        import psycopg
+    from rag_core.stores.pgvector import PgVectorStore
 
-        with psycopg.connect(pg.dsn, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {pg.table}")
+    store = PgVectorStore(pg.dsn, pg.table)
+    try:
+        store.drop()
     except Exception:  # a leftover scratch table must not fail the run
         pass
+    finally:
+        store.close()
 
 
-# Milvus: the embedded server of a scratch data dir, FLAT (HNSW where the engine has it).
+# Milvus: the embedded server of a scratch data dir (milvus-lite: FLAT, IVF_FLAT, AUTOINDEX; no HNSW).
 
 
 @dataclass
@@ -827,30 +768,6 @@ def _milvus_load(run: ScaleRun, sr: SizeRun) -> Loaded:
     return Loaded(_MilvusCollection(uri, data_dir, client), setup)
 
 
-def _milvus_hnsw(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[ConfigRow]:
-    """HNSW configurations: the ef sweep up to --milvus-hnsw-max-size, above it only the ef that
-    won at the smaller size (and nothing when FLAT won there)."""
-    opts, n, choice = run.opts, sr.n, run.milvus_choice
-    swept = n <= opts.milvus_hnsw_max_size
-    if not swept and not (choice is not None and choice.config.startswith("HNSW")):
-        reason = f"above --milvus-hnsw-max-size {opts.milvus_hnsw_max_size:,} and FLAT was the best Milvus index"
-        run.skip(n, "milvus HNSW", reason + " at the smaller size")
-        return []
-    if not run.fits("milvus HNSW build + searches", n, run.est.estimate("milvus_hnsw", n, nlogn=True)):
-        return []
-    t0 = time.perf_counter()
-    build = {"M": opts.hnsw_m, "efConstruction": opts.hnsw_ef_construction}
-    sr.res["setup"]["milvus"]["hnsw_build_s"] = round(milvus_set_index(m.client, "HNSW", build), 2)
-    m.index = "HNSW"
-    efs = opts.milvus_ef if swept or choice is None else (choice.params["ef"],)
-    configs = [
-        measure_config(milvus_config(m.client, opts.k, {"ef": ef}, f"HNSW ef={ef}", sr.n_single), sr.ds, opts.k)
-        for ef in progress(efs, enabled=opts.show_progress, desc=f"milvus HNSW {n:,}")
-    ]
-    run.est.learn("milvus_hnsw", n, time.perf_counter() - t0)
-    return configs
-
-
 def _milvus_ivf(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[ConfigRow]:
     """IVF_FLAT configurations of ``milvus_ivf`` ((nlist, nprobe) pairs): one index build per nlist."""
     configs = []
@@ -872,10 +789,7 @@ def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[st
     configs = [measure_config(milvus_config(m.client, opts.k, {}, "FLAT", sr.n_single), ds, opts.k)]
     bm25_ms = milvus_bm25(m.client, run.base, opts.k, sr.n_single)
     run.est.learn("milvus_flat_query", sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
-    configs += _milvus_ivf(run, sr, m) + _milvus_hnsw(run, sr, m)
-    best = best_config(configs)
-    if sr.n <= opts.milvus_hnsw_max_size:
-        run.milvus_choice = best
+    configs += _milvus_ivf(run, sr, m)
     if m.index != "FLAT":  # back to the product's index for its own calls and the memory benchmark
         milvus_set_index(m.client, "FLAT", {})
         m.index = "FLAT"
@@ -928,10 +842,8 @@ def method(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
             "real chunk embeddings scaled up: each extra row is a random real chunk's vector "
             f"+ N(0, {opts.sigma}^2) per dimension, renormalised; payload copied from that chunk"
         ),
-        "hnsw": {"M": opts.hnsw_m, "efConstruction": opts.hnsw_ef_construction},
         "min_recall": MIN_RECALL,
         "pg_store_plan": _pg_store_plan(),
-        "milvus_ef": list(opts.milvus_ef),
         "pg_ef_search": list(opts.pg_ef),
     }
 

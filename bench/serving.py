@@ -1,20 +1,11 @@
-"""Ingest while the agent serves: one process does 8-thread lookups while another runs `rag ingest`.
+"""Ingest while the agent serves: ``threads`` lookup threads here while another process runs `rag ingest`.
 
-The knowledge base is a scratch copy of the runbook corpus in two states:
-
-* old: every document except a held-back share (every ``hold_every``-th document);
-* new: the held-back documents added, one document's text changed, one document deleted.
-
-This process ingests the old state, opens a ``LookupKnowledgeTool`` on the embedded Milvus server
-of the data dir, switches the files to the new state and starts ``rag ingest`` in a separate
-process (the CLI, as a nightly run would), while ``threads`` threads run lookups until that
-process has finished. Checks (the integration test asserts them, the benchmark reports them):
-
-* no lookup fails (status ok, no attempt error) and the ingest process exits 0;
-* every candidate is a chunk of the old or of the new index (same chunk id *and* text): a
-  lookup never sees a half-written or foreign row;
-* the trace count equals the lookup count;
-* after the ingest, lookups see the new index (a held-back document is found).
+A scratch copy of the runbook corpus in two states (old: a share of the documents held back; new:
+them added, one changed, one deleted): the old state is ingested, a ``LookupKnowledgeTool`` opened
+on the data dir's Milvus server, the files switched to the new state and `rag ingest` started.
+Checks (the integration test asserts them, the benchmark reports them): no lookup fails and the
+ingest exits 0; every candidate is a chunk of the old or the new index (same id and text); traces
+= lookups; after the ingest, lookups see the new index.
 """
 
 from __future__ import annotations

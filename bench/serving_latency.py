@@ -1,14 +1,9 @@
-"""Serving overhead of `rag serve` (issue 24): lookup p50/p95 in process, over HTTP
-(`POST /v1/lookup`) and over MCP (streamable HTTP, the SDK's client) at 1, 4 and 16 concurrent
-clients, side by side in one run on the real stack (default embedder, no second model, embedded Milvus, the
-English runbook corpus), with errors and trace rows against calls. Traces go to the real
-recorder and trace store (the embedded PostgreSQL of the data dir), so a served answer pays its
-wait for the row to be durable and an in-process call its own trace path (a queue put).
-
-Every round runs the three ways one after another on the same queries (at one client, call by
-call in turn), so machine load moves them together; the ratio served/in-process is the figure to
-read, not the milliseconds: the table gives the p50 ratio over all rounds and the median of the
-per-round p50 ratios.
+"""Serving overhead of `rag serve` (issue 24): lookup p50/p95 (ms) in process, over HTTP (`POST
+/v1/lookup`) and over MCP (streamable HTTP) at 1, 4 and 16 concurrent clients, on the real stack
+(default embedder, no second model, embedded Milvus, the English runbooks, traces to the real
+recorder and trace store), with errors and trace rows against calls. Each round runs the three
+ways on the same queries (at one client call by call in turn); read the served/in-process ratio:
+the p50 ratio over all rounds and the median of the per-round ratios.
 
     python -m bench.serving_latency [--rounds 3] [--queries 24] [--clients 1,4,16]
 """
