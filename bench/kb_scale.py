@@ -310,9 +310,8 @@ def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: in
 def in_child(name: str, *args: Any) -> dict[str, Any]:
     """``CHILDREN[name](*args)`` in a fresh process (its own peak RSS, one model load; paths passed as
     strings): its JSON result (``common.child_json``)."""
-    return child_json(
-        "bench.kb_scale", "--child", name, json.dumps([str(a) if isinstance(a, Path) else a for a in args])
-    )
+    args_json = json.dumps([str(a) if isinstance(a, Path) else a for a in args])
+    return child_json("bench.kb_scale", "--child", name, args_json, fresh_rss=True)
 
 
 def run_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
