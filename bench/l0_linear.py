@@ -20,6 +20,7 @@ from rag_core.l0 import (
     FUZZY_MARGIN,
     FUZZY_MAX_WORDS,
     FUZZY_MIN_LEN,
+    MAX_MATCHES,
     NAME_COVERAGE,
     DocMatch,
     L0Hints,
@@ -77,12 +78,15 @@ class LinearL0Index(L0Index):
         corrections = {span: name for span, name in corrections.items() if name in fuzzy_names}
         named_categories = self._linear_categories(q_tokens, q_compact)
         by_name = [m for m in matches if m.strong_name] or [m for m in matches if m.name_kind == "partial"] or matches
+        domains_from_names = any(m.strong_name for m in matches)
+        match_count, matches = len(matches), matches[:MAX_MATCHES]  # the one change since: the cap
         return L0Hints(
+            match_count=match_count,
             matched_doc_ids=[m.doc_id for m in matches],
             matched_titles=_unique(m.title for m in matches if m.name_kind),
             matched_keywords=_unique(keywords),
             domains=sorted({m.category for m in by_name if m.category.strip()} | set(named_categories)),
-            domains_from_names=any(m.strong_name for m in matches),
+            domains_from_names=domains_from_names,
             entities=_unique(entities),
             matches=matches,
             named_categories=named_categories,

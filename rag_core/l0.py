@@ -82,6 +82,11 @@ _MIN_COMPACT = 6
 # Prefix filtering's float guard: a name's indexed prefix is kept a little longer than needed, so
 # rounding in a sum of IDFs can never leave out a name the scan would match.
 _PREFIX_EPS = 1e-6
+# The best this many matches are returned (score, then doc id): a name shared by thousands of
+# documents of a large knowledge base (one alert's runbook per service) would otherwise put every
+# one of them into the result, the trace and the rerank's lookups. The runbook corpora's golden
+# queries match at most 9 documents.
+MAX_MATCHES = 50
 
 
 def compact(text: str) -> str:
@@ -137,7 +142,8 @@ class L0Hints(CamelModel):
     fuzzy), else of those matched partially by name, else of all matched documents, plus the
     categories the query names outright (sorted; ``domains_from_names`` is True when a whole
     name matched). ``named_categories``: categories named outright. ``matched_doc_ids`` are
-    ordered by match score, best first. ``alert_names`` / ``metric_names`` are the names lifted
+    ordered by match score, best first: the best ``MAX_MATCHES`` of ``match_count`` matches
+    (``domains``, keywords and entities are of all of them). ``alert_names`` / ``metric_names`` are the names lifted
     from a pasted alert, label set or PromQL expression; ``corrections`` maps a query span to
     the document name it fuzzy-matched (``{"kubeshedulerdown": "KubeSchedulerDown"}``).
     """
@@ -148,6 +154,7 @@ class L0Hints(CamelModel):
     domains: list[str] = Field(default_factory=list)
     entities: list[str] = Field(default_factory=list)
     matches: list[DocMatch] = Field(default_factory=list)
+    match_count: int = 0
     domains_from_names: bool = False
     named_categories: list[str] = Field(default_factory=list)
     alert_names: list[str] = Field(default_factory=list)
@@ -365,14 +372,16 @@ class L0Index:
         # A whole-name match is a far stronger signal than a partial one, and both than a shared
         # keyword: domain hints come from the strongest kind present.
         by_name = [m for m in matches if m.strong_name] or [m for m in matches if m.name_kind == "partial"] or matches
+        best = matches[:MAX_MATCHES]
         return L0Hints(
-            matched_doc_ids=[m.doc_id for m in matches],
-            matched_titles=_unique(m.title for m in matches if m.name_kind),
+            matched_doc_ids=[m.doc_id for m in best],
+            matched_titles=_unique(m.title for m in best if m.name_kind),
             matched_keywords=_unique(keywords),
             domains=sorted({m.category for m in by_name if m.category.strip()} | set(named_categories)),
             domains_from_names=any(m.strong_name for m in matches),
             entities=_unique(entities),
-            matches=matches,
+            matches=best,
+            match_count=len(matches),
             named_categories=named_categories,
             alert_names=alerts,
             metric_names=metrics,

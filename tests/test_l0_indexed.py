@@ -65,3 +65,28 @@ def test_indexed_lookup_equals_the_scan_with_pasted_alert_and_metric_names(real_
         stem = Path(d.doc_id).stem
         args = (f"firing: {d.title}", [stem, stem.lower()], ["node_filesystem_avail_bytes"])
         assert indexed.analyze_query(*args).to_dict() == linear.analyze_query(*args).to_dict()
+
+
+def test_a_name_shared_by_many_documents_returns_the_best_matches_and_counts_all() -> None:
+    from rag_core.l0 import MAX_MATCHES, L0Entry
+
+    many = MAX_MATCHES * 3
+    entries = [
+        L0Entry(
+            doc_id=f"svc{i:03d}/KubePodCrashLooping.md",
+            title=f"svc{i:03d} KubePodCrashLooping",
+            category="team-a" if i % 2 else "team-b",
+            names=[f"svc{i:03d} KubePodCrashLooping", "KubePodCrashLooping"],
+            keywords=["crashloop"] if i % 3 == 0 else [],
+        )
+        for i in range(many)
+    ]
+    indexed, linear = L0Index(entries), LinearL0Index(entries)
+    hints = indexed.analyze_query("KubePodCrashLooping crashloop on svc007")
+    assert hints.to_dict() == linear.analyze_query("KubePodCrashLooping crashloop on svc007").to_dict()
+    assert hints.match_count == many and len(hints.matches) == len(hints.matched_doc_ids) == MAX_MATCHES
+    scores = [m.score for m in hints.matches]
+    assert scores == sorted(scores, reverse=True)
+    # the keyword matches score above the title-only ones, so every one of them is kept
+    assert {m.doc_id for m in hints.matches} >= {e.doc_id for e in entries if e.keywords}
+    assert hints.domains == ["team-a", "team-b"] and hints.matched_keywords == ["crashloop"]
