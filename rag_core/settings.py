@@ -123,7 +123,7 @@ class RagSettings(BaseSettings):
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
     sidecar_enabled: bool = Field(False, description="Also query the pgvector sidecar beside Milvus")
     pg_table: str = Field("knowledge_chunks", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
-    pg_ef_search: int = Field(100, ge=1, le=1000, description="pgvector hnsw.ef_search (raised to top_k)")
+    pg_ef_search: int = Field(200, ge=1, le=1000, description="pgvector hnsw.ef_search (raised to top_k)")
     pg_connect_timeout_s: float = Field(
         2.0,
         gt=0,
