@@ -109,18 +109,16 @@ def log(msg: str) -> None:
 
 
 def child_json(module: str, *args: str, fresh_rss: bool = False, timeout: float | None = None) -> dict[str, Any]:
-    """``python -m module *args`` from the project root; the JSON object on its last stdout line.
-    ``fresh_rss``: started through ``sh -c`` that cannot exec it in place, so the child does not
-    inherit this process' ``ru_maxrss`` (Linux keeps the high-water mark across fork + exec), and
-    its stderr is captured for the error. RuntimeError when the child fails."""
+    """``python -m module *args`` from the project root; the JSON object on its last stdout line
+    (its stderr, progress included, goes to ours). ``fresh_rss``: started through ``sh -c`` that
+    cannot exec it in place, so the child does not inherit this process' ``ru_maxrss`` (Linux
+    keeps the high-water mark across fork + exec). RuntimeError when the child fails."""
     cmd = [sys.executable, "-m", module, *args]
     if fresh_rss:
         cmd = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]
-    stderr = subprocess.PIPE if fresh_rss else None
-    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout)
     if proc.returncode != 0:
-        why = proc.stderr.strip()[-800:] if fresh_rss else "its stderr is above"
-        raise RuntimeError(f"{module} child failed ({proc.returncode}): {why}")
+        raise RuntimeError(f"{module} child failed ({proc.returncode}): its stderr is above")
     return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
