@@ -330,7 +330,8 @@ def test_hnsw_path_iterative_scan_fills_the_limit(big_table, pg_dsn, monkeypatch
             hnsw_store.close()
 
             monkeypatch.setattr(pgvector_module, "_version", lambda text: (0, 7, 4))
-            old_server_store = PgVectorStore(pg_dsn, table, exact_scan_max_rows=0)
+            # ef_search 40, as the session above: its HNSW candidates leave the filter short
+            old_server_store = PgVectorStore(pg_dsn, table, exact_scan_max_rows=0, ef_search=40)
             for q in queries:
                 hits = old_server_store.search(q, 10, category="rare")
                 assert {h.chunk_id for h in hits} == set(exact_ids(pg_dsn, table, q, 10, "rare"))

@@ -79,6 +79,10 @@ _INDEX_SUFFIXES = ("embedding_hnsw", "category", "doc_id", "lexical_tsv_gin")
 # The tsvector of ``lexical``, stored: BM25 ranks every matching row, and parsing each one's
 # text again per query cost 0.45 s at 17k rows (bench/kb_scale.py).
 _TSV = "lexical_tsv"
+# The distinct lexemes of the query terms, normalised as the column is.
+_LEXEMES_SQL = (
+    "SELECT DISTINCT u.lexeme FROM unnest(%(terms)s::text[]) AS x(t), unnest(to_tsvector('simple', x.t)) AS u"
+)
 _TSV_COLUMNS = (  # and its length in tokens (BM25's dl), stored too
     sql.SQL("{c} tsvector GENERATED ALWAYS AS (to_tsvector('simple', lexical)) STORED").format(c=sql.Identifier(_TSV)),
     sql.SQL("lexical_len integer GENERATED ALWAYS AS (cardinality(string_to_array(lexical, ' '))) STORED"),
@@ -124,6 +128,8 @@ class PgVectorStore:
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
         self._stats: tuple[float, int, float, bool] | None = None  # (taken at, rows, mean tokens, stored tsv)
+        self._df: dict[str, int] = {}  # lexeme -> rows holding it, as of the statistics taken at _df_taken
+        self._df_taken = -1.0
         self._pool = PgPool(
             dsn,
             max_size=pool_size,
@@ -586,13 +592,16 @@ class PgVectorStore:
 
         def query(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
             n, avgdl, stored_tsv = self._bm25_stats(conn)
+            idf = self._idf(conn, words[:_MAX_TERMS], n, stored_tsv)
+            if not idf:
+                return []
             params: dict[str, Any] = {
-                "terms": words[:_MAX_TERMS],
+                "ws": list(idf),
+                "idfs": list(idf.values()),
                 "q": q,
                 "k": top_k,
                 "cat": category,
                 "pool": max(top_k * BM25_POOL_FACTOR, BM25_POOL_MIN),
-                "n": n,
                 "avgdl": avgdl or 1.0,
                 "k1": BM25_K1,
                 "b": BM25_B,
@@ -601,6 +610,25 @@ class PgVectorStore:
 
         rows = self._run("lexical search", query)
         return [self._hit(r[:-1], "lexical", lexical_score=finite_score(r[-1])) for r in rows]
+
+    def _idf(self, conn: psycopg.Connection, words: list[str], n: int, stored_tsv: bool) -> dict[str, float]:
+        """lexeme -> BM25 idf ln(1 + (N - df + 0.5) / (df + 0.5)) for the lexemes of ``words``
+        (``to_tsvector('simple')``, as the column). df is counted on the GIN index, once per
+        lexeme while the table statistics are fresh (``_bm25_stats``): counting a common word's
+        rows was ~40 % of a search on 58k rows (bench/kb_scale.py), and agents' queries repeat them."""
+        lexemes = [r[0] for r in conn.execute(_LEXEMES_SQL, {"terms": words}).fetchall()]
+        taken = self._stats[0] if self._stats is not None else 0.0
+        if self._df_taken != taken:
+            self._df, self._df_taken = {}, taken
+        missing = [w for w in lexemes if w not in self._df]
+        if missing:
+            tsv = sql.Identifier(_TSV) if stored_tsv else sql.SQL("to_tsvector('simple', lexical)")
+            count = sql.SQL(
+                "SELECT w, (SELECT count(*) FROM {t} WHERE {tsv} @@ plainto_tsquery('simple', w))"
+                " FROM unnest(%(ws)s::text[]) AS w"
+            ).format(t=self._ident, tsv=tsv)
+            self._df.update((str(w), int(df)) for w, df in conn.execute(count, {"ws": missing}).fetchall())
+        return {w: math.log(1 + (n - self._df[w] + 0.5) / (self._df[w] + 0.5)) for w in lexemes}
 
     def _bm25_stats(self, conn: psycopg.Connection) -> tuple[int, float, bool]:
         """(rows, mean lexical tokens per row, whether ``lexical_tsv`` is stored) of the table,
@@ -619,8 +647,8 @@ class PgVectorStore:
         (df + 0.5)) (Robertson & Zaragoza 2009; the formula and defaults of Milvus' BM25 function).
 
         Terms are normalised by ``to_tsvector('simple')`` exactly as the column is and re-enter
-        SQL only through ``plainto_tsquery`` (no term can inject tsquery operators); df is
-        counted on the GIN index. The exact score is computed for the ``pool`` best matches by
+        SQL only through ``plainto_tsquery`` (no term can inject tsquery operators); the idf of
+        each lexeme comes in as a parameter (``_idf``). The exact score is computed for the ``pool`` best matches by
         ``ts_rank_cd`` (a cheap first cut: exact whenever fewer rows match), then re-sorted.
         ``stored_tsv``: read the stored ``lexical_tsv`` column; else (a table not yet migrated by
         ``ensure_schema``, served by a reader) parse ``lexical`` per row as before.
@@ -630,13 +658,9 @@ class PgVectorStore:
         dl = sql.SQL("lexical_len" if stored_tsv else "cardinality(string_to_array(lexical, ' '))")
         t = self._ident
         return sql.SQL(
-            "WITH terms AS MATERIALIZED (SELECT DISTINCT u.lexeme AS w"
-            " FROM unnest(%(terms)s::text[]) AS x(t), unnest(to_tsvector('simple', x.t)) AS u),"
+            "WITH idf AS MATERIALIZED (SELECT * FROM unnest(%(ws)s::text[], %(idfs)s::float8[]) AS i(w, idf)),"
             " q AS MATERIALIZED (SELECT to_tsquery('simple',"
-            " string_agg('(' || plainto_tsquery('simple', w)::text || ')', ' | ')) AS query FROM terms),"
-            " idf AS MATERIALIZED (SELECT w, ln(1 + (%(n)s - df + 0.5) / (df + 0.5)) AS idf FROM"
-            " (SELECT w, (SELECT count(*) FROM {t} WHERE {tsv} @@ plainto_tsquery('simple', w)) AS df"
-            " FROM terms) d),"
+            " string_agg('(' || plainto_tsquery('simple', w)::text || ')', ' | ')) AS query FROM idf),"
             " pool AS MATERIALIZED (SELECT chunk_id, {tsv} AS v, {dl} AS dl"
             " FROM {t}, q WHERE {tsv} @@ q.query {where}"
             " ORDER BY ts_rank_cd({tsv}, q.query, 1) DESC, chunk_id LIMIT %(pool)s),"
