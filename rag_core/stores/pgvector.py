@@ -620,15 +620,16 @@ class PgVectorStore:
         taken = self._stats[0] if self._stats is not None else 0.0
         if self._df_taken != taken:
             self._df, self._df_taken = {}, taken
-        missing = [w for w in lexemes if w not in self._df]
+        known = self._df  # this call's dict: another thread may swap in a fresh one meanwhile
+        missing = [w for w in lexemes if w not in known]
         if missing:
             tsv = sql.Identifier(_TSV) if stored_tsv else sql.SQL("to_tsvector('simple', lexical)")
             count = sql.SQL(
                 "SELECT w, (SELECT count(*) FROM {t} WHERE {tsv} @@ plainto_tsquery('simple', w))"
                 " FROM unnest(%(ws)s::text[]) AS w"
             ).format(t=self._ident, tsv=tsv)
-            self._df.update((str(w), int(df)) for w, df in conn.execute(count, {"ws": missing}).fetchall())
-        return {w: math.log(1 + (n - self._df[w] + 0.5) / (self._df[w] + 0.5)) for w in lexemes}
+            known.update((str(w), int(df)) for w, df in conn.execute(count, {"ws": missing}).fetchall())
+        return {w: math.log(1 + (n - known[w] + 0.5) / (known[w] + 0.5)) for w in lexemes}
 
     def _bm25_stats(self, conn: psycopg.Connection) -> tuple[int, float, bool]:
         """(rows, mean lexical tokens per row, whether ``lexical_tsv`` is stored) of the table,
