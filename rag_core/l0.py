@@ -145,7 +145,8 @@ class L0Hints(CamelModel):
     ordered by match score, best first: the best ``MAX_MATCHES`` of ``match_count`` matches
     (``domains``, keywords and entities are of all of them). ``alert_names`` /
     ``metric_names`` are the names lifted from a pasted alert, label set or PromQL expression;
-    ``corrections`` maps a query span to the document name it fuzzy-matched (``{"kubeshedulerdown": "KubeSchedulerDown"}``).
+    ``corrections`` maps a query span to the document name it fuzzy-matched
+    (``{"kubeshedulerdown": "KubeSchedulerDown"}``).
     """
 
     matched_doc_ids: list[str] = Field(default_factory=list)
