@@ -261,10 +261,16 @@ def test_document_similarity_uses_the_stores_centroids_unless_the_store_failed_t
     assert max(e.contributions.get("document_similarity", 0.0) for e in r.rerank_trace) == pytest.approx(
         weight, abs=1e-3
     )
+    assert r.status == "ok"
     failing = Faulty(store, "lexical_down")
-    r = make_tool(store_override=failing).lookup(query)
-    assert r.found and r.status == "ok"  # the dense channel still answered
+    tool = make_tool(store_override=failing)
+    r = tool.lookup(query)
     assert not [c for c in failing.calls if isinstance(c, tuple)]  # not asked again
+    # The dense channel still answered: its evidence, said to be partial (never a silent "ok").
+    assert r.found and r.retrieval_trace.layer != "L0" and r.status == "degraded"
+    assert "part of the knowledge search failed" in r.message and "lexical: StoreError" in r.message
+    assert r.retrieval_trace.error is None and any(a.error for a in r.retrieval_trace.attempts)
+    assert tool.recorded[-1]["status"] == "degraded"
 
 
 def test_relevance_levels(make_tool):

@@ -5,7 +5,9 @@ Layer rules (:meth:`LookupResultAssembler.evidence`): L1 blocks when the post-pr
 any (``L0+L1`` when L0 also matched the query, else ``L1``); otherwise the L0 title/keyword
 matches (``L0``) when there are any, whether L1 failed, was disabled or found only candidates
 below the minimum block similarity; otherwise ``none``. Status: ``ok`` unless retrieval failed
-(``outcome.error``): then ``degraded`` with L0 evidence, ``error`` without any.
+(``outcome.error``): then ``degraded`` with L0 evidence, ``error`` without any; ``degraded`` too
+when part of it failed (``outcome.partial_error``: a channel or attempt errored while the others
+answered, e.g. a lookup in flight across a store restart), with a message naming what failed.
 """
 
 from __future__ import annotations
@@ -141,6 +143,11 @@ class LookupResultAssembler:
                 "semantic retrieval unavailable; returning title/keyword (L0) matches only: "
                 "verify before relying on them"
             )
+        if outcome.partial_error:
+            return (
+                f"part of the knowledge search failed ({outcome.partial_error}); the evidence is from the "
+                "searches that answered and may be ranked differently: verify before relying on it"
+            )
         if evidence.layer == "L0":
             return (
                 "semantic retrieval found no evidence above the minimum similarity; returning "
@@ -152,10 +159,11 @@ class LookupResultAssembler:
 
     @staticmethod
     def status(outcome: RetrievalOutcome, evidence: Evidence) -> Status:
-        """``ok``; ``degraded`` / ``error`` when retrieval failed, with / without evidence."""
-        if not outcome.error:
-            return "ok"
-        return "degraded" if evidence.blocks else "error"
+        """``ok``; ``degraded`` / ``error`` when retrieval failed, with / without evidence;
+        ``degraded`` when part of it failed (``outcome.partial_error``)."""
+        if outcome.error:
+            return "degraded" if evidence.blocks else "error"
+        return "degraded" if outcome.partial_error else "ok"
 
     def lookup_result(
         self,

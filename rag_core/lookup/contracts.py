@@ -16,7 +16,8 @@ from rag_core.l0 import L0Hints
 from rag_core.models import CamelModel
 
 Layer = Literal["L1", "L0+L1", "L0", "none"]
-#: ok; degraded: the knowledge store failed, L0 matches only; error: nothing could be looked up.
+#: ok; degraded: the knowledge store failed (L0 matches only) or part of the search failed (the
+#: evidence of the searches that answered); error: nothing could be looked up.
 Status = Literal["ok", "degraded", "error"]
 
 

@@ -11,8 +11,9 @@ TOOL_DESCRIPTION = (
     "cite `evidenceBlocks[].docId` (and breadcrumb), and check `relevanceLevel`: PRECISE or "
     "RELEVANT evidence can be relied on, WEAK means the knowledge base may not cover the "
     "question, NONE means nothing was found; `semanticSupport=false` means only title/keyword "
-    "matches were available. `status`: ok, degraded (the knowledge store failed; title/keyword "
-    "matches only) or error (nothing could be looked up; `message` says why)."
+    "matches were available. `status`: ok, degraded (the knowledge store failed: title/keyword "
+    "matches only; or part of the search failed: evidence from what answered; `message` says "
+    "which) or error (nothing could be looked up; `message` says why)."
 )
 
 

@@ -73,13 +73,16 @@ class Candidate:
 @dataclass
 class RetrievalOutcome:
     """All candidates (best first by RRF), the attempts made, why attempt 2 ran, and the
-    ``(dimension,)`` query vector they searched with (None when no search ran)."""
+    ``(dimension,)`` query vector they searched with (None when no search ran). ``error``: every
+    attempt failed; ``partial_error``: some channel or attempt failed while others answered (the
+    candidates are theirs, so the ranking may differ from a healthy store's)."""
 
     candidates: list[Candidate]
     attempts: list[RetrievalAttempt]
     fallback_reason: str | None = None
     error: str | None = None
     query_vector: np.ndarray | None = None  # the vector the attempts searched with
+    partial_error: str | None = None
 
 
 Ranked = tuple[int, str, bool, list[StoreHit]]  # (attempt, channel, filtered, hits best first)
@@ -221,7 +224,8 @@ class KnowledgeDocumentRetriever:
         ranked = sorted(fuse_lists(lists).values(), key=lambda c: (-c.rrf, -c.similarity, c.hit.chunk_id))
         failed = [a for a in attempts if a.error and not any(x == a.attempt for x, *_ in lists)]
         error = failed[-1].error if len(failed) == len(attempts) else None
-        return RetrievalOutcome(ranked, attempts, fallback, error, query_vector=vector)
+        partial = None if error else "; ".join(f"attempt {a.attempt}: {a.error}" for a in attempts if a.error)[:500]
+        return RetrievalOutcome(ranked, attempts, fallback, error, query_vector=vector, partial_error=partial or None)
 
 
 # Stores that have answered once in this process. A store connects and loads its collection
