@@ -8,6 +8,8 @@ figures only, no advice.
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import reduce
@@ -22,6 +24,7 @@ from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times,
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
 from bench.latency import SINGLE_MODEL, TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
+from rag_core.fileio import write_text_atomic
 from rag_core.markdown import md_table
 
 STAGE_LABELS = {  # the latency benchmark's ``STAGES``, in table order
@@ -200,6 +203,12 @@ TARGETS: dict[str, Cell] = {
 
 # --- chart ------------------------------------------------------------------------------------------
 
+_STYLES = {
+    "milvus": ("Milvus", "tab:blue"),
+    "numpy": ("NumPy exact", "tab:gray"),
+    "pgvector": ("pgvector", "tab:orange"),
+}
+
 
 def chart(r: dict[str, Any], path: Path) -> Path | None:
     """Search latency p50 vs size per store (best configuration; dashed: filtered), log-log."""
@@ -211,19 +220,13 @@ def chart(r: dict[str, Any], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series: dict[str, list[tuple[int, float, float | None]]] = {}
-    for n, res in sizes.items():
-        for store, s in res["stores"].items():
-            best = s.get("best") if isinstance(s, dict) else None
-            if best and best["single_ms"]["p50"] is not None:
-                point = (int(n), best["single_ms"]["p50"], best["filtered_single_ms"]["p50"])
-                series.setdefault(store, []).append(point)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
-    styles = {"numpy": ("NumPy exact", "tab:gray"), "milvus": ("Milvus", "tab:blue")}
-    styles["pgvector"] = ("pgvector", "tab:orange")
-    for store, pts in sorted(series.items(), key=lambda kv: styles[kv[0]][0]):
-        label, color = styles[store]
-        xs, single, filtered = zip(*sorted(pts), strict=True)
+    for store, (label, color) in _STYLES.items():
+        bests = [(int(n), section(res, "stores", store, "best")) for n, res in sizes.items()]
+        pts = sorted((n, b["single_ms"]["p50"], b["filtered_single_ms"]["p50"]) for n, b in bests if b)
+        if not (pts := [p for p in pts if p[1] is not None]):
+            continue
+        xs, single, filtered = zip(*pts, strict=True)
         ax.plot(xs, single, marker="o", color=color, label=f"{label} (best config)")
         if None not in filtered:
             ax.plot(xs, filtered, marker="x", linestyle="--", color=color, label=f"{label}, filtered (~3 %)")
@@ -692,18 +695,22 @@ def summary_text(r: dict[str, Any]) -> str:
     return "\n".join([*lines, _fill(tail, r["meta"])])
 
 
+def write(directory: Path, results: dict[str, Any], final: bool = True) -> None:
+    """Evaluate the targets into ``results`` and write results.json; when ``final`` also the chart
+    (scale_latency.png) and results.md."""
+    results["targets"] = evaluate_targets(results)
+    write_text_atomic(directory / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    if final:
+        drawn = chart(results, directory / "scale_latency.png")
+        (directory / "results.md").write_text(markdown(results, drawn.name if drawn else None))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Re-render results.md and the chart from a results.json: ``python -m bench.report [DIR]``."""
-    import json
-    import sys
-
     args = sys.argv[1:] if argv is None else argv
     directory = Path(args[0]) if args else Path(__file__).resolve().parent / "results"
     results = json.loads((directory / "results.json").read_text())
-    results["targets"] = evaluate_targets(results)
-    (directory / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    drawn = chart(results, directory / "scale_latency.png")
-    (directory / "results.md").write_text(markdown(results, drawn.name if drawn else None))
+    write(directory, results)
     print(summary_text(results))
     return 0
 

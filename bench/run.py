@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import shutil
 import sys
 import time
@@ -25,7 +24,6 @@ from bench import report
 from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log, parse_command_line
 from bench.context import BenchContext
 from bench.harness import error_text
-from rag_core.fileio import write_text_atomic
 
 
 @dataclass
@@ -184,11 +182,7 @@ def _write(out: Path, results: dict[str, Any], started: float, final: bool) -> N
     results["meta"]["total_seconds"] = round(time.perf_counter() - started, 1)
     results["meta"]["load_average_end"] = load_average()
     results["meta"]["complete"] = final
-    results["targets"] = report.evaluate_targets(results)
-    write_text_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-    if final:
-        chart = report.chart(results, out / "scale_latency.png")
-        (out / "results.md").write_text(report.markdown(results, chart.name if chart else None))
+    report.write(out, results, final)
 
 
 if __name__ == "__main__":

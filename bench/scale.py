@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import closing, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import Budget, error_entry, log, progress, ratio, server_memory
-from bench.harness import Stats, Target, measure
+from bench.harness import Stats, Target, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
 
@@ -42,7 +43,6 @@ TARGET_SIZE = 100_000
 @dataclass
 class ScaleOptions:
     sizes: tuple[int, ...] = (10_000, 100_000, 300_000)
-    stores: tuple[str, ...] = ("numpy", "milvus", "pgvector")
     k: int = 10
     sigma: float = 0.05
     rare_fraction: float = 0.03
@@ -160,14 +160,13 @@ class SearchConfig:
     query vector (dim,), within the rare category when ``filtered``; ``batch(Q, filtered)``: the
     same for all queries (nq, dim) in one call (None: the store has no batch call). ``warmup``
     queries run untimed first; ``single_queries`` are timed one per call (None: all).
-    ``params``: the index search parameters (e.g. ``{"ef": 64}``); ``extra``: written with the row."""
+    ``extra``: written with the row."""
 
     name: str
     search: Callable[[np.ndarray, bool], Ids]
     batch: Callable[[np.ndarray, bool], Sequence[Ids] | np.ndarray] | None = None
     warmup: int = 1
     single_queries: int | None = None
-    params: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -184,7 +183,6 @@ class ConfigRow:
     filtered_recall: float | None
     batch_s: float | None = None
     filtered_batch_s: float | None = None
-    params: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def _qps(self, seconds: float | None) -> float | None:
@@ -234,7 +232,6 @@ def measure_config(cfg: SearchConfig, ds: Dataset, k: int) -> ConfigRow:
         recall_at_k(found_f, ds, True, k),
         batch_s=batch["all"].seconds if batch else None,
         filtered_batch_s=batch["filtered"].seconds if batch else None,
-        params=cfg.params,
         extra=cfg.extra,
     )
 
@@ -264,7 +261,7 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
         docs.append(list(dict.fromkeys(h.doc_id for h in hits)))
         return [int(h.chunk_id[1:]) for h in hits]
 
-    try:
+    with closing(store):
         out = measure_config(SearchConfig("store.search", search, single_queries=n), ds, k).to_dict()
         calls: list[Target[None, list[str], Any]] = [Target("centroid", lambda _h, d: store.document_vectors(d))]
         out["centroid_ms"] = measure(calls, docs[2::2], warmup=docs[:1])["centroid"].stats.to_dict()
@@ -275,8 +272,6 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
             pairs = list(zip(terms, ds.Q, strict=False))[:n]
             out["lexical_ms"] = measure(lexical, pairs, warmup=pairs[:1])["lexical"].stats.to_dict()
         return out
-    finally:
-        store.close()
 
 
 # --- NumPy --------------------------------------------------------------------------------------------
@@ -310,7 +305,7 @@ def numpy_configs(ds: Dataset, k: int) -> list[ConfigRow]:
     return configs
 
 
-# --- Milvus (the embedded server) -------------------------------------------------------------------------
+# --- Milvus (the embedded server of a scratch data dir: FLAT, IVF_FLAT, AUTOINDEX; no HNSW) ------------
 
 
 def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
@@ -327,27 +322,6 @@ def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
         )
         for i, (src, rare) in enumerate(zip(ds.source.tolist(), ds.rare.tolist(), strict=True))
     ]
-
-
-def milvus_load(uri: str, ds: Dataset, base: BaseData) -> dict[str, Any]:
-    """The product schema (FLAT) filled by ``MilvusStore.bulk_load``; then a raw client for the
-    index sweeps (``"client"``) and the setup seconds and rows/s."""
-    from pymilvus import MilvusClient
-
-    from rag_core.stores.milvus import MilvusStore
-
-    store = MilvusStore(uri, COLLECTION, index_type="FLAT")
-    try:
-        store.ensure_schema(ds.X.shape[1])
-        done = store.bulk_load(rows_as_chunks(ds, base), ds.X)
-    finally:
-        store.close()
-    return {
-        "client": MilvusClient(uri),
-        "insert_s": round(done.write_s, 2),
-        "insert_rows_per_s": round(done.rows / done.write_s, 1),
-        "flush_s": round(done.index_s, 2),
-    }
 
 
 def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> float:
@@ -386,7 +360,7 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
         )
         return [[_hit_row(h) for h in hits] for hits in res]
 
-    return SearchConfig(name, lambda q, f: batch(q[None, :], f)[0], batch, single_queries=n_single, params=params)
+    return SearchConfig(name, lambda q, f: batch(q[None, :], f)[0], batch, single_queries=n_single)
 
 
 def bm25_terms(base: BaseData, n: int) -> list[str]:
@@ -417,31 +391,114 @@ def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
     return measure([Target("bm25", search)], terms[1:], warmup=terms[:1])["bm25"].stats.to_dict()
 
 
+@dataclass(frozen=True)
+class _Milvus:
+    """A size's collection on its own embedded server; ``client``: a raw client for the index sweeps."""
+
+    uri: str
+    data_dir: Path
+    client: Any
+
+
+def _flat_calls(n_single: int, nq: int) -> float:
+    """Search calls of a FLAT measurement in units of single queries (a batch ~ nq / 10 singles)."""
+    return 2 * n_single + 2 * nq / 10
+
+
+def milvus_load(run: ScaleRun, sr: SizeRun) -> tuple[_Milvus, dict[str, Any]]:
+    """The product schema (FLAT) on a fresh embedded server, filled by ``MilvusStore.bulk_load``;
+    the collection and the setup seconds and rows/s."""
+    from pymilvus import MilvusClient
+
+    from rag_core.stores.milvus import MilvusStore
+    from rag_core.stores.milvus_server import ensure_server, stop_server
+
+    data_dir = run.work / f"milvus-{sr.n}"
+    uri = ensure_server(data_dir).uri
+    try:
+        with closing(MilvusStore(uri, COLLECTION, index_type="FLAT")) as store:
+            store.ensure_schema(sr.ds.X.shape[1])
+            done = store.bulk_load(rows_as_chunks(sr.ds, run.base), sr.ds.X)
+        client = MilvusClient(uri)
+    except Exception:
+        stop_server(data_dir)
+        raise
+    setup = {
+        "insert_s": round(done.write_s, 2),
+        "insert_rows_per_s": round(done.rows / done.write_s, 1),
+        "flush_s": round(done.index_s, 2),
+    }
+    run.learn("milvus_insert", sr.n, setup["insert_s"] + setup["flush_s"])
+    return _Milvus(uri, data_dir, client), setup
+
+
+def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
+    """FLAT and BM25 (raw calls), the ``milvus_ivf`` IVF_FLAT configurations ((nlist, nprobe)
+    pairs: one index build per nlist), then back on FLAT: the product calls and server memory."""
+    from rag_core.stores.milvus import MilvusStore
+
+    opts, ds, k = run.opts, sr.ds, run.opts.k
+    t0 = time.perf_counter()
+    configs = [measure_config(milvus_config(m.client, k, {}, "FLAT", sr.n_single), ds, k)]
+    bm25_ms = milvus_bm25(m.client, run.base, k, sr.n_single)
+    run.learn("milvus_flat_query", sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
+    for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
+        build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
+        sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
+        for nprobe in [p for nl, p in opts.milvus_ivf if nl == nlist]:
+            cfg = milvus_config(m.client, k, {"nprobe": nprobe}, f"IVF_FLAT {nlist}/{nprobe}", sr.n_single)
+            configs.append(measure_config(cfg, ds, k))
+    if opts.milvus_ivf:  # back to the product's index for its own calls and the memory benchmark
+        milvus_set_index(m.client, "FLAT", {})
+    entry = store_entry(configs, bm25_ms=bm25_ms)
+    # the product calls (output fields incl. text) on the same collection
+    entry["store_api"] = product_search(MilvusStore(m.uri, COLLECTION), ds, k, sr.n_single, run.terms)
+    entry["memory"] = server_memory(m.data_dir)
+    entry["store_api"]["index"] = "FLAT"
+    if opts.keep_milvus_size == sr.n:
+        kept = {"uri": m.uri, "data_dir": str(m.data_dir), "collection": COLLECTION, "rows": sr.n, "index": "FLAT"}
+        run.out["memory_collection"] = kept
+    return entry
+
+
+def milvus_close(run: ScaleRun, _sr: SizeRun, m: _Milvus) -> None:
+    """Close the client; stop the server and delete its data unless it is the collection kept."""
+    m.client.close()
+    kept = run.out["memory_collection"]
+    if kept is None or kept["uri"] != m.uri:
+        from rag_core.stores.milvus_server import stop_server
+
+        stop_server(m.data_dir)
+        shutil.rmtree(m.data_dir, ignore_errors=True)
+
+
 # --- pgvector ----------------------------------------------------------------------------------------
 
 
-def pg_load(dsn: str, table: str, ds: Dataset, base: BaseData) -> dict[str, Any]:
+def pg_load(run: ScaleRun, sr: SizeRun) -> tuple[tuple[str, str], dict[str, Any]]:
     """The product table filled by ``PgVectorStore.bulk_load`` (COPY, then the HNSW and full-text
-    index builds); setup seconds, rows/s and the HNSW index size."""
+    index builds); (dsn, table) and the setup seconds, rows/s and HNSW index size."""
     import psycopg
 
     from rag_core.stores.pgvector import PgVectorStore
 
-    store = PgVectorStore(dsn, table)
-    try:
+    assert run.opts.pg_dsn is not None
+    dsn, table = run.opts.pg_dsn(), f"bench_scale_{sr.n}"
+    with closing(PgVectorStore(dsn, table)) as store:
         store.drop()
-        store.ensure_schema(ds.X.shape[1])
-        done = store.bulk_load(rows_as_chunks(ds, base), ds.X)
-    finally:
-        store.close()
+        store.ensure_schema(sr.ds.X.shape[1])
+        done = store.bulk_load(rows_as_chunks(sr.ds, run.base), sr.ds.X)
     with psycopg.connect(dsn) as conn:
         size = conn.execute("SELECT pg_relation_size(%s::regclass)", (f"{table}_embedding_hnsw",)).fetchone()
-    return {
+    setup = {
         "copy_s": round(done.write_s, 2),
         "copy_rows_per_s": round(done.rows / done.write_s, 1),
         "hnsw_build_s": round(done.index_s, 2),
         "hnsw_index_mb": round((size[0] if size else 0) / 2**20, 1),
     }
+    run.learn("pg_copy", sr.n, setup["copy_s"])
+    run.learn("pg_build", sr.n, setup["hnsw_build_s"])
+    return (dsn, table), setup
 
 
 def pg_measure(dsn: str, table: str, ds: Dataset, k: int, mode: str, ef: int | None) -> ConfigRow:
@@ -479,35 +536,38 @@ def pg_measure(dsn: str, table: str, ds: Dataset, k: int, mode: str, ef: int | N
         name = f"HNSW ef_search={ef}" if mode == "hnsw" else "exact scan (no index)"
         extra = {"plan_uses_hnsw": any("hnsw" in r[0] for r in plan)}
         # warm-up 3: psycopg's statement preparation, the index pages
-        cfg = SearchConfig(name, lambda q, f: ids(send(q, f)), batch, warmup=3, params={"ef_search": ef}, extra=extra)
+        cfg = SearchConfig(name, lambda q, f: ids(send(q, f)), batch, warmup=3, extra=extra)
         return measure_config(cfg, ds, k)
 
 
-def _pg_store_plan() -> dict[str, Any]:
-    """PgVectorStore's dense-search plan constants (exact scan below a row count, else HNSW)."""
-    from rag_core.stores import pgvector
+def pg_entry(run: ScaleRun, sr: SizeRun, pg: tuple[str, str]) -> dict[str, Any]:
+    """HNSW at each ``pg_ef``, the exact scan, the best HNSW, the product calls and server memory."""
+    from rag_core.stores.pgvector import PgVectorStore
 
-    return {"exact_scan_max_rows": pgvector.EXACT_SCAN_MAX_ROWS, "ef_search": pgvector.EF_SEARCH}
+    opts, (dsn, table) = run.opts, pg
+    sr.res["setup"]["pgvector"]["overlapped_with_milvus_insert"] = opts.overlap_pg_build and "milvus" in sr.loaded
+    configs = [
+        pg_measure(dsn, table, sr.ds, opts.k, "hnsw", ef)
+        for ef in progress(opts.pg_ef, enabled=opts.show_progress, desc=f"pgvector {sr.n:,}")
+    ]
+    configs.append(pg_measure(dsn, table, sr.ds, opts.k, "exact", None))
+    best_hnsw = best_config([c for c in configs if c.config.startswith("HNSW")])
+    return store_entry(
+        configs,
+        best_hnsw=best_hnsw.to_dict() if best_hnsw else None,
+        store_api=product_search(PgVectorStore(dsn, table), sr.ds, opts.k, min(len(run.Q), 20), run.terms),
+        memory=server_memory(pg_dsn=dsn),
+    )
 
 
-# --- the run: sizes x the store table -------------------------------------------------------------------
+def pg_drop(_run: ScaleRun, _sr: SizeRun, pg: tuple[str, str]) -> None:
+    from rag_core.stores.pgvector import PgVectorStore
+
+    with closing(PgVectorStore(*pg)) as store, suppress(Exception):  # a leftover table must not fail the run
+        store.drop()
 
 
-class _Estimates:
-    """Seconds per row (or per row-log) learned from the sizes already run."""
-
-    def __init__(self) -> None:
-        self.per_row: dict[str, tuple[int, float]] = {}
-
-    def learn(self, key: str, n: int, seconds: float) -> None:
-        self.per_row[key] = (n, seconds)
-
-    def estimate(self, key: str, n: int, nlogn: bool = False) -> float | None:
-        if key not in self.per_row:
-            return None
-        n0, s0 = self.per_row[key]
-        factor = n / n0 * (math.log(n) / math.log(n0) if nlogn and n0 > 1 else 1.0)
-        return s0 * factor
+# --- the run: sizes x stores -------------------------------------------------------------------------
 
 
 @dataclass
@@ -522,12 +582,7 @@ class SizeRun:
     loaded: set[str] = field(default_factory=set)
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """A store filled with a size's rows: its handle and its setup figures (seconds, rows/s)."""
-
-    handle: Any
-    setup: dict[str, Any]
+Load = Callable[["ScaleRun", SizeRun], tuple[Any, dict[str, Any]]]  # (handle, setup figures)
 
 
 class ScaleRun:
@@ -539,7 +594,7 @@ class ScaleRun:
         self.base, self.Q, self.opts = base, Q, opts
         self.work = Path(tempfile.mkdtemp(prefix="rag-bench-scale-", dir=opts.workdir))
         self.work.chmod(0o755)  # PostgreSQL runs as another user
-        self.est = _Estimates()
+        self.per_row: dict[str, tuple[int, float]] = {}  # step -> (rows, seconds) at the last size run
         self.terms = bm25_terms(base, len(Q))  # the product's lexical call, one per query
         self.out: dict[str, Any] = {
             "method": method(base, Q, opts),
@@ -547,6 +602,16 @@ class ScaleRun:
             "skipped": [],
             "memory_collection": None,
         }
+
+    def learn(self, key: str, n: int, seconds: float) -> None:
+        self.per_row[key] = (n, seconds)
+
+    def estimate(self, key: str, n: int, nlogn: bool = False) -> float | None:
+        """Seconds of step ``key`` at ``n`` rows, linear (or n log n) from the last size run."""
+        if key not in self.per_row:
+            return None
+        n0, s0 = self.per_row[key]
+        return s0 * n / n0 * (math.log(n) / math.log(n0) if nlogn and n0 > 1 else 1.0)
 
     def skip(self, n: int, what: str, reason: str) -> None:
         self.out["skipped"].append({"size": n, "what": what, "reason": reason})
@@ -558,72 +623,97 @@ class ScaleRun:
         left = self.opts.budget.remaining() - self.opts.reserve_s
         if seconds <= left:
             return True
-        self.skip(
-            n,
-            what,
-            f"estimated {seconds:.0f} s (from the smaller size) > {max(0.0, left):.0f} s left in the run's time budget",
-        )
+        budget = f"{max(0.0, left):.0f} s left in the run's time budget"
+        self.skip(n, what, f"estimated {seconds:.0f} s (from the smaller size) > {budget}")
         log(f"scale {n:,}: skipping {what} (estimated {seconds:.0f} s, {max(0.0, left):.0f} s left)")
         return False
 
+    def pg_wanted(self, sr: SizeRun) -> bool:
+        opts = self.opts
+        if sr.n > opts.pg_max_size:
+            self.skip(sr.n, "pgvector", f"above --pg-max-size {opts.pg_max_size:,} (HNSW build time)")
+            return False
+        if opts.pg_dsn is None:
+            return False
+        seconds = (self.estimate("pg_copy", sr.n) or 0) + (self.estimate("pg_build", sr.n, nlogn=True) or 0)
+        return self.fits("pgvector (COPY + HNSW build)", sr.n, seconds or None)
+
+    def milvus_wanted(self, sr: SizeRun) -> bool:
+        if sr.n > self.opts.milvus_max_size:
+            self.skip(sr.n, "milvus", f"above --milvus-max-size {self.opts.milvus_max_size:,}")
+            return False
+        seconds = self.estimate("milvus_insert", sr.n)
+        flat_q = self.estimate("milvus_flat_query", sr.n)
+        if seconds is not None and flat_q is not None:
+            seconds += flat_q * _flat_calls(sr.n_single, len(self.Q))
+        return self.fits("milvus (insert + FLAT searches)", sr.n, seconds)
+
     def run_size(self, n: int) -> None:
-        """Measure every wanted store at ``n`` rows (see ``StoreBackend`` for the order)."""
+        """Measure every store at ``n`` rows: NumPy first, alone on the machine; then pgvector's
+        load (COPY + HNSW build, in a thread: PostgreSQL works in its own processes) while Milvus
+        inserts (unless --no-overlap); then pgvector's searches, then Milvus's, once both loads
+        are done (nothing is timed while a load runs)."""
         log(f"scale: {n:,} vectors")
         t0 = time.perf_counter()
         ds = build_dataset(self.base, self.Q, n, self.opts)
         res: dict[str, Any] = {"rows": n, "setup": {"generate_and_exact_gt_s": round(time.perf_counter() - t0, 2)}}
         res |= {"stores": {}, "rare_rows": int(len(ds.rare_rows))}
-        large = n >= 50_000
-        sr = SizeRun(n, ds, res, self.opts.single_queries_large if large else self.opts.single_queries)
-        chosen = [b for b in BACKENDS if b.name in self.opts.stores and b.wanted(self, sr)]
-        for b in chosen:
-            if b.load is None:  # nothing to load: measured first, alone on the machine
-                res["stores"][b.name] = self._measure(b, sr, None)
-        pending = {b.name: self._load(b, sr) for b in chosen if b.load is not None}
-        for b in chosen:
-            if b.name in pending:
-                self._finish(b, sr, pending[b.name])
+        sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
+        want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
+        res["stores"]["numpy"] = self._guard(sr, "numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
+        pg = self._load(sr, "pgvector", pg_load, self.opts.overlap_pg_build) if want_pg else None
+        milvus = self._load(sr, "milvus", milvus_load, False) if want_milvus else None
+        if pg is not None:
+            self._finish(sr, "pgvector", pg, pg_entry, pg_drop)
+        if milvus is not None:
+            self._finish(sr, "milvus", milvus, milvus_entry, milvus_close)
         _vs_numpy(res["stores"])
         self.out["sizes"][str(n)] = res
 
-    def _load(self, b: StoreBackend, sr: SizeRun) -> Future[Loaded]:
-        """Start ``b``'s load: in a thread when it is a background load (it overlaps the next
-        store's load unless --no-overlap), else at once."""
-        fut: Future[Loaded] = Future()
+    def _load(self, sr: SizeRun, name: str, load: Load, background: bool) -> Future[tuple[Any, dict[str, Any]]]:
+        """Start store ``name``'s load: in a thread when ``background``, else at once."""
+        fut: Future[tuple[Any, dict[str, Any]]] = Future()
 
         def work() -> None:
             try:
-                assert b.load is not None
-                fut.set_result(b.load(self, sr))
-                sr.loaded.add(b.name)
+                fut.set_result(load(self, sr))
+                sr.loaded.add(name)
             except Exception as exc:
                 fut.set_exception(exc)
 
-        if b.background and self.opts.overlap_pg_build:
-            threading.Thread(target=work, name=f"{b.name}-load", daemon=True).start()
+        if background:
+            threading.Thread(target=work, name=f"{name}-load", daemon=True).start()
         else:
             work()
         return fut
 
-    def _finish(self, b: StoreBackend, sr: SizeRun, fut: Future[Loaded]) -> None:
-        """Wait for ``b``'s load, measure it, close it; a failure becomes the store's error entry."""
+    def _finish(
+        self,
+        sr: SizeRun,
+        name: str,
+        fut: Future[tuple[Any, dict[str, Any]]],
+        entry: Callable[[ScaleRun, SizeRun, Any], dict[str, Any]],
+        close: Callable[[ScaleRun, SizeRun, Any], None],
+    ) -> None:
+        """Wait for the load, measure (``entry``: the store's results entry), close; a failed load
+        becomes the store's error entry."""
         try:
-            loaded = fut.result()
+            handle, setup = fut.result()
         except Exception as exc:
-            log(f"scale {sr.n:,}: {b.name} load failed: {exc}")
-            sr.res["stores"][b.name] = error_entry(exc)
+            log(f"scale {sr.n:,}: {name} load failed: {exc}")
+            sr.res["stores"][name] = error_entry(exc)
             return
-        sr.res["setup"][b.name] = loaded.setup
+        sr.res["setup"][name] = setup
         try:
-            sr.res["stores"][b.name] = self._measure(b, sr, loaded.handle)
+            sr.res["stores"][name] = self._guard(sr, name, lambda: entry(self, sr, handle))
         finally:
-            b.close(self, sr, loaded.handle)
+            close(self, sr, handle)
 
-    def _measure(self, b: StoreBackend, sr: SizeRun, handle: Any) -> dict[str, Any]:
+    def _guard(self, sr: SizeRun, name: str, entry: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         try:
-            return b.measure(self, sr, handle)
+            return entry()
         except Exception as exc:  # one store failing must not lose the others
-            log(f"scale {sr.n:,}: {b.name} failed: {exc}")
+            log(f"scale {sr.n:,}: {name} failed: {exc}")
             return error_entry(exc)
 
 
@@ -635,199 +725,11 @@ def _vs_numpy(stores: dict[str, Any]) -> None:
             store["best_vs_numpy_p50"] = ratio(store["best"]["single_ms"]["p50"], numpy_best["single_ms"]["p50"], 2)
 
 
-def _always(_run: ScaleRun, _sr: SizeRun) -> bool:
-    return True
-
-
-def _nothing(_run: ScaleRun, _sr: SizeRun, _handle: Any) -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class StoreBackend:
-    """One store of the scale benchmark, as data. Per size: ``wanted`` checks the size caps and
-    the time budget (recording a skip); ``load`` fills the store (returns ``Loaded``; a
-    ``background`` load runs in a thread while the next store loads); ``measure`` returns the
-    store's results entry; ``close`` frees it. Stores without ``load`` are measured first, alone;
-    the others are measured in table order once their load is done (nothing is timed while a
-    load runs)."""
-
-    name: str
-    measure: Callable[[ScaleRun, SizeRun, Any], dict[str, Any]]
-    wanted: Callable[[ScaleRun, SizeRun], bool] = _always
-    load: Callable[[ScaleRun, SizeRun], Loaded] | None = None
-    close: Callable[[ScaleRun, SizeRun, Any], None] = _nothing
-    background: bool = False
-
-
-def _numpy_measure(run: ScaleRun, sr: SizeRun, _handle: None) -> dict[str, Any]:
-    return store_entry(numpy_configs(sr.ds, run.opts.k))
-
-
-# pgvector: COPY + HNSW build in the background (PostgreSQL works in its own processes) while
-# Milvus inserts; searched once both are done.
-
-
-@dataclass(frozen=True)
-class _PgTable:
-    dsn: str
-    table: str
-
-
-def _pg_wanted(run: ScaleRun, sr: SizeRun) -> bool:
-    opts = run.opts
-    if sr.n > opts.pg_max_size:
-        run.skip(sr.n, "pgvector", f"above --pg-max-size {opts.pg_max_size:,} (HNSW build time)")
-        return False
-    if opts.pg_dsn is None:
-        return False
-    seconds = (run.est.estimate("pg_copy", sr.n) or 0) + (run.est.estimate("pg_build", sr.n, nlogn=True) or 0)
-    return run.fits("pgvector (COPY + HNSW build)", sr.n, seconds or None)
-
-
-def _pg_load(run: ScaleRun, sr: SizeRun) -> Loaded:
-    assert run.opts.pg_dsn is not None
-    pg = _PgTable(run.opts.pg_dsn(), f"bench_scale_{sr.n}")
-    setup = pg_load(pg.dsn, pg.table, sr.ds, run.base)
-    run.est.learn("pg_copy", sr.n, setup["copy_s"])
-    run.est.learn("pg_build", sr.n, setup["hnsw_build_s"])
-    return Loaded(pg, setup)
-
-
-def _pg_measure(run: ScaleRun, sr: SizeRun, pg: _PgTable) -> dict[str, Any]:
-    from rag_core.stores.pgvector import PgVectorStore
-
-    opts = run.opts
-    overlapped = opts.overlap_pg_build and "milvus" in sr.loaded
-    sr.res["setup"]["pgvector"]["overlapped_with_milvus_insert"] = bool(overlapped)
-    configs = [
-        pg_measure(pg.dsn, pg.table, sr.ds, opts.k, "hnsw", ef)
-        for ef in progress(opts.pg_ef, enabled=opts.show_progress, desc=f"pgvector {sr.n:,}")
-    ]
-    configs.append(pg_measure(pg.dsn, pg.table, sr.ds, opts.k, "exact", None))
-    best_hnsw = best_config([c for c in configs if c.config.startswith("HNSW")])
-    return store_entry(
-        configs,
-        best_hnsw=best_hnsw.to_dict() if best_hnsw else None,
-        store_api=product_search(PgVectorStore(pg.dsn, pg.table), sr.ds, opts.k, min(len(run.Q), 20), run.terms),
-        memory=server_memory(pg_dsn=pg.dsn),
-    )
-
-
-def _pg_close(_run: ScaleRun, _sr: SizeRun, pg: _PgTable) -> None:
-    from rag_core.stores.pgvector import PgVectorStore
-
-    store = PgVectorStore(pg.dsn, pg.table)
-    try:
-        store.drop()
-    except Exception:  # a leftover scratch table must not fail the run
-        pass
-    finally:
-        store.close()
-
-
-# Milvus: the embedded server of a scratch data dir (milvus-lite: FLAT, IVF_FLAT, AUTOINDEX; no HNSW).
-
-
-@dataclass
-class _MilvusCollection:
-    uri: str
-    data_dir: Path
-    client: Any
-    index: str = "FLAT"
-
-
-def _flat_calls(n_single: int, nq: int) -> float:
-    """Search calls of a FLAT measurement in units of single queries (a batch ~ nq / 10 singles)."""
-    return 2 * n_single + 2 * nq / 10
-
-
-def _milvus_wanted(run: ScaleRun, sr: SizeRun) -> bool:
-    if sr.n > run.opts.milvus_max_size:
-        run.skip(sr.n, "milvus", f"above --milvus-max-size {run.opts.milvus_max_size:,}")
-        return False
-    seconds = run.est.estimate("milvus_insert", sr.n)
-    flat_q = run.est.estimate("milvus_flat_query", sr.n)
-    if seconds is not None and flat_q is not None:
-        seconds += flat_q * _flat_calls(sr.n_single, len(run.Q))
-    return run.fits("milvus (insert + FLAT searches)", sr.n, seconds)
-
-
-def _milvus_load(run: ScaleRun, sr: SizeRun) -> Loaded:
-    from rag_core.stores.milvus_server import ensure_server, stop_server
-
-    data_dir = run.work / f"milvus-{sr.n}"
-    uri = ensure_server(data_dir).uri
-    try:
-        setup = milvus_load(uri, sr.ds, run.base)
-    except Exception:
-        stop_server(data_dir)
-        raise
-    client = setup.pop("client")
-    run.est.learn("milvus_insert", sr.n, setup["insert_s"] + setup["flush_s"])
-    return Loaded(_MilvusCollection(uri, data_dir, client), setup)
-
-
-def _milvus_ivf(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> list[ConfigRow]:
-    """IVF_FLAT configurations of ``milvus_ivf`` ((nlist, nprobe) pairs): one index build per nlist."""
-    configs = []
-    for nlist in dict.fromkeys(nl for nl, _ in run.opts.milvus_ivf):
-        build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
-        sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
-        m.index = "IVF_FLAT"
-        for nprobe in [p for nl, p in run.opts.milvus_ivf if nl == nlist]:
-            cfg = milvus_config(m.client, run.opts.k, {"nprobe": nprobe}, f"IVF_FLAT {nlist}/{nprobe}", sr.n_single)
-            configs.append(measure_config(cfg, sr.ds, run.opts.k))
-    return configs
-
-
-def _milvus_measure(run: ScaleRun, sr: SizeRun, m: _MilvusCollection) -> dict[str, Any]:
-    from rag_core.stores.milvus import MilvusStore
-
-    opts, ds = run.opts, sr.ds
-    t0 = time.perf_counter()
-    configs = [measure_config(milvus_config(m.client, opts.k, {}, "FLAT", sr.n_single), ds, opts.k)]
-    bm25_ms = milvus_bm25(m.client, run.base, opts.k, sr.n_single)
-    run.est.learn("milvus_flat_query", sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
-    configs += _milvus_ivf(run, sr, m)
-    if m.index != "FLAT":  # back to the product's index for its own calls and the memory benchmark
-        milvus_set_index(m.client, "FLAT", {})
-        m.index = "FLAT"
-    entry = store_entry(configs, bm25_ms=bm25_ms)
-    # the product calls (output fields incl. text) on the same collection
-    entry["store_api"] = product_search(MilvusStore(m.uri, COLLECTION), ds, opts.k, sr.n_single, run.terms)
-    entry["memory"] = server_memory(m.data_dir)
-    entry["store_api"]["index"] = m.index
-    if opts.keep_milvus_size == sr.n:
-        run.out["memory_collection"] = {
-            "uri": m.uri,
-            "data_dir": str(m.data_dir),
-            "collection": COLLECTION,
-            "rows": sr.n,
-            "index": "FLAT",
-        }
-    return entry
-
-
-def _milvus_close(run: ScaleRun, _sr: SizeRun, m: _MilvusCollection) -> None:
-    m.client.close()
-    kept = run.out["memory_collection"]
-    if kept is None or kept["uri"] != m.uri:
-        from rag_core.stores.milvus_server import stop_server
-
-        stop_server(m.data_dir)
-        shutil.rmtree(m.data_dir, ignore_errors=True)
-
-
-BACKENDS: tuple[StoreBackend, ...] = (
-    StoreBackend("numpy", _numpy_measure),
-    StoreBackend("pgvector", _pg_measure, _pg_wanted, _pg_load, _pg_close, background=True),
-    StoreBackend("milvus", _milvus_measure, _milvus_wanted, _milvus_load, _milvus_close),
-)
-
-
 def method(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
-    """The run's method figures (written first in the results, rendered above the tables)."""
+    """The run's method figures (written first in the results, rendered above the tables);
+    ``pg_store_plan``: PgVectorStore's dense-search plan constants (exact scan up to a row count, else HNSW)."""
+    from rag_core.stores import pgvector
+
     dim = int(base.vectors.shape[1])
     return {
         "base_rows": int(len(base.vectors)),
@@ -843,14 +745,14 @@ def method(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
             f"+ N(0, {opts.sigma}^2) per dimension, renormalised; payload copied from that chunk"
         ),
         "min_recall": MIN_RECALL,
-        "pg_store_plan": _pg_store_plan(),
+        "pg_store_plan": {"exact_scan_max_rows": pgvector.EXACT_SCAN_MAX_ROWS, "ef_search": pgvector.EF_SEARCH},
         "pg_ef_search": list(opts.pg_ef),
     }
 
 
 def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
-    """Every size of ``opts.sizes`` against ``BACKENDS``; the results dict (``method``, ``sizes``,
-    ``skipped``, ``memory_collection``, ``targets``; ``workdir`` when a collection is kept)."""
+    """Every size of ``opts.sizes`` against NumPy, pgvector and Milvus; the results dict (``method``,
+    ``sizes``, ``skipped``, ``memory_collection``, ``targets``; ``workdir`` when a collection is kept)."""
     scale = ScaleRun(base, Q, opts)
     try:
         for n in opts.sizes:
@@ -871,27 +773,18 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
     if res is None:
         t["note"] = f"{TARGET_SIZE:,} was not run"
         return t
-    numpy_p50 = ((res["stores"].get("numpy") or {}).get("best") or {}).get("single_ms", {}).get("p50")
+    numpy_p50 = section(res, "stores", "numpy", "best", "single_ms").get("p50")
     for store, key, limit in (
         ("pgvector", "best_hnsw", TARGET_PG_VS_NUMPY),
         ("milvus", "best", TARGET_MILVUS_VS_NUMPY),
     ):
         s = res["stores"].get(store) or {}
-        best = s.get(key)
-        entry: dict[str, Any] = {"limit_x": limit, "numpy_p50_ms": numpy_p50}
-        if best is None:
-            entry["met"] = False
-            entry["note"] = s.get("error") or ("not run" if not s else "no configuration reached recall@10 >= 0.95")
-        else:
-            r = ratio(best["single_ms"]["p50"], numpy_p50, 2)
-            entry.update(
-                {
-                    "config": best["config"],
-                    "p50_ms": best["single_ms"]["p50"],
-                    "recall@10": best["recall@10"],
-                    "ratio_x": r,
-                    "met": r is not None and r <= limit,
-                }
-            )
-        t[store] = entry
+        entry = t[store] = {"limit_x": limit, "numpy_p50_ms": numpy_p50}
+        if (best := s.get(key)) is None:
+            note = s.get("error") or ("not run" if not s else f"no configuration reached recall@10 >= {MIN_RECALL}")
+            entry |= {"met": False, "note": note}
+            continue
+        r = ratio(best["single_ms"]["p50"], numpy_p50, 2)
+        entry |= {"config": best["config"], "p50_ms": best["single_ms"]["p50"], "recall@10": best["recall@10"]}
+        entry |= {"ratio_x": r, "met": r is not None and r <= limit}
     return t
