@@ -28,17 +28,20 @@ A name (title, H1, stem, alias) matches in one of three ways, recorded in the re
 ``named_categories`` are the index's categories the query names outright (all the category's
 words, or its compact form for names like ``kube-state-metrics``).
 
-Lookups are indexed (issue 23), so a query's cost follows what it matches, not the corpus size:
-candidate documents come from an Aho-Corasick automaton over the compact names and Chinese terms
-(every one occurring in the compact query, in one pass: ``ahocorasick_rs``), an inverted index
-token -> documents, and the fuzzy pass, which compares each query span only with the names of a
-length the typo guard allows. Only candidates are scored, with the same rules, in index order,
-so the hints equal those of a scan over every document (``bench/l0_linear.py``, tested on the
-real corpora). A name is indexed under the prefix of its parts, rarest first, that any
-``NAME_COVERAGE`` share must touch (prefix filtering: Chaudhuri, Ganti & Kaushik 2006, "A
-primitive operator for similarity joins in data cleaning", ICDE), so parts shared by thousands
-of names (``kube``) do not make every one of them a candidate; a keyword or entity, which
-matches only with all its tokens, under its rarest token.
+Lookups are indexed (issue 23), so a query's cost follows what it matches, not the corpus size.
+The index is over distinct names and terms, not documents: candidate names and keywords/entities
+come from an Aho-Corasick automaton over the compact names and Chinese terms (every one occurring
+in the compact query, in one pass: ``ahocorasick_rs``) and an inverted index token -> names and
+terms; each candidate is checked once and its score spread to its documents with numpy (a
+keyword shared by thousands of documents is one check). A name is indexed under the prefix of its
+parts, rarest first, that any ``NAME_COVERAGE`` share must touch (prefix filtering: Chaudhuri,
+Ganti & Kaushik 2006, "A primitive operator for similarity joins in data cleaning", ICDE), so
+parts shared by thousands of names (``kube``) do not make every one of them a candidate; a
+keyword or entity, which matches only with all its tokens, under its rarest token. The fuzzy pass
+compares each query span only with the distinct names of a length the typo guard allows and, in
+a large index, only with those sharing enough character trigrams to reach the cutoff (the q-gram
+count filter, ``_shared_grams``). The hints equal those of a scan over every document
+(``bench/l0_linear.py``, tested on the real corpora).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import ahocorasick_rs
+import numpy as np
 from pydantic import Field
 from rapidfuzz import fuzz, process
 
@@ -174,6 +178,22 @@ class L0Hints(CamelModel):
         return self.model_dump(mode="json")
 
 
+@dataclass
+class _Scored:
+    """One query's matches over an index of n documents (positions in index order): per
+    document ``(n,)`` arrays of the best name score and the name match kind (exact, fuzzy,
+    partial; at most one is True), the matched term groups, and the positions of the matched
+    documents with their scores."""
+
+    name_score: np.ndarray
+    exact: np.ndarray
+    fuzzy: np.ndarray
+    partial: np.ndarray
+    terms: list[int]
+    matched: np.ndarray
+    scores: np.ndarray
+
+
 class L0Index:
     """In-memory L0 index; ``save``/``load`` persist it as JSON in the data dir."""
 
@@ -187,9 +207,10 @@ class L0Index:
         self._idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5)) for t, df in name_df.items()}
         self._default_idf = math.log(1 + (n + 0.5) / 0.5)
         self._names = {d: [self._name_form(name) for name in e.names] for d, e in self.entries.items()}
-        # Fuzzy choices: (compact name, doc id, display name), long enough to be fuzzy-matched.
-        # One per (compact form, doc); the identifier spelling (no spaces) wins, since it is
-        # what the transformer adds to the query and what the lexical index holds joined.
+        # Fuzzy choices: each distinct compact name, long enough to be fuzzy-matched, with its
+        # (scan order, doc id, display name) per document. One per (compact form, doc); the
+        # identifier spelling (no spaces) wins, since it is what the transformer adds to the query
+        # and what the lexical index holds joined.
         fuzzy: dict[tuple[str, str], str] = {}
         for d, e in self.entries.items():
             for form, name in zip(self._names[d], e.names, strict=True):
@@ -197,45 +218,72 @@ class L0Index:
                     key = (form[0], d)
                     if key not in fuzzy or " " in fuzzy[key]:
                         fuzzy[key] = name
-        self._fuzzy = [(c, d, name) for (c, d), name in fuzzy.items()]
-        self._exact_names = {c for c, _, _ in self._fuzzy}
-        # The fuzzy choices by length (then index order): a span is compared with the names its
-        # length guard allows only.
-        by_len = sorted(range(len(self._fuzzy)), key=lambda j: (len(self._fuzzy[j][0]), j))
-        self._fuzzy_order = by_len
-        self._fuzzy_sorted = [self._fuzzy[j][0] for j in by_len]
+        by_name: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+        for order, ((c, d), name) in enumerate(fuzzy.items()):
+            by_name[c].append((order, d, name))
+        # Sorted by length: a span is compared with the names its length guard allows only.
+        self._fuzzy_sorted = sorted(by_name, key=lambda c: (len(c), by_name[c][0][0]))
+        self._fuzzy_docs = [by_name[c] for c in self._fuzzy_sorted]
         self._fuzzy_lens = [len(c) for c in self._fuzzy_sorted]
-        self._order = {d: i for i, d in enumerate(self.entries)}
+        self._exact_names = set(self._fuzzy_sorted)
+        self._fuzzy_array = np.array(self._fuzzy_sorted, dtype=object)
+        self._fuzzy_grams = _GramIndex(self._fuzzy_sorted)
+        self._pos = {d: i for i, d in enumerate(self.entries)}
         self._category_forms = [(cat, *_form(cat)) for cat in sorted(self.domains)]
         self._build_candidate_index()
 
     def _build_candidate_index(self) -> None:
-        """The candidate indexes of ``analyze_query`` (module docstring): substrings (compact
-        names of ``_MIN_COMPACT``+ characters, compact Chinese terms) -> doc ids, searched with
-        one Aho-Corasick automaton; token -> doc ids."""
-        substrings: dict[str, set[str]] = defaultdict(set)
-        postings: dict[str, set[str]] = defaultdict(set)
-        # (term, compact form, tokens) of every keyword and entity, computed once.
+        """The candidate indexes of ``analyze_query`` (module docstring), over distinct names and
+        terms rather than documents: a query scores each distinct name form and keyword/entity
+        once and adds the scores to its documents with numpy, so a name or keyword shared by
+        thousands of documents costs one check, not thousands. Substrings (compact names of
+        ``_MIN_COMPACT``+ characters, compact Chinese terms) -> groups, searched with one
+        Aho-Corasick automaton; token -> groups."""
+        ids = list(self.entries)
+        self._ids = ids
+        self._id_rank = np.argsort(np.argsort(np.array(ids, dtype=object)))  # rank in doc-id order
+        self._categories = sorted({e.category for e in self.entries.values()})
+        cat_pos = {c: i for i, c in enumerate(self._categories)}
+        self._cat_of = np.array([cat_pos[e.category] for e in self.entries.values()], dtype=np.int32)
+        # (term, compact form, tokens) of every keyword and entity of a document, computed once.
         self._term_forms = {
             d: ([(t, *_form(t)) for t in e.keywords], [(t, *_form(t)) for t in e.entities])
             for d, e in self.entries.items()
         }
-        term_forms = {d: [(c, toks) for _, c, toks in (*kws, *ents)] for d, (kws, ents) in self._term_forms.items()}
-        term_df: Counter[str] = Counter(t for forms in term_forms.values() for _, toks in forms for t in toks)
-        for d in self.entries:
-            for c, parts, total in self._names[d]:
-                if len(c) >= _MIN_COMPACT:
-                    substrings[c].add(d)
-                if len(parts) >= 2 and total:
-                    for tok in self._name_prefix(parts, total):
-                        postings[tok].add(d)
-            for c, toks in term_forms[d]:
-                if len(c) >= 2 and not c.isascii():
-                    substrings[c].add(d)
-                if c and toks:
-                    postings[min(toks, key=lambda t: (term_df[t], t))].add(d)
+        name_docs: dict[tuple[str, frozenset[str], float], list[int]] = defaultdict(list)
+        # (kind, term) -> doc positions, one per occurrence (a repeated keyword counts twice, as in the scan).
+        term_docs: dict[tuple[str, str], list[int]] = defaultdict(list)
+        term_first: dict[tuple[str, str], tuple[int, int]] = {}  # where the scan first meets a term
+        for i, d in enumerate(ids):
+            for form in dict.fromkeys(self._names[d]):
+                name_docs[form].append(i)
+            for kind, forms in zip(("keyword", "entity"), self._term_forms[d], strict=True):
+                for pos, (t, _, _) in enumerate(forms):
+                    term_docs[kind, t].append(i)
+                    term_first.setdefault((kind, t), (i, pos))
+        self._name_groups = list(name_docs)
+        self._name_group_docs = _Postings([name_docs[f] for f in self._name_groups])
+        self._term_groups = [(kind, t, *_form(t)) for kind, t in term_docs]
+        self._term_group_docs = _Postings(list(term_docs.values()))
+        self._term_first = list(term_first.values())
+        term_df: Counter[str] = Counter()
+        for (_, t), docs in term_docs.items():
+            term_df.update({tok: len(docs) for tok in _form(t)[1]})
+        substrings: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        postings: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for g, (c, parts, total) in enumerate(self._name_groups):
+            if len(c) >= _MIN_COMPACT:
+                substrings[c][0].append(g)
+            if len(parts) >= 2 and total:
+                for tok in self._name_prefix(parts, total):
+                    postings[tok][0].append(g)
+        for g, (_, _, c, toks) in enumerate(self._term_groups):
+            if len(c) >= 2 and not c.isascii():
+                substrings[c][1].append(g)
+            if c and toks:
+                postings[min(toks, key=lambda t: (term_df[t], t))][1].append(g)
         self._patterns = list(substrings)
-        self._pattern_docs = [substrings[p] for p in self._patterns]
+        self._pattern_groups = [substrings[p] for p in self._patterns]
         self._automaton = ahocorasick_rs.AhoCorasick(self._patterns) if self._patterns else None
         self._postings = dict(postings)
 
@@ -250,15 +298,18 @@ class L0Index:
             rest -= self._idf.get(tok, self._default_idf)
         return prefix
 
-    def _candidates(self, q_tokens: set[str], q_compact: str, fuzzy: Mapping[str, float]) -> list[str]:
-        """Doc ids that may match (a superset of the matches), in index order."""
-        found: set[str] = set(fuzzy)
-        for tok in q_tokens:
-            found.update(self._postings.get(tok, ()))
+    def _candidate_groups(self, q_tokens: set[str], q_compact: str) -> tuple[set[int], set[int]]:
+        """(name groups, term groups) that may match: a superset of those that do."""
+        names: set[int] = set()
+        terms: set[int] = set()
+        hits = [self._postings[t] for t in q_tokens if t in self._postings]
         if self._automaton is not None and q_compact:
-            for j in {m[0] for m in self._automaton.find_matches_as_indexes(q_compact, overlapping=True)}:
-                found.update(self._pattern_docs[j])
-        return sorted(found, key=self._order.__getitem__)
+            found = {m[0] for m in self._automaton.find_matches_as_indexes(q_compact, overlapping=True)}
+            hits += [self._pattern_groups[j] for j in found]
+        for n, t in hits:
+            names.update(n)
+            terms.update(t)
+        return names, terms
 
     def _name_form(self, name: str) -> tuple[str, frozenset[str], float]:
         """(compact form, coverage parts, their total IDF) of one name, computed once."""
@@ -329,64 +380,90 @@ class L0Index:
         q_tokens = set(tokenize(text))
         q_compact = compact(text)
         fuzzy, corrections = self._fuzzy_matches(text, q_compact)
-        matches: list[DocMatch] = []
-        keywords: list[str] = []
-        entities: list[str] = []
-        for doc_id in self._candidates(q_tokens, q_compact, fuzzy):
-            e = self.entries[doc_id]
-            reasons, score = [], 0.0
-            name_score = max((self._name_score(f, q_tokens, q_compact) for f in self._names[e.doc_id]), default=0.0)
-            if name_score >= 1.0:
-                reasons.append("title")
-                score += 2.0
-            elif e.doc_id in fuzzy:
-                reasons.append(f"title~fuzzy:{fuzzy[e.doc_id] / 100:.2f}")
-                score += 1.0 + fuzzy[e.doc_id] / 100
-            elif name_score >= NAME_COVERAGE:
-                reasons.append(f"title~partial:{name_score:.2f}")
-                score += 1.0 + name_score
-            kw_forms, ent_forms = self._term_forms[doc_id]
-            for kw, c, toks in kw_forms:
-                if _form_in(c, toks, q_tokens, q_compact):
-                    reasons.append(f"keyword:{kw}")
-                    keywords.append(kw)
-                    score += 0.5
-            for ent, c, toks in ent_forms:
-                if _form_in(c, toks, q_tokens, q_compact):
-                    reasons.append(f"entity:{ent}")
-                    entities.append(ent)
-                    score += 0.5
-            if reasons:
-                # Built from checked values: construct skips pydantic's per-match validation
-                # (a query can match thousands of documents of a large knowledge base).
-                matches.append(
-                    DocMatch.model_construct(
-                        doc_id=e.doc_id, title=e.title, category=e.category, score=round(score, 4), reasons=reasons
-                    )
-                )
-        matches.sort(key=lambda m: (-m.score, m.doc_id))
-        fuzzy_names = {m.title for m in matches if m.name_kind == "fuzzy"} | {
-            n for m in matches if m.name_kind == "fuzzy" for n in self.entries[m.doc_id].names
+        scored = self._score(q_tokens, q_compact, fuzzy)
+        matched = scored.matched
+        best_pos = matched[np.lexsort((self._id_rank[matched], -scored.scores))[:MAX_MATCHES]]
+        best = [self._match(int(i), float(scored.name_score[i]), fuzzy, q_tokens, q_compact) for i in best_pos]
+        fuzzy_names = {
+            n for i in np.flatnonzero(scored.fuzzy).tolist() for n in (self._entry(i).title, *self._entry(i).names)
         }
         corrections = {span: name for span, name in corrections.items() if name in fuzzy_names}
         named_categories = self._named_categories(q_tokens, q_compact)
         # A whole-name match is a far stronger signal than a partial one, and both than a shared
         # keyword: domain hints come from the strongest kind present.
-        by_name = [m for m in matches if m.strong_name] or [m for m in matches if m.name_kind == "partial"] or matches
-        best = matches[:MAX_MATCHES]
+        strong = scored.exact | scored.fuzzy
+        by_name = next((np.flatnonzero(m) for m in (strong, scored.partial) if m.any()), matched)
+        categories = {self._categories[c] for c in np.unique(self._cat_of[by_name])}
+        terms = [self._term_groups[g][:2] for g in sorted(scored.terms, key=self._term_first.__getitem__)]
         return L0Hints(
             matched_doc_ids=[m.doc_id for m in best],
             matched_titles=_unique(m.title for m in best if m.name_kind),
-            matched_keywords=_unique(keywords),
-            domains=sorted({m.category for m in by_name if m.category.strip()} | set(named_categories)),
-            domains_from_names=any(m.strong_name for m in matches),
-            entities=_unique(entities),
+            matched_keywords=_unique(t for kind, t in terms if kind == "keyword"),
+            domains=sorted({c for c in categories if c.strip()} | set(named_categories)),
+            domains_from_names=bool(strong.any()),
+            entities=_unique(t for kind, t in terms if kind == "entity"),
             matches=best,
-            match_count=len(matches),
+            match_count=len(matched),
             named_categories=named_categories,
             alert_names=alerts,
             metric_names=metrics,
             corrections=corrections,
+        )
+
+    def _score(self, q_tokens: set[str], q_compact: str, fuzzy: Mapping[str, float]) -> _Scored:
+        """Every document's match for a query, by the scan's rules (``_match``), computed per
+        distinct name and term and spread to their documents."""
+        name_groups, term_groups = self._candidate_groups(q_tokens, q_compact)
+        n = len(self._ids)
+        name_score = np.zeros(n)
+        for g in name_groups:
+            score = self._name_score(self._name_groups[g], q_tokens, q_compact)
+            if score >= NAME_COVERAGE:  # below it a name adds no reason
+                docs = self._name_group_docs[g]
+                name_score[docs] = np.maximum(name_score[docs], score)
+        terms = [g for g in term_groups if _form_in(*self._term_groups[g][2:], q_tokens, q_compact)]
+        term_count = self._term_group_docs.count(terms, n)
+        exact = name_score >= 1.0
+        fuzzy_pos = np.array([self._pos[d] for d in fuzzy], dtype=np.int64)
+        is_fuzzy = np.zeros(n, dtype=bool)
+        is_fuzzy[fuzzy_pos] = True
+        is_fuzzy &= ~exact
+        partial = ~exact & ~is_fuzzy & (name_score >= NAME_COVERAGE)
+        fuzzy_part = np.zeros(n)
+        fuzzy_part[fuzzy_pos] = [1.0 + r / 100 for r in fuzzy.values()]
+        name_part = np.where(exact, 2.0, np.where(is_fuzzy, fuzzy_part, np.where(partial, 1.0 + name_score, 0.0)))
+        matched = np.flatnonzero((name_part > 0) | (term_count > 0))
+        scores = _scan_scores(name_part[matched], term_count[matched])
+        return _Scored(name_score, exact, is_fuzzy, partial, terms, matched, scores)
+
+    def _entry(self, pos: int) -> L0Entry:
+        return self.entries[self._ids[pos]]
+
+    def _match(
+        self, pos: int, name_score: float, fuzzy: Mapping[str, float], q_tokens: set[str], q_compact: str
+    ) -> DocMatch:
+        """The ``DocMatch`` of a matched document (at ``pos`` in index order), its reasons in the
+        scan's order: the name's, then each keyword and entity found in the query."""
+        e = self._entry(pos)
+        reasons, score = [], 0.0
+        if name_score >= 1.0:
+            reasons.append("title")
+            score += 2.0
+        elif e.doc_id in fuzzy:
+            reasons.append(f"title~fuzzy:{fuzzy[e.doc_id] / 100:.2f}")
+            score += 1.0 + fuzzy[e.doc_id] / 100
+        elif name_score >= NAME_COVERAGE:
+            reasons.append(f"title~partial:{name_score:.2f}")
+            score += 1.0 + name_score
+        kw_forms, ent_forms = self._term_forms[e.doc_id]
+        for kind, forms in (("keyword", kw_forms), ("entity", ent_forms)):
+            for term, c, toks in forms:
+                if _form_in(c, toks, q_tokens, q_compact):
+                    reasons.append(f"{kind}:{term}")
+                    score += 0.5
+        # Built from checked values: construct skips pydantic's validation.
+        return DocMatch.model_construct(
+            doc_id=e.doc_id, title=e.title, category=e.category, score=round(score, 4), reasons=reasons
         )
 
     def _named_categories(self, q_tokens: set[str], q_compact: str) -> list[str]:
@@ -404,7 +481,7 @@ class L0Index:
 
     def _fuzzy_matches(self, text: str, q_compact: str) -> tuple[dict[str, float], dict[str, str]]:
         """``({doc_id: best ratio}, {query span: matched name})`` for typo'd names (see module)."""
-        if not self._fuzzy:
+        if not self._fuzzy_sorted:
             return {}, {}
         words = _ASCII_WORD.findall(normalize(text))
         spans: dict[str, None] = {}
@@ -418,38 +495,55 @@ class L0Index:
         best: dict[str, float] = {}
         corrections: dict[str, str] = {}
         for span in spans:
-            per_doc: dict[str, tuple[float, str]] = {}
-            for j, score in self._fuzzy_scores(span):
-                c, doc_id, name = self._fuzzy[j]
-                if abs(len(c) - len(span)) > max(2.0, FUZZY_LENGTH_SLACK * len(c)):
-                    continue  # a prefix or a longer phrase, not a typo of the name
-                if score > per_doc.get(doc_id, (0.0, ""))[0]:
-                    per_doc[doc_id] = (score, name)
-            ranked = sorted(per_doc.items(), key=lambda kv: -kv[1][0])
-            if not ranked or ranked[0][1][0] < FUZZY_CUTOFF:
-                continue
-            if len(ranked) > 1 and ranked[1][1][0] > ranked[0][1][0] - FUZZY_MARGIN:
-                continue  # between two names: ambiguous
-            doc_id, (score, name) = ranked[0]
-            if score > best.get(doc_id, 0.0):
-                best[doc_id] = round(score, 1)
-                corrections[span] = name
+            hit = self._fuzzy_best(span)
+            if hit is not None and hit[1] > best.get(hit[0], 0.0):
+                best[hit[0]] = round(hit[1], 1)
+                corrections[span] = hit[2]
         return best, corrections
 
+    def _fuzzy_best(self, span: str) -> tuple[str, float, str] | None:
+        """``(doc id, ratio, name)`` of the one document whose name ``span`` is a typo of, or
+        None: no name within ``FUZZY_CUTOFF``, or another document's name within ``FUZZY_MARGIN``
+        of the best (ambiguous; documents sharing the best name tie)."""
+        hits = []
+        for j, score in self._fuzzy_scores(span):
+            c = self._fuzzy_sorted[j]
+            if abs(len(c) - len(span)) <= max(2.0, FUZZY_LENGTH_SLACK * len(c)):  # else a prefix, not a typo
+                hits.append((score, j))
+        if not hits:
+            return None
+        top = max(score for score, _ in hits)
+        if top < FUZZY_CUTOFF:
+            return None
+        tops = [(order, d, name) for score, j in hits if score == top for order, d, name in self._fuzzy_docs[j]]
+        doc_id = tops[0][1]
+        if any(d != doc_id for _, d, _ in tops):
+            return None
+        for score, j in hits:
+            if top > score > top - FUZZY_MARGIN and any(d != doc_id for _, d, _ in self._fuzzy_docs[j]):
+                return None
+        return doc_id, top, min(tops)[2]
+
     def _fuzzy_scores(self, span: str) -> list[tuple[int, float]]:
-        """``[(choice index, fuzz.ratio)]`` of the choices within the cutoff less the margin,
-        among those whose length the typo guard allows for ``span`` (a superset: the caller
-        applies the exact guard), in choice-index order."""
+        """``[(choice index, fuzz.ratio)]`` of the distinct names within the cutoff less the
+        margin, among those whose length the typo guard allows for ``span`` (a superset: the
+        caller applies the exact guard)."""
         n = len(span)
         lo = math.floor(min(n - 2.0, n / (1 + FUZZY_LENGTH_SLACK)))
         hi = math.ceil(max(n + 2.0, n / (1 - FUZZY_LENGTH_SLACK)))
         start, end = bisect_left(self._fuzzy_lens, lo), bisect_right(self._fuzzy_lens, hi)
         if start >= end:
             return []
-        row = process.cdist(
-            [span], self._fuzzy_sorted[start:end], scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN
-        )[0]
-        return sorted((self._fuzzy_order[start + int(p)], float(row[p])) for p in row.nonzero()[0])
+        picked = None
+        if end - start >= _GRAM_FILTER_MIN:
+            lengths = range(self._fuzzy_lens[start], self._fuzzy_lens[end - 1] + 1)
+            picked = self._fuzzy_grams.candidates(span, start, end, min(_shared_grams(n, k) for k in lengths))
+        if picked is None:
+            choices, index = self._fuzzy_sorted[start:end], range(start, end)
+        else:
+            choices, index = self._fuzzy_array[picked].tolist(), picked.tolist()
+        row = process.cdist([span], choices, scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)[0]
+        return [(index[p], float(row[p])) for p in row.nonzero()[0]]
 
     def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str], q_compact: str) -> float:
         c, parts, total = form
@@ -465,6 +559,90 @@ class L0Index:
     @staticmethod
     def _term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
         return _form_in(*_form(term), q_tokens, q_compact)
+
+
+class _Postings:
+    """Groups -> document positions, as one flat int32 array with offsets (CSR): about 4 bytes a
+    posting instead of a Python list's 8 plus its int objects."""
+
+    def __init__(self, lists: list[list[int]]) -> None:
+        self._offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum([len(x) for x in lists], out=self._offsets[1:])
+        self._flat = np.fromiter((i for x in lists for i in x), dtype=np.int32, count=int(self._offsets[-1]))
+
+    def __getitem__(self, g: int) -> np.ndarray:
+        return self._flat[self._offsets[g] : self._offsets[g + 1]]
+
+    def count(self, groups: Iterable[int], n: int) -> np.ndarray:
+        """``(n,)`` int array: for each document position, its postings among ``groups``."""
+        parts = [self[g] for g in groups]
+        return np.bincount(np.concatenate(parts), minlength=n) if parts else np.zeros(n, dtype=np.int64)
+
+
+_GRAM = 3
+# Below this many choices in a span's length band one cdist over all of them is cheaper than the
+# trigram filter's per-trigram lookups (measured: the runbook corpora's bands hold under 100).
+_GRAM_FILTER_MIN = 2000
+
+
+def _grams(text: str) -> list[str]:
+    return [text[i : i + _GRAM] for i in range(len(text) - _GRAM + 1)]
+
+
+def _shared_grams(m: int, n: int) -> int:
+    """The fewest character trigrams (counted with repeats) two strings of lengths ``m`` and
+    ``n`` share when ``fuzz.ratio`` >= ``FUZZY_CUTOFF - FUZZY_MARGIN``, less one for float
+    safety. The ratio is 200 * LCS / (m + n); of the LCS's L - q + 1 q-grams, each run of
+    characters outside the LCS breaks at most q - 1 in either string, so at least
+    (2q - 1) L - (q - 1)(m + n) - q + 1 are q-grams of both (the q-gram count filter: Ukkonen
+    1992, "Approximate string-matching with q-grams and maximal matches", TCS 92)."""
+    lcs = math.ceil((FUZZY_CUTOFF - FUZZY_MARGIN) * (m + n) / 200 - 1e-9)
+    return (2 * _GRAM - 1) * lcs - (_GRAM - 1) * (m + n) - _GRAM + 1 - 1
+
+
+class _GramIndex:
+    """Trigram -> sorted choice indexes: the q-gram count filter over a range of choices."""
+
+    def __init__(self, choices: list[str]) -> None:
+        postings: dict[str, list[int]] = defaultdict(list)
+        for j, c in enumerate(choices):
+            for g in dict.fromkeys(_grams(c)):
+                postings[g].append(j)
+        self._postings = {g: np.array(v, dtype=np.int32) for g, v in postings.items()}
+
+    def candidates(self, span: str, start: int, end: int, shared: int) -> np.ndarray | None:
+        """Sorted indexes in ``[start, end)`` whose trigrams include at least ``shared`` of
+        ``span``'s (an upper bound of the shared count: each span occurrence counts once when the
+        choice has that trigram); None when the filter cannot prune (``shared`` < 1)."""
+        if shared < 1:
+            return None
+        parts, weights = [], []
+        for g, repeats in Counter(_grams(span)).items():
+            p = self._postings.get(g)
+            if p is not None:
+                lo, hi = np.searchsorted(p, (start, end))
+                parts.append(p[lo:hi] - start)
+                weights.append(np.full(hi - lo, repeats, dtype=np.int32))
+        if not parts:
+            return np.zeros(0, dtype=np.int64)
+        counts = np.bincount(np.concatenate(parts), weights=np.concatenate(weights), minlength=end - start)
+        return np.flatnonzero(counts >= shared) + start
+
+
+def _scan_scores(name_part: np.ndarray, term_count: np.ndarray) -> np.ndarray:
+    """Match scores exactly as the per-document scan sums them: ``round(name part + 0.5 + 0.5
+    ..., 4)``, one Python sum per distinct (name part, term count) pair."""
+    if not len(name_part):
+        return np.zeros(0)
+    # A complex key sorts as one 1-D array (np.unique over axis=1 sorts rows as structures).
+    pairs, inverse = np.unique(name_part + 1j * term_count, return_inverse=True)
+    exact = []
+    for pair in pairs.tolist():
+        score = 0.0 + pair.real
+        for _ in range(int(pair.imag)):
+            score += 0.5
+        exact.append(round(score, 4))
+    return np.array(exact)[inverse]
 
 
 def _form_in(c: str, toks: frozenset[str], q_tokens: set[str], q_compact: str) -> bool:

@@ -82,7 +82,14 @@ class RetrievalOutcome:
     fallback_reason: str | None = None
     error: str | None = None
     query_vector: np.ndarray | None = None  # the vector the attempts searched with
-    partial_error: str | None = None
+
+    @property
+    def partial_error(self) -> str | None:
+        """The errors of the channels or attempts that failed while others answered
+        (``"attempt N: ..."``, at most 500 characters), None when none failed or all did."""
+        if self.error:
+            return None
+        return "; ".join(f"attempt {a.attempt}: {a.error}" for a in self.attempts if a.error)[:500] or None
 
 
 Ranked = tuple[int, str, bool, list[StoreHit]]  # (attempt, channel, filtered, hits best first)
@@ -224,8 +231,7 @@ class KnowledgeDocumentRetriever:
         ranked = sorted(fuse_lists(lists).values(), key=lambda c: (-c.rrf, -c.similarity, c.hit.chunk_id))
         failed = [a for a in attempts if a.error and not any(x == a.attempt for x, *_ in lists)]
         error = failed[-1].error if len(failed) == len(attempts) else None
-        partial = None if error else "; ".join(f"attempt {a.attempt}: {a.error}" for a in attempts if a.error)[:500]
-        return RetrievalOutcome(ranked, attempts, fallback, error, query_vector=vector, partial_error=partial or None)
+        return RetrievalOutcome(ranked, attempts, fallback, error, query_vector=vector)
 
 
 # Stores that have answered once in this process. A store connects and loads its collection
