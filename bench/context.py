@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,30 +40,22 @@ class BenchContext:
     show_progress: bool = True
     knowledge_dir: Path = RUNBOOKS
     query_limit: int | None = None
-    _embedder: Any = None
     corpus: Corpus | None = None
     kb_settings: RagSettings | None = None  # data dir holding the ingested corpus (Milvus + L0)
     pg_ready: bool = False
-    _queries: list[str] | None = None
-    _query_vectors: np.ndarray | None = None
     notes: dict[str, Any] = field(default_factory=dict)
 
-    # --- model -----------------------------------------------------------------------------
+    @cached_property
+    def embedder(self) -> Any:
+        """The configured backend (RAG_EMBEDDING_BACKEND, else the default), loaded up front."""
+        from rag_core.embedding import make_embedder
 
-    @property
-    def embedder(self):
-        if self._embedder is None:
-            from rag_core.embedding import make_embedder
-
-            t0 = time.perf_counter()
-            # The configured backend (RAG_EMBEDDING_BACKEND, else the default).
-            self._embedder = make_embedder(make_settings(self.scratch.dir("model"), self.knowledge_dir))
-            self._embedder.embed_query("warm-up")  # load the model once, up front
-            self.notes["model_load_s"] = round(time.perf_counter() - t0, 2)
-            log(f"embedding model loaded in {self.notes['model_load_s']} s")
-        return self._embedder
-
-    # --- corpus ------------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        embedder = make_embedder(make_settings(self.scratch.dir("model"), self.knowledge_dir))
+        embedder.embed_query("warm-up")
+        self.notes["model_load_s"] = round(time.perf_counter() - t0, 2)
+        log(f"embedding model loaded in {self.notes['model_load_s']} s")
+        return embedder
 
     def chunk_corpus(self) -> list[Any]:
         """The knowledge dir's chunks, exactly as ``ingest`` makes them."""
@@ -104,16 +97,10 @@ class BenchContext:
             self.pg_ready = True
         return store
 
-    # --- queries -----------------------------------------------------------------------------
-
-    @property
+    @cached_property
     def queries(self) -> list[str]:
-        if self._queries is None:
-            self._queries = benchmark_queries(self.query_limit)
-        return self._queries
+        return benchmark_queries(self.query_limit)
 
-    @property
+    @cached_property
     def query_vectors(self) -> np.ndarray:
-        if self._query_vectors is None:
-            self._query_vectors = np.stack([self.embedder.embed_query(q) for q in self.queries])
-        return self._query_vectors
+        return np.stack([self.embedder.embed_query(q) for q in self.queries])

@@ -1,10 +1,9 @@
-"""The benchmarks' one measuring harness: targets as data, one timing loop, typed rows, one renderer.
+"""The benchmarks' one measuring harness: targets as data, one timing loop, goals as data.
 
 :class:`Target` is one thing to time (a store configuration, a lookup path, the in-memory floor,
 an embedding backend); :func:`measure` times any targets the same way, interleaved input by
 input so that all see the same machine load; :class:`Goal` is one performance target of the
-report as data (:func:`evaluate` turns a table of them into the report's rows); :class:`Column`
-and :func:`render` draw typed rows as a Markdown table (``rag_core.markdown.md_table``).
+report as data (:func:`evaluate` turns a table of them into the report's rows).
 """
 
 from __future__ import annotations
@@ -18,12 +17,9 @@ from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
-from rag_core.markdown import md_table
-
 H = TypeVar("H")  # an opened target: a client, a tool, an embedder (None when the query closes over it)
 In = TypeVar("In")  # one input: a query vector, a query string, a batch matrix
 R = TypeVar("R")  # what one call returns
-Row = TypeVar("Row")
 
 Results = dict[str, Any]  # a benchmark run's results.json
 
@@ -49,23 +45,14 @@ class Stats:
         if len(values) == 0:
             return cls(0)
         a = np.asarray(values, dtype=float)
-        p50, p95, p99 = (round(float(p), digits) for p in np.percentile(a, [50, 95, 99]))
-        mean, lo, hi = (round(float(v), digits) for v in (a.mean(), a.min(), a.max()))
-        return cls(int(a.size), p50, p95, p99, mean, lo, hi)
+        figures = (*np.percentile(a, [50, 95, 99]), a.mean(), a.min(), a.max())  # in field order
+        return cls(int(a.size), *(round(float(v), digits) for v in figures))
 
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)  # the results.json shape
 
 
 # --- targets and the timing loop ------------------------------------------------------------------------
-
-
-def _no_handle() -> None:
-    return None
-
-
-def _no_close(_handle: Any) -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -77,8 +64,8 @@ class Target(Generic[H, In, R]):
 
     name: str
     query: Callable[[H, In], R]
-    open: Callable[[], H] = _no_handle  # type: ignore[assignment]
-    close: Callable[[H], object] = _no_close
+    open: Callable[[], H] = lambda: None  # type: ignore[assignment]
+    close: Callable[[H], object] = lambda _handle: None
     after: Callable[[H, R], Any] | None = None
 
 
@@ -207,10 +194,6 @@ def as_percent(v: float) -> str:
     return f"{100 * v:.1f} %"
 
 
-def _always(_r: Results) -> bool:
-    return True
-
-
 @dataclass(frozen=True)
 class Goal:
     """One performance target of the report. ``read`` gets the results section at ``source`` (a
@@ -229,7 +212,7 @@ class Goal:
     read: Callable[[dict[str, Any]], Reading | Missing]
     show: Callable[[float], str]
     borderline: bool = True
-    when: Callable[[Results], bool] = _always
+    when: Callable[[Results], bool] = lambda _r: True
 
     def row(self, results: Results) -> dict[str, Any]:
         """The report's row: ``id, target, limit, measured, ratio, met`` (+ ``value``, ``limit_value``)."""
@@ -256,16 +239,3 @@ def section(results: Results, *path: str) -> dict[str, Any]:
     for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return node if isinstance(node, dict) else {}
-
-
-# --- Markdown ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Column(Generic[Row]):
-    header: str
-    cell: Callable[[Row], Any]
-
-
-def render(columns: Sequence[Column[Row]], rows: Iterable[Row]) -> str:
-    return md_table([c.header for c in columns], [[c.cell(r) for c in columns] for r in rows])

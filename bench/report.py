@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from bench.cold_lookup import COLD_GOAL_S
+from bench.common import RESULTS_DIR
 from bench.embed_throughput import summary_lines
 from bench.engine import GOALS as ENGINE_GOALS
 from bench.evaluation import TARGET_CASES_PER_S
@@ -42,7 +43,6 @@ STAGE_LABELS = {  # the latency benchmark's ``STAGES``, in table order
     "trace_handoff": "trace hand-off (row build + recorder)",
     "pipeline_overhead": "**pipeline overhead** (all but embedding, second model, store search and document vectors)",
 }
-PCTS = ("p50", "p95", "p99")
 
 # --- templates and tables ----------------------------------------------------------------------------
 
@@ -62,10 +62,8 @@ class _V:
         self.v = v
 
     def __getitem__(self, key: Any) -> _V:
-        v = self.v
-        if isinstance(v, dict):
-            return _V(v.get(key, v.get(str(key))))  # format turns "[100000]" into an int
-        return _V(v[key] if isinstance(v, list) and isinstance(key, int) and key < len(v) else None)
+        v = self.v  # format turns "[100000]" into an int key
+        return _V(v.get(key, v.get(str(key))) if isinstance(v, dict) else None)
 
     def __format__(self, spec: str) -> str:
         if self.v is None:
@@ -142,34 +140,27 @@ def _search_100k(store: str, limit: float, label: str) -> Goal:
     return Goal(f"search_100k_{store}", target, f"<= {limit:g}x", "<=", limit, ("scale", "targets"), read, as_times)
 
 
-def _goal(id: str, target: str, op: Literal["<=", ">="], limit: float, limit_text: str, **kw: Any) -> Goal:
-    """A goal on the section named like its ``id`` (``source`` to override)."""
-    return Goal(id, target, limit_text, op, limit, kw.pop("source", (id,)), kw.pop("read"), kw.pop("show"), **kw)
-
-
 _OH, _RAW, _RE = (f"{100 * x:.0f} %" for x in (TARGET_OVERHEAD, TARGET_RATIO, TARGET_REINGEST))
 _CASES = f"{TARGET_CASES_PER_S:,.0f}"
 GOALS: tuple[Goal, ...] = (
-    *(_goal(f"overhead_{p}", f"Pipeline overhead <= {_OH} of end-to-end p50 ({p} path)", "<=", TARGET_OVERHEAD,
-            f"<= {_OH}", source=("latency", "paths", p), show=as_percent, read=_read(_OVERHEAD, "overhead_share_p50"))
+    *(Goal(f"overhead_{p}", f"Pipeline overhead <= {_OH} of end-to-end p50 ({p} path)", f"<= {_OH}", "<=",
+           TARGET_OVERHEAD, ("latency", "paths", p), _read(_OVERHEAD, "overhead_share_p50"), as_percent)
       for p in ("milvus", "pgvector")),
     _search_100k("pgvector", TARGET_PG_VS_NUMPY, "pgvector HNSW"),
     _search_100k("milvus", TARGET_MILVUS_VS_NUMPY, "Milvus (embedded server)"),
-    _goal("ingest_vs_raw", f"Ingestion >= {_RAW} of raw embedding throughput", ">=", TARGET_RATIO, f">= {_RAW}",
-          source=("ingestion",), show=as_percent, read=_read(
-              "ingest {ingest_chunks_per_s:1} chunks/s vs raw encode {raw_encode_chunks_per_s:1} chunks/s "
-              "({chunks_embedded} chunks)", "ingest_vs_raw")),
-    _goal("reingest", f"Unchanged re-ingest <= {_RE} of the first ingest", "<=", TARGET_REINGEST, f"<= {_RE}",
-          source=("ingestion",), show=as_percent,
-          read=_read("re-ingest {reingest_s:2} s vs first ingest {ingest_s:2} s", "reingest_fraction")),
-    _goal("evaluation", f"Offline evaluation >= {_CASES} cases/s", ">=", TARGET_CASES_PER_S, f">= {_CASES} cases/s",
-          show=lambda v: f"{v:,.0f} cases/s", read=_read(
-              "{cases:,} cases in {total_s:3} s (load_fixtures {load_s:3} s + evaluate {evaluate_s:3} s)",
-              "cases_per_s")),
-    _goal("cold_lookup", f"A one-shot `rag lookup` (fresh process) <= {COLD_GOAL_S:g} s", "<=", COLD_GOAL_S,
-          f"<= {COLD_GOAL_S:g} s", show=lambda v: f"{v:.2f} s", read=_read(
-              "fresh `rag lookup` p50 {cold_s[p50]:2} s over {cold_s[n]} processes beside warm in-process p50 "
-              "{warm_ms[p50]:1} ms ({cold_over_warm_p50:1}x)", "cold_s.p50")),
+    Goal("ingest_vs_raw", f"Ingestion >= {_RAW} of raw embedding throughput", f">= {_RAW}", ">=", TARGET_RATIO,
+         ("ingestion",), _read("ingest {ingest_chunks_per_s:1} chunks/s vs raw encode {raw_encode_chunks_per_s:1} "
+                               "chunks/s ({chunks_embedded} chunks)", "ingest_vs_raw"), as_percent),
+    Goal("reingest", f"Unchanged re-ingest <= {_RE} of the first ingest", f"<= {_RE}", "<=", TARGET_REINGEST,
+         ("ingestion",), _read("re-ingest {reingest_s:2} s vs first ingest {ingest_s:2} s", "reingest_fraction"),
+         as_percent),
+    Goal("evaluation", f"Offline evaluation >= {_CASES} cases/s", f">= {_CASES} cases/s", ">=", TARGET_CASES_PER_S,
+         ("evaluation",), _read("{cases:,} cases in {total_s:3} s (load_fixtures {load_s:3} s + evaluate "
+                                "{evaluate_s:3} s)", "cases_per_s"), lambda v: f"{v:,.0f} cases/s"),
+    Goal("cold_lookup", f"A one-shot `rag lookup` (fresh process) <= {COLD_GOAL_S:g} s", f"<= {COLD_GOAL_S:g} s",
+         "<=", COLD_GOAL_S, ("cold_lookup",),
+         _read("fresh `rag lookup` p50 {cold_s[p50]:2} s over {cold_s[n]} processes beside warm in-process p50 "
+               "{warm_ms[p50]:1} ms ({cold_over_warm_p50:1}x)", "cold_s.p50"), lambda v: f"{v:.2f} s"),
     *ENGINE_GOALS,
 )  # fmt: skip
 
@@ -179,26 +170,19 @@ def evaluate_targets(r: Results) -> list[dict[str, Any]]:
     return evaluate(GOALS, r)
 
 
-def _status(met: bool | None) -> str:
-    return "not run" if met is None else ("**met**" if met else "**NOT met**")
-
-
 def borderline(r: dict[str, Any], margin: float = 0.15) -> list[dict[str, Any]]:
     """Targets whose measured value lies within ``margin`` (relative) of the limit, either side."""
-
-    def near(t: dict[str, Any]) -> bool:
-        v, limit = t.get("value"), t.get("limit_value")
-        return v is not None and bool(limit) and abs(v - limit) / limit <= margin
-
-    return [t for t in r.get("targets", []) if near(t)]
+    rows = [(t, t.get("value"), t.get("limit_value")) for t in r.get("targets", [])]
+    return [t for t, v, limit in rows if v is not None and limit and abs(v - limit) / limit <= margin]
 
 
+_STATUS = {None: "not run", True: "**met**", False: "**NOT met**"}
 TARGETS: dict[str, Cell] = {
     "target": "{target}",
     "measured (same run)": "{measured}",
     "ratio": "{ratio}",
     "limit": "{limit}",
-    "status": lambda t: _status(t.get("met")),
+    "status": lambda t: _STATUS[t.get("met")],
 }
 
 # --- chart ------------------------------------------------------------------------------------------
@@ -254,13 +238,11 @@ def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     every = lat["paths"]
     paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if ok(every.get(p))]
     shown = every[paths[0]]["stages_ms"] if paths else {}
-    spec: dict[str, Cell] = {"stage": STAGE_LABELS.get}
-
-    def cell(p: str, k: str) -> Cell:
-        return lambda stage: _f(every[p]["stages_ms"][stage][k], 2)
-
-    spec |= {f"{p} {k} ms": cell(p, k) for p in paths for k in PCTS}
-    table = _table(spec, [s for s in STAGE_LABELS if s in shown])
+    columns = [(p, k) for p in paths for k in ("p50", "p95", "p99")]
+    rows = [
+        [STAGE_LABELS[s], *(_f(every[p]["stages_ms"][s][k], 2) for p, k in columns)] for s in STAGE_LABELS if s in shown
+    ]
+    table = md_table(["stage", *(f"{p} {k} ms" for p, k in columns)], rows)
     notes = [_fill(_PATH_NOTE, every[p] | {"name": p}) for p in paths]
     notes += [f"**{p}**: failed: {d.get('error')}" for p, d in every.items() if not ok(d)]
     profiles = []
@@ -340,6 +322,7 @@ SETUP: dict[str, Cell] = {
         "–" if not (pg := res["setup"].get("pgvector")) else "yes" if pg.get("overlapped_with_milvus_insert") else "no"
     ),
 }
+_API = {"milvus": "MilvusStore", "pgvector": "PgVectorStore"}  # the product store class per scale store
 
 
 def _api(store: str) -> Callable[[dict[str, Any]], str]:
@@ -374,17 +357,9 @@ def _scale(sc: dict[str, Any], r: Results) -> list[str]:
     out += [f"![search latency vs size]({r['chart']})"] if r.get("chart") else []
     out += ["### All configurations", _table(SCALE, all_rows)]
     out += ["### Setup times (seconds)", _table(SETUP, sc["sizes"].values())]
-    apis = [
-        res
-        for res in sc["sizes"].values()
-        if section(res, "stores", "milvus", "store_api") or section(res, "stores", "pgvector", "store_api")
-    ]
+    apis = [res for res in sc["sizes"].values() if any(section(res, "stores", s, "store_api") for s in _API)]
     if apis:
-        api: dict[str, Cell] = {
-            "size": "{rows:,}",
-            "MilvusStore.search": _api("milvus"),
-            "PgVectorStore.search": _api("pgvector"),
-        }
+        api: dict[str, Cell] = {"size": "{rows:,}"} | {f"{c}.search": _api(s) for s, c in _API.items()}
         out += ["### Product store calls on the same data (p50 ms, unfiltered / filtered)"]
         out += [_fill(_API_NOTE, meth.get("pg_store_plan") or {}), _table(api, apis)]
     if sc.get("skipped"):
@@ -395,12 +370,11 @@ def _scale(sc: dict[str, Any], r: Results) -> list[str]:
 
 def _extrapolation(sc: dict[str, Any], skip: dict[str, Any]) -> str:
     """For a skipped Milvus size: what the largest measured size's rates imply (linear)."""
-    if not skip["what"].startswith("milvus"):
-        return ""
+    milvus = skip["what"].startswith("milvus")
     measured = [
         (int(n), res)
         for n, res in sc["sizes"].items()
-        if int(n) < skip["size"] and ok(res["stores"].get("milvus")) and res["setup"].get("milvus")
+        if milvus and int(n) < skip["size"] and ok(res["stores"].get("milvus")) and res["setup"].get("milvus")
     ]
     if not measured:
         return ""
@@ -431,12 +405,11 @@ INGESTION = {
 
 def _ingestion(ing: dict[str, Any], _r: Results) -> list[str]:
     first, again = ing["stage_seconds"], ing["reingest_stage_seconds"]
-    stages = {"stage": lambda s: s, "first ingest s": lambda s: _f(first.get(s), 3)}
-    stages["unchanged re-ingest s"] = lambda s: _f(again.get(s), 3)
+    stages = [[s, _f(first.get(s), 3), _f(again.get(s), 3)] for s in sorted(set(first) | set(again))]
     return [
         _kv(INGESTION, ing),
         "Per-stage seconds (`report.stage_seconds`):",
-        _table(stages, sorted(set(first) | set(again))),
+        md_table(["stage", "first ingest s", "unchanged re-ingest s"], stages),
         *_profile(ing.get("reingest_profile"), "cProfile of an unchanged re-ingest (ms, by cumulative time):"),
     ]
 
@@ -474,8 +447,6 @@ _EMBEDDING_INTRO = (
     "{chunks} runbook chunk texts, peak RSS of a fresh lookup process (model loaded, 20 lookups on a small index). "
     "Ratios against MiniLM in the same run. Retrieval quality per backend: `python -m bench.embedding_backends`."
 )
-
-
 MEMORY: dict[str, Cell] = {
     "collection": "{label}",
     "chunks": "{rows:,}",
@@ -503,20 +474,25 @@ def _memory(mem: dict[str, Any], _r: Results) -> list[str]:
     return [_table(MEMORY, rows)] + ([_fill(_MEMORY_COST, mem)] if mem.get("collection_cost_mb") else [])
 
 
+CONCURRENCY = {  # per path, one row per thread count
+    "lookups/s": "{lookups_per_s:2}",
+    "speedup": "{speedup_vs_1:.2f}x",
+    "latency p50 ms": "{latency_ms[p50]:1}",
+    "CPU s per wall s": "{cpu_per_wall:2}",
+}
+
+
 def _concurrency(conc: dict[str, Any], _r: Results) -> list[str]:
-    paths = [p for p, rows in conc["paths"].items() if isinstance(rows, list)]
-    cells = {"lookups/s": "{lookups_per_s:2}", "speedup": "{speedup_vs_1:.2f}x"}
-    cells |= {"latency p50 ms": "{latency_ms[p50]:1}", "CPU s per wall s": "{cpu_per_wall:2}"}
-    spec: dict[str, Cell] = {"threads": lambda i: conc["threads"][i]}
     by_path = conc["paths"]
-
-    def cell(p: str, t: str) -> Cell:
-        return lambda i: _fill(t, by_path[p][i])
-
-    spec |= {f"{p} {name}": cell(p, t) for p in paths for name, t in cells.items()}
-    failed = [f"- {p}: failed: {d.get('error')}" for p, d in conc["paths"].items() if not isinstance(d, list)]
+    paths = [p for p, rows in by_path.items() if isinstance(rows, list)]
+    header = ["threads", *(f"{p} {name}" for p in paths for name in CONCURRENCY)]
+    rows = [
+        [n, *(_fill(t, by_path[p][i]) for p in paths for t in CONCURRENCY.values())]
+        for i, n in enumerate(conc["threads"])
+    ]
+    failed = [f"- {p}: failed: {d.get('error')}" for p, d in by_path.items() if not isinstance(d, list)]
     lines = [f"{conc['lookups_per_config']} lookups per configuration.", *failed]
-    return [_table(spec, range(len(conc["threads"]))), "\n".join(lines)]
+    return [md_table(header, rows), "\n".join(lines)]
 
 
 ENGINE: dict[str, Cell] = {
@@ -541,9 +517,10 @@ def _engine(eng: dict[str, Any] | None, r: Results) -> list[str]:
     flush effect, ingest while serving."""
     lk, out = section(r, "latency", "vs_floor"), []
     if "milvus" in lk:
-        paths = ("milvus", "pgvector", "floor")
-        rows = [{"path": p, "lookup": lk[p], "without": lk["without_embedding"][p]} for p in paths]
-        rows = [row | {"store": section(lk, "store", row["path"])} for row in rows]
+        rows = [
+            {"path": p, "lookup": lk[p], "without": lk["without_embedding"][p], "store": section(lk, "store", p)}
+            for p in ("milvus", "pgvector", "floor")
+        ]
         out += [_table(ENGINE, rows), f"Store: {lk['store_means']}."]
     out += [_fill(_FLUSH, fl)] if "flushed_ms" in (fl := section(eng or {}, "flush")) else []
     out += [_fill(_SERVING, sv)] if "failures" in (sv := section(eng or {}, "serving")) else []
@@ -575,7 +552,7 @@ def _caveats(_m: Any, r: Results) -> list[str]:
     sc, ing = r.get("scale") or {}, r.get("ingestion") or {}
     notes = []
     if close := borderline(r):
-        near = "; ".join(f"{t['target']} ({t['ratio']}, {_status(t.get('met'))})" for t in close)
+        near = "; ".join(f"{t['target']} ({t['ratio']}, {_STATUS[t.get('met')]})" for t in close)
         notes.append(f"Within 15 % of their limit in this run, so they can come out either way on a rerun: {near}.")
     notes.append(_fill(_MACHINE, r))
     if base := section(sc, "method").get("base_rows"):
@@ -594,45 +571,43 @@ def _caveats(_m: Any, r: Results) -> list[str]:
 
 @dataclass(frozen=True)
 class _Section:
-    """One ``##`` section: ``body(results[key], results)`` gives its blocks when ``ready(results)``;
-    otherwise a "Not run or failed" line, or nothing when ``optional``. ``markdown`` adds ``chart``
-    (the chart's file name or None) to the results it passes."""
+    """One ``##`` section: ``body(results[key], results)`` gives its blocks when the section is ready
+    (``results[key]`` has no error and holds one of ``need``, or any key without ``need``; or
+    ``ready(results)`` when given); otherwise a "Not run or failed" line, or nothing when
+    ``optional``. ``markdown`` adds ``chart`` (the chart's file name or None) to the results it passes."""
 
     key: str
     title: str
     body: Callable[[Any, Results], list[str]]
-    ready: Callable[[Results], bool]
+    need: tuple[str, ...] = ()
+    ready: Callable[[Results], bool] | None = None
     optional: bool = False
 
     def markdown(self, r: Results) -> list[str]:
-        if not self.ready(r):
-            error = f"Not run or failed: {(r.get(self.key) or {}).get('error', 'not run')}"
+        data = r.get(self.key)
+        has = ok(data) and (not self.need or any(k in data for k in self.need))
+        if not (self.ready(r) if self.ready else has):
+            error = f"Not run or failed: {(data or {}).get('error', 'not run')}"
             return [] if self.optional else ["", f"## {self.title.split(' (')[0]}", "", error]
-        return ["", f"## {self.title}"] + [line for block in self.body(r.get(self.key), r) for line in ("", block)]
-
-
-def _has(key: str, *need: str) -> Callable[[Results], bool]:
-    """Ready when ``results[key]`` has no error and holds one of ``need`` (none: any key)."""
-    return lambda r: ok(r.get(key)) and (not need or any(k in r[key] for k in need))
+        return ["", f"## {self.title}"] + [line for block in self.body(data, r) for line in ("", block)]
 
 
 SECTIONS: tuple[_Section, ...] = (
-    _Section("latency", "Lookup latency (runbook corpus, warm)", _latency, _has("latency", "paths")),
-    _Section("scale", "Store search at scale", _scale, _has("scale", "sizes")),
-    _Section("ingestion", "Ingestion", _ingestion, _has("ingestion")),
+    _Section("latency", "Lookup latency (runbook corpus, warm)", _latency, ("paths",)),
+    _Section("scale", "Store search at scale", _scale, ("sizes",)),
+    _Section("ingestion", "Ingestion", _ingestion),
     _Section("evaluation", "Offline evaluation", lambda ev, _r: [
         _kv(EVALUATION, ev | {"fixture_mb": ev["fixture_bytes"] / 2**20}),
-        *_profile(ev.get("profile"), "cProfile of load_fixtures + evaluate (ms, by self time):")], _has("evaluation")),
-    _Section("memory", "Memory (peak RSS of a lookup process)", _memory, _has("memory", "baseline", "large")),
+        *_profile(ev.get("profile"), "cProfile of load_fixtures + evaluate (ms, by self time):")]),
+    _Section("memory", "Memory (peak RSS of a lookup process)", _memory, ("baseline", "large")),
     _Section("embedding", "Embedding backends", lambda emb, _r: [_fill(_EMBEDDING_INTRO, emb),
-             _table(EMBEDDING, _entries(emb["backends"].items()))], _has("embedding", "backends")),
+             _table(EMBEDDING, _entries(emb["backends"].items()))], ("backends",)),
     _Section("embed_throughput", "Embedding throughput (issue 23: before vs after, side by side)",
-             lambda et, _r: ["\n".join(["```", *summary_lines(et), "```"])], _has("embed_throughput"), optional=True),
-    _Section("concurrency", "Concurrency (one tool object shared by N threads)", _concurrency,
-             _has("concurrency", "paths")),
+             lambda et, _r: ["\n".join(["```", *summary_lines(et), "```"])], optional=True),
+    _Section("concurrency", "Concurrency (one tool object shared by N threads)", _concurrency, ("paths",)),
     _Section("engine", "Main path engine (embedded Milvus server)", _engine,
-             lambda r: bool(r.get("engine") or section(r, "latency", "vs_floor")), optional=True),
-    _Section("meta", "Method notes and caveats", _caveats, lambda r: True),
+             ready=lambda r: bool(r.get("engine") or section(r, "latency", "vs_floor")), optional=True),
+    _Section("meta", "Method notes and caveats", _caveats, ready=lambda r: True),
 )  # fmt: skip
 
 _HEADER = (
@@ -662,7 +637,6 @@ _LATENCY_LINE = (
     "latency {name}: e2e p50/p95/p99 {e2e[p50]:.1f}/{e2e[p95]:.1f}/{e2e[p99]:.1f} ms; embed p50 {embed[p50]:.1f} ms, "
     "store p50 {store[p50]:.1f} ms (wall time of the store calls), overhead p50 {pipeline_overhead[p50]:.2f} ms"
 )
-
 _MEMORY_LINE = (
     "memory: peak RSS {large[peak_rss_mb_ru_maxrss]:.0f} MB at {large[rows]:,} chunks "
     "(baseline {baseline[peak_rss_mb_ru_maxrss]} MB)"
@@ -708,7 +682,7 @@ def write(directory: Path, results: dict[str, Any], final: bool = True) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Re-render results.md and the chart from a results.json: ``python -m bench.report [DIR]``."""
     args = sys.argv[1:] if argv is None else argv
-    directory = Path(args[0]) if args else Path(__file__).resolve().parent / "results"
+    directory = Path(args[0]) if args else RESULTS_DIR
     results = json.loads((directory / "results.json").read_text())
     write(directory, results)
     print(summary_text(results))

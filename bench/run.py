@@ -68,13 +68,11 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
 # The benchmarks in run order (scale before memory: memory reuses the collection scale keeps).
 RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
     "ingestion": lambda ctx, st: _module("ingestion").run(ctx),
-    "latency": lambda ctx, st: _module("latency").run(ctx, rounds=st.args.rounds),
+    "latency": lambda ctx, st: _module("latency").run(ctx),
     "cold_lookup": lambda ctx, st: _module("cold_lookup").run(ctx),
     "concurrency": lambda ctx, st: _module("concurrency").run(ctx),
     "engine": lambda ctx, st: _module("engine").run(ctx),
-    "evaluation": lambda ctx, st: _module("evaluation").run(
-        st.args.eval_cases, repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root
-    ),
+    "evaluation": lambda ctx, st: _module("evaluation").run(repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root),
     "scale": _scale,
     "memory": lambda ctx, st: _module("memory").run(ctx, st.memory_collection),
     "embedding": lambda ctx, st: _module("embedding_backends").speed(ctx),
@@ -114,8 +112,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget-min": dict(type=float, help="wall-clock budget (default 12; --quick: 6)"),
         "--pg-max-size": dict(type=int, default=100_000, help="largest pgvector scale size (HNSW build time)"),
         "--milvus-max-size": dict(type=int, default=300_000, help="largest Milvus scale size"),
-        "--rounds": dict(type=int, help="latency rounds over the queries (default 3; --quick: 1)"),
-        "--eval-cases": dict(type=int, default=1000, help="cases of the offline evaluation benchmark"),
         "--no-overlap": dict(action="store_true", help="build the pgvector index before, not while, Milvus inserts"),
         "--no-progress": dict(action="store_true", help="no progress bars"),
     }
