@@ -22,15 +22,12 @@ COLD_GOAL_S = 2.0
 def _cold_env(ctx: BenchContext) -> dict[str, str]:
     settings = ctx.get_kb_settings()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    env.update(
-        {
-            "RAG_DATA_DIR": str(settings.data_dir),
-            "RAG_KNOWLEDGE_DIR": str(settings.knowledge_dir),
-            "RAG_COLLECTION": settings.collection,
-            "RAG_TRACE_ENABLED": "false",
-        }
-    )
-    return env
+    return env | {
+        "RAG_DATA_DIR": str(settings.data_dir),
+        "RAG_KNOWLEDGE_DIR": str(settings.knowledge_dir),
+        "RAG_COLLECTION": settings.collection,
+        "RAG_TRACE_ENABLED": "false",
+    }
 
 
 def cold_seconds(env: dict[str, str], query: str) -> float:

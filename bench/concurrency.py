@@ -19,7 +19,6 @@ from rag_core.traces.recorder import MemoryRecorder
 
 def measure(tool, queries: list[str], threads: int, lookups: int) -> dict[str, Any]:
     work = [queries[i % len(queries)] for i in range(lookups)]
-    latencies: list[float] = []
 
     def one(i_q: tuple[int, str]) -> float:
         i, q = i_q

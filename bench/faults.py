@@ -28,22 +28,20 @@ class FaultRows:
     FAIL row for a test that raised before making one (the index set-up included)."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.printed = 0
         self.out = sys.stdout  # pytest's own report goes to stderr (``main``)
 
     def pytest_runtest_logreport(self, report: Any) -> None:
         row = dict(report.user_properties).get("fault_row")
-        if report.when == "call" and row:
-            self._print(row)
-        elif report.failed and not row:
+        if report.failed and not row:
             crash = getattr(report.longrepr, "reprcrash", None)
             reason = (crash.message if crash else str(report.longrepr)).strip().splitlines()[0][:200]
             name = report.nodeid.rsplit("[", 1)[-1].rstrip("]")
-            self._print(f"{name:6} | injected: - | product: bench step raised: {reason} | FAIL")
-
-    def _print(self, text: str) -> None:
-        self.lines.append(text)
-        print(text, file=self.out, flush=True)
+            row = f"{name:6} | injected: - | product: bench step raised: {reason} | FAIL"
+        elif report.when != "call" or not row:
+            return
+        print(row, file=self.out, flush=True)
+        self.printed += 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"running {TESTS.name} (-m faults)")
     with contextlib.redirect_stdout(sys.stderr):  # pytest's own report beside the logs
         code = pytest.main([str(TESTS), "-m", "faults", "-s", "-p", "no:cacheprovider", *select], plugins=[rows])
-    return 0 if code == 0 and rows.lines else 1
+    return 0 if code == 0 and rows.printed else 1
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ top-k + in-memory BM25); ``vs_floor`` holds the p50s of the answered lookups and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,24 +24,12 @@ from bench.harness import Target, measure
 from rag_core.traces.recorder import MemoryRecorder
 
 TARGET_OVERHEAD = 0.20
-STAGES = (
-    "e2e",
-    "l0",
-    "embed",
-    "ensemble",
-    "documents",
-    "search",
-    "store",
-    "fusion",
-    "postprocess",
-    "pack",
-    "assemble",
-    "trace_handoff",
-    "pipeline_overhead",
-)
-
-
 SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second model
+TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
+STAGES = ("e2e", "l0", "embed", "ensemble", "documents", "search", "store", "fusion", "postprocess", "pack")
+STAGES += ("assemble", "trace_handoff", "pipeline_overhead")
+# wrappers whose cumulative time includes the embedding and the store calls (left out of the profile)
+WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retrieve", "search_once", "one_round")
 
 
 def build_tool(settings, store, embedder, recorder=None, single_model=False):
@@ -64,35 +53,25 @@ def open_store(ctx: BenchContext, path: str):
 
 
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
-    stage = row["retrieval_details"]["stage_ms"]
+    details = row["retrieval_details"]
+    ms = {s: details["stage_ms"].get(f"{s}_ms", 0.0) for s in TRACED}
     inner = float(row["latency_ms"])
-    search, embed, ensemble = stage.get("search_ms", 0.0), stage.get("embed_ms", 0.0), stage.get("ensemble_ms", 0.0)
-    documents = stage.get("documents_ms", 0.0)
-    return {
+    return ms | {
         "e2e": e2e_ms,
-        "l0": stage.get("l0_ms", 0.0),
-        "embed": embed,
-        "ensemble": ensemble,
-        "documents": documents,
-        "search": search,
         "store": store,
-        "fusion": max(0.0, search - store),
-        "postprocess": stage.get("postprocess_ms", 0.0),
-        "pack": stage.get("pack_ms", 0.0),
-        "assemble": max(0.0, inner - sum(stage.values())),
+        "fusion": max(0.0, ms["search"] - store),
+        "assemble": max(0.0, inner - sum(details["stage_ms"].values())),
         "trace_handoff": max(0.0, e2e_ms - inner),
-        "pipeline_overhead": max(0.0, e2e_ms - embed - ensemble - store - documents),
-        "attempts": len(row["retrieval_details"]["attempts"]),
-        "filtered": bool(
-            row["retrieval_details"]["attempts"] and row["retrieval_details"]["attempts"][0].get("filter")
-        ),
+        "pipeline_overhead": max(0.0, e2e_ms - ms["embed"] - ms["ensemble"] - store - ms["documents"]),
+        "attempts": len(details["attempts"]),
+        "filtered": bool(details["attempts"] and details["attempts"][0].get("filter")),
         "layer": row["retrieval_layer"],
         "status": row["status"],
     }
 
 
 class _Path:
-    """One path's tool and capturing recorder."""
+    """One path's tool and capturing recorder; as a harness target, input = (session suffix, query)."""
 
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
@@ -100,32 +79,14 @@ class _Path:
         self.recorder = MemoryRecorder()
         single = path.endswith(SINGLE_MODEL)
         self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder, single)
-        self._rows = 0
 
-    def lookup(self, session_id: str, query: str) -> Any:
-        return self.tool.lookup(query, session_id=session_id)
+    def lookup(self, x: tuple[str, str]) -> Any:
+        return self.tool.lookup(x[1], session_id=f"bench-{self.path}-{x[0]}")
 
     def handed_over(self, result: Any) -> tuple[dict[str, Any], float]:
         """The trace row and the store ms of the lookup just made (untimed)."""
-        assert len(self.recorder.rows) == self._rows + 1, "the tool did not hand over a trace row"
-        self._rows = len(self.recorder.rows)
-        return self.recorder.rows[-1], store_ms(result)
-
-
-def _target(ctx: BenchContext, path: str, runners: dict[str, _Path]) -> Target[_Path, tuple[str, str], Any]:
-    """The path as a harness target; input = (session suffix, query). The tool stays open (closed
-    after the overhead profile)."""
-
-    def open_() -> _Path:
-        runners[path] = _Path(ctx, path)
-        return runners[path]
-
-    return Target(
-        path,
-        lambda p, x: p.lookup(f"bench-{path}-{x[0]}", x[1]),
-        open=open_,
-        after=lambda p, result: p.handed_over(result),
-    )
+        assert len(self.recorder.rows) == 1, "the tool did not hand over a trace row"
+        return self.recorder.rows.pop(), store_ms(result)
 
 
 class Floor:
@@ -206,16 +167,7 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
             per=len(queries),
             include=("rag_core",),
             exclude=("rag_core/embedding.py", "rag_core/stores/"),
-            # wrappers whose cumulative time includes the embedding and the store calls
-            exclude_functions=(
-                "lookup",
-                "lookup_with_candidates",
-                "_lookup",
-                "_retrieve",
-                "retrieve",
-                "search_once",
-                "one_round",
-            ),
+            exclude_functions=WRAPPERS,
         )
     return out
 
@@ -254,7 +206,13 @@ def run(
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
     out["store_means"] = STORE_MS_MEANS
     runners: dict[str, _Path] = {}
-    targets: list[Target[Any, tuple[str, str], Any]] = [_target(ctx, path, runners) for path in paths]
+
+    def opener(path: str) -> Callable[[], _Path]:
+        return lambda: runners.setdefault(path, _Path(ctx, path))
+
+    targets: list[Target[Any, tuple[str, str], Any]] = [
+        Target(path, _Path.lookup, open=opener(path), after=_Path.handed_over) for path in paths
+    ]
     targets.append(Target("floor", lambda fl, x: fl(x[1]), open=lambda: Floor(ctx, queries), after=lambda _f, e: e))
     bar = progress(total=rounds * len(queries) * len(targets), enabled=ctx.show_progress, desc="latency", unit="call")
     log(f"latency: {', '.join(paths)} and the floor: {rounds} round(s) x {len(queries)} queries, interleaved")

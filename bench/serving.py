@@ -71,17 +71,11 @@ def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path,
     shutil.copytree(new, kb)
     for doc in held:
         (kb / doc.relative_to(new)).unlink()
-    text = changed.read_text(encoding="utf-8")
-    changed.write_text(
-        text + "\n\n## Ingest-while-serving note\n\nA paragraph added by the benchmark.\n", encoding="utf-8"
-    )
+    note = "\n\n## Ingest-while-serving note\n\nA paragraph added by the benchmark.\n"
+    changed.write_text(changed.read_text(encoding="utf-8") + note, encoding="utf-8")
     deleted.unlink()
-    rel = lambda p: p.relative_to(new).as_posix()  # noqa: E731
-    return (
-        kb,
-        new,
-        {"added": rel(held[0]), "changed": rel(changed), "deleted": rel(deleted), "added_count": str(len(held))},
-    )
+    changes = {"added": held[0], "changed": changed, "deleted": deleted}
+    return kb, new, {k: p.relative_to(new).as_posix() for k, p in changes.items()} | {"added_count": str(len(held))}
 
 
 def cli_while(
@@ -107,11 +101,6 @@ def cli_while(
     return output, proc.returncode, seconds
 
 
-def chunk_texts(kb: Path, settings: RagSettings) -> dict[str, str]:
-    """``{chunk_id: text}`` of the knowledge base at ``kb`` as ingestion chunks it."""
-    return {c.chunk_id: c.text for c in chunk_dir(kb, settings)}
-
-
 def run(
     settings: RagSettings,
     embedder: Any,
@@ -129,8 +118,8 @@ def run(
 
     kb, new, changes = prepare_states(corpus, work)
     settings = settings.model_copy(update={"knowledge_dir": kb, "sidecar_enabled": False, "trace_enabled": True})
-    old_chunks = chunk_texts(kb, settings)
-    new_chunks = chunk_texts(new, settings)
+    # {chunk_id: text} of either state, as ingestion chunks it
+    old_chunks, new_chunks = ({c.chunk_id: c.text for c in chunk_dir(root, settings)} for root in (kb, new))
     store = MilvusStore.from_settings(settings)
     ingest(settings, embedder, [store], progress=False)
     recorder = MemoryRecorder()
