@@ -29,33 +29,31 @@ from rag_core.markdown import md_table
 JOB = "bench_chunk_embeddings"
 
 
-def embed_job(data_dir: str, shards: int, executor: str, workers: int) -> dg.JobDefinition:
-    """``chunk_embeddings`` alone (its plan read back from ``data_dir``) with ``shards``
-    shards on the ``multiprocess`` executor (``workers`` step processes) or ``in_process``."""
+def _assets_and_resources(data_dir: str, **rag: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The code location's assets and its resources on ``data_dir`` (sidecar off, ``rag`` settings)."""
     from rag_assets.definitions import defs
     from rag_assets.defs.resources import RagSettingsResource, build_resources
 
-    rag = RagSettingsResource(data_dir=data_dir, embed_shards=shards, sidecar_enabled=False)
+    return list(defs.assets), build_resources(RagSettingsResource(data_dir=data_dir, sidecar_enabled=False, **rag))
+
+
+def embed_job(data_dir: str, shards: int, executor: str, workers: int) -> dg.JobDefinition:
+    """``chunk_embeddings`` alone (its plan read back from ``data_dir``) with ``shards``
+    shards on the ``multiprocess`` executor (``workers`` step processes) or ``in_process``."""
+    assets, resources = _assets_and_resources(data_dir, embed_shards=shards)
     executor_def = (
         dg.multiprocess_executor.configured({"max_concurrent": workers})
         if executor == "multiprocess"
         else dg.in_process_executor
     )
     job = dg.define_asset_job(JOB, selection=dg.AssetSelection.assets("chunk_embeddings"), executor_def=executor_def)
-    return dg.Definitions(assets=list(defs.assets), resources=build_resources(rag), jobs=[job]).resolve_job_def(JOB)
+    return dg.Definitions(assets=assets, resources=resources, jobs=[job]).resolve_job_def(JOB)
 
 
 def _plan(data_dir: Path, instance: dg.DagsterInstance):
-    from rag_assets.definitions import defs
-    from rag_assets.defs.resources import RagSettingsResource, build_resources
-
-    rag = RagSettingsResource(data_dir=str(data_dir), sidecar_enabled=False)
-    result = dg.materialize(
-        list(defs.assets),
-        selection=dg.AssetSelection.assets("knowledge_documents", "chunks", "ingest_plan"),
-        resources=build_resources(rag),
-        instance=instance,
-    )
+    assets, resources = _assets_and_resources(str(data_dir))
+    selection = dg.AssetSelection.assets("knowledge_documents", "chunks", "ingest_plan")
+    result = dg.materialize(assets, selection=selection, resources=resources, instance=instance)
     return result.output_for_node("ingest_plan")
 
 
@@ -87,10 +85,8 @@ def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     env = {"DAGSTER_HOME": str(home), "RAG_KNOWLEDGE_DIR": str(corpus), "RAG_SIDECAR_ENABLED": "false"}
-    environ = patch.dict(os.environ, env)  # restored in ``finally``
-    environ.start()
     try:
-        with dg.DagsterInstance.get() as instance:
+        with patch.dict(os.environ, env), dg.DagsterInstance.get() as instance:
             log("planning (documents -> chunks -> plan)")
             plan = _plan(data_dir, instance)
             out: dict[str, Any] = {"chunks": len(plan.to_embed()), "shards": shards, "workers": workers}
@@ -114,7 +110,6 @@ def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
         }
         return out
     finally:
-        environ.stop()
         from rag_core.stores.milvus_server import stop_server
 
         with contextlib.suppress(Exception):  # nothing was started

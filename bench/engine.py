@@ -64,13 +64,10 @@ def serving(ctx: BenchContext) -> dict[str, Any]:
 
 def run(ctx: BenchContext) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, fn in (
-        ("flush", lambda: flush_effect(ctx)),
-        ("serving", lambda: serving(ctx)),
-    ):
+    for name, fn in (("flush", flush_effect), ("serving", serving)):
         log(f"engine: {name}")
         try:
-            out[name] = fn()
+            out[name] = fn(ctx)
         except Exception as exc:  # one part failing must not lose the others
             log(f"engine: {name} failed: {exc}")
             out[name] = error_entry(exc)

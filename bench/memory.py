@@ -72,27 +72,21 @@ def _child(spec: dict[str, Any]) -> None:
     mark("after_lookups")
     stop.set()
     ru_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    hwm_kb = None
     with open("/proc/self/status") as status:  # the kernel's own high-water mark of this process image
-        for line in status:
-            if line.startswith("VmHWM:"):
-                hwm_kb = int(line.split()[1])
-    print(
-        json.dumps(
-            {
-                "rows": rows,
-                "lookups": lookups,
-                "model_load_s": round(load_model_s, 2),
-                "open_collection_s": round(open_collection_s, 2),
-                "lookup_ms": summarize(latencies),
-                "rss_mb": marks,
-                "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
-                "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
-                "peak_rss_mb_vmhwm": round(hwm_kb / 1024, 1) if hwm_kb else None,
-                "torch_loaded": "torch" in sys.modules,
-            }
-        )
-    )
+        hwm_kb = next((int(line.split()[1]) for line in status if line.startswith("VmHWM:")), None)
+    out = {
+        "rows": rows,
+        "lookups": lookups,
+        "model_load_s": round(load_model_s, 2),
+        "open_collection_s": round(open_collection_s, 2),
+        "lookup_ms": summarize(latencies),
+        "rss_mb": marks,
+        "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
+        "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
+        "peak_rss_mb_vmhwm": round(hwm_kb / 1024, 1) if hwm_kb else None,
+        "torch_loaded": "torch" in sys.modules,
+    }
+    print(json.dumps(out))
     tool.close()
 
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import math
 import shutil
-import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import closing, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -136,17 +135,19 @@ def recall_at_k(found: Sequence[Sequence[int]] | np.ndarray, ds: Dataset, filter
     return round(total / len(found), 4) if len(found) else 0.0
 
 
+def _exact(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column ids of each row's top k of scores ``S`` (nq, n) and the row's k-th best score."""
+    ids = topk(S, k)
+    return ids, np.take_along_axis(S, ids[:, -1:], axis=1)[:, 0]
+
+
 def build_dataset(base: BaseData, Q: np.ndarray, n: int, opts: ScaleOptions) -> Dataset:
     X, source, rare = synthesize(base, n, opts.sigma, opts.rare_fraction, opts.seed + n)
     rare_rows = np.flatnonzero(rare)
     S = Q @ X.T
-    gt = topk(S, opts.k)
-    gt_kth = np.take_along_axis(S, gt[:, -1:], axis=1)[:, 0]
-    Sf = S[:, rare_rows]
-    loc = topk(Sf, opts.k)
-    gt_f = rare_rows[loc]
-    gt_f_kth = np.take_along_axis(Sf, loc[:, -1:], axis=1)[:, 0]
-    return Dataset(X, source, rare, rare_rows, Q, gt, gt_kth, gt_f, gt_f_kth)
+    gt, gt_kth = _exact(S, opts.k)
+    loc, gt_f_kth = _exact(S[:, rare_rows], opts.k)
+    return Dataset(X, source, rare, rare_rows, Q, gt, gt_kth, rare_rows[loc], gt_f_kth)
 
 
 # --- one configuration, measured through the harness -------------------------------------------------
@@ -158,16 +159,14 @@ Ids = Sequence[int] | np.ndarray  # row ids of one query's hits, best first
 class SearchConfig:
     """One store configuration to measure. ``search(q, filtered)``: row ids of the top k for one
     query vector (dim,), within the rare category when ``filtered``; ``batch(Q, filtered)``: the
-    same for all queries (nq, dim) in one call (None: the store has no batch call). ``warmup``
-    queries run untimed first; ``single_queries`` are timed one per call (None: all).
-    ``extra``: written with the row."""
+    same for all queries (nq, dim) in one call."""
 
     name: str
     search: Callable[[np.ndarray, bool], Ids]
-    batch: Callable[[np.ndarray, bool], Sequence[Ids] | np.ndarray] | None = None
-    warmup: int = 1
-    single_queries: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    batch: Callable[[np.ndarray, bool], Sequence[Ids] | np.ndarray] | None = None  # None: no batch call
+    warmup: int = 1  # queries run untimed first
+    single_queries: int | None = None  # timed one per call (None: all)
+    extra: dict[str, Any] = field(default_factory=dict)  # written with the row
 
 
 @dataclass(frozen=True)
@@ -263,15 +262,16 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
 
     with closing(store):
         out = measure_config(SearchConfig("store.search", search, single_queries=n), ds, k).to_dict()
-        calls: list[Target[None, list[str], Any]] = [Target("centroid", lambda _h, d: store.document_vectors(d))]
-        out["centroid_ms"] = measure(calls, docs[2::2], warmup=docs[:1])["centroid"].stats.to_dict()
+        out["centroid_ms"] = call_ms(store.document_vectors, docs[2::2], docs[:1])
         if terms:
-            lexical: list[Target[None, tuple[str, np.ndarray], Any]] = [
-                Target("lexical", lambda _h, x: store.search_lexical(x[0].split(), x[1], k))
-            ]
             pairs = list(zip(terms, ds.Q, strict=False))[:n]
-            out["lexical_ms"] = measure(lexical, pairs, warmup=pairs[:1])["lexical"].stats.to_dict()
+            out["lexical_ms"] = call_ms(lambda x: store.search_lexical(x[0].split(), x[1], k), pairs, pairs[:1])
         return out
+
+
+def call_ms(fn: Callable[[Any], Any], inputs: Sequence[Any], warmup: Sequence[Any]) -> dict[str, Any]:
+    """Latency (ms: p50, p95, ...) of ``fn`` called once per input, after the untimed ``warmup`` calls."""
+    return measure([Target("call", lambda _h, x: fn(x))], inputs, warmup=warmup)["call"].stats.to_dict()
 
 
 # --- NumPy --------------------------------------------------------------------------------------------
@@ -295,17 +295,15 @@ def numpy_exact(ds: Dataset, k: int, name: str = "exact matrix product") -> Conf
 def numpy_configs(ds: Dataset, k: int) -> list[ConfigRow]:
     """Exact top-k with the BLAS library's default threads and with one thread: on a busy 2-core
     machine multi-threaded BLAS can be much slower (spinning threads), so both are measured."""
+    from threadpoolctl import threadpool_limits
+
     configs = [numpy_exact(ds, k, "exact matrix product (BLAS default threads)")]
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return configs
     with threadpool_limits(1):
         configs.append(numpy_exact(ds, k, "exact matrix product (1 BLAS thread)"))
     return configs
 
 
-# --- Milvus (the embedded server of a scratch data dir: FLAT, IVF_FLAT, AUTOINDEX; no HNSW) ------------
+# --- the rows as the stores hold them ------------------------------------------------------------------
 
 
 def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
@@ -322,6 +320,25 @@ def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
         )
         for i, (src, rare) in enumerate(zip(ds.source.tolist(), ds.rare.tolist(), strict=True))
     ]
+
+
+def bulk_load(store: Any, run: ScaleRun, sr: SizeRun, write: str, index: str, drop: bool = False) -> dict[str, float]:
+    """Fill ``store`` (its product schema; dropped first when ``drop``) with the size's rows by
+    ``store.bulk_load``, closing it; the setup figures ``<write>_s``, ``<write>_rows_per_s`` (the
+    write) and ``<index>_s``."""
+    with closing(store):
+        if drop:
+            store.drop()  # a table left by an interrupted run
+        store.ensure_schema(sr.ds.X.shape[1])
+        done = store.bulk_load(rows_as_chunks(sr.ds, run.base), sr.ds.X)
+    return {
+        f"{write}_s": round(done.write_s, 2),
+        f"{write}_rows_per_s": round(done.rows / done.write_s, 1),
+        f"{index}_s": round(done.index_s, 2),
+    }
+
+
+# --- Milvus (the embedded server of a scratch data dir: FLAT, IVF_FLAT, AUTOINDEX; no HNSW) ------------
 
 
 def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> float:
@@ -373,22 +390,16 @@ def bm25_terms(base: BaseData, n: int) -> list[str]:
     return terms
 
 
-def milvus_bm25(client: Any, base: BaseData, k: int, n: int) -> dict[str, Any]:
-    """Single-query BM25 search latency (the raw sparse call) on ``bm25_terms``; the first
-    query is a warm-up."""
-    terms = bm25_terms(base, n + 1)
+def milvus_bm25(client: Any, terms: Sequence[str], k: int) -> dict[str, Any]:
+    """Single-query BM25 search latency (the raw sparse call) on ``terms``; the first is a warm-up."""
 
-    def search(_h: None, text: str) -> Any:
+    def search(text: str) -> Any:
+        sp = {"metric_type": "BM25"}
         return client.search(
-            COLLECTION,
-            data=[text],
-            anns_field="sparse",
-            limit=k,
-            output_fields=["chunk_id"],
-            search_params={"metric_type": "BM25"},
+            COLLECTION, data=[text], anns_field="sparse", limit=k, output_fields=["chunk_id"], search_params=sp
         )
 
-    return measure([Target("bm25", search)], terms[1:], warmup=terms[:1])["bm25"].stats.to_dict()
+    return call_ms(search, terms[1:], terms[:1])
 
 
 @dataclass(frozen=True)
@@ -416,19 +427,12 @@ def milvus_load(run: ScaleRun, sr: SizeRun) -> tuple[_Milvus, dict[str, Any]]:
     data_dir = run.work / f"milvus-{sr.n}"
     uri = ensure_server(data_dir).uri
     try:
-        with closing(MilvusStore(uri, COLLECTION, index_type="FLAT")) as store:
-            store.ensure_schema(sr.ds.X.shape[1])
-            done = store.bulk_load(rows_as_chunks(sr.ds, run.base), sr.ds.X)
+        setup = bulk_load(MilvusStore(uri, COLLECTION, index_type="FLAT"), run, sr, "insert", "flush")
         client = MilvusClient(uri)
     except Exception:
         stop_server(data_dir)
         raise
-    setup = {
-        "insert_s": round(done.write_s, 2),
-        "insert_rows_per_s": round(done.rows / done.write_s, 1),
-        "flush_s": round(done.index_s, 2),
-    }
-    run.learn("milvus_insert", sr.n, setup["insert_s"] + setup["flush_s"])
+    run.per_row["milvus_insert"] = (sr.n, setup["insert_s"] + setup["flush_s"])
     return _Milvus(uri, data_dir, client), setup
 
 
@@ -440,8 +444,8 @@ def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
     opts, ds, k = run.opts, sr.ds, run.opts.k
     t0 = time.perf_counter()
     configs = [measure_config(milvus_config(m.client, k, {}, "FLAT", sr.n_single), ds, k)]
-    bm25_ms = milvus_bm25(m.client, run.base, k, sr.n_single)
-    run.learn("milvus_flat_query", sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
+    bm25_ms = milvus_bm25(m.client, run.terms[: sr.n_single + 1], k)
+    run.per_row["milvus_flat_query"] = (sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
     for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
         build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
         sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
@@ -450,11 +454,9 @@ def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
             configs.append(measure_config(cfg, ds, k))
     if opts.milvus_ivf:  # back to the product's index for its own calls and the memory benchmark
         milvus_set_index(m.client, "FLAT", {})
-    entry = store_entry(configs, bm25_ms=bm25_ms)
     # the product calls (output fields incl. text) on the same collection
-    entry["store_api"] = product_search(MilvusStore(m.uri, COLLECTION), ds, k, sr.n_single, run.terms)
-    entry["memory"] = server_memory(m.data_dir)
-    entry["store_api"]["index"] = "FLAT"
+    store_api = product_search(MilvusStore(m.uri, COLLECTION), ds, k, sr.n_single, run.terms) | {"index": "FLAT"}
+    entry = store_entry(configs, bm25_ms=bm25_ms, store_api=store_api, memory=server_memory(m.data_dir))
     if opts.keep_milvus_size == sr.n:
         kept = {"uri": m.uri, "data_dir": str(m.data_dir), "collection": COLLECTION, "rows": sr.n, "index": "FLAT"}
         run.out["memory_collection"] = kept
@@ -484,26 +486,17 @@ def pg_load(run: ScaleRun, sr: SizeRun) -> tuple[tuple[str, str], dict[str, Any]
 
     assert run.opts.pg_dsn is not None
     dsn, table = run.opts.pg_dsn(), f"bench_scale_{sr.n}"
-    with closing(PgVectorStore(dsn, table)) as store:
-        store.drop()
-        store.ensure_schema(sr.ds.X.shape[1])
-        done = store.bulk_load(rows_as_chunks(sr.ds, run.base), sr.ds.X)
+    setup = bulk_load(PgVectorStore(dsn, table), run, sr, "copy", "hnsw_build", drop=True)
     with psycopg.connect(dsn) as conn:
         size = conn.execute("SELECT pg_relation_size(%s::regclass)", (f"{table}_embedding_hnsw",)).fetchone()
-    setup = {
-        "copy_s": round(done.write_s, 2),
-        "copy_rows_per_s": round(done.rows / done.write_s, 1),
-        "hnsw_build_s": round(done.index_s, 2),
-        "hnsw_index_mb": round((size[0] if size else 0) / 2**20, 1),
-    }
-    run.learn("pg_copy", sr.n, setup["copy_s"])
-    run.learn("pg_build", sr.n, setup["hnsw_build_s"])
+    setup["hnsw_index_mb"] = round((size[0] if size else 0) / 2**20, 1)
+    run.per_row |= {"pg_copy": (sr.n, setup["copy_s"]), "pg_build": (sr.n, setup["hnsw_build_s"])}
     return (dsn, table), setup
 
 
-def pg_measure(dsn: str, table: str, ds: Dataset, k: int, mode: str, ef: int | None) -> ConfigRow:
-    """One pgvector configuration on its own connection: ``mode`` "hnsw" (``hnsw.ef_search = ef``,
-    relaxed-order iterative scans) or "exact" (index scans off); batch = a psycopg pipeline."""
+def pg_measure(dsn: str, table: str, ds: Dataset, k: int, ef: int | None) -> ConfigRow:
+    """One pgvector configuration on its own connection: HNSW (``hnsw.ef_search = ef``, relaxed-order
+    iterative scans) or, with ``ef`` None, the exact scan (index scans off); batch = a psycopg pipeline."""
     import psycopg
     from pgvector.psycopg import register_vector
 
@@ -513,13 +506,13 @@ def pg_measure(dsn: str, table: str, ds: Dataset, k: int, mode: str, ef: int | N
         f"WITH c AS MATERIALIZED (SELECT chunk_id, embedding <=> %s AS d FROM {table} WHERE category = %s "
         f"ORDER BY embedding <=> %s LIMIT {k}) SELECT chunk_id FROM c ORDER BY d"
     )
+    settings = (
+        {"hnsw.ef_search": int(ef), "hnsw.iterative_scan": "relaxed_order"} if ef else {"enable_indexscan": "off"}
+    )
     with psycopg.connect(dsn, autocommit=True) as conn:
         register_vector(conn)
-        if mode == "hnsw":
-            conn.execute(f"SET hnsw.ef_search = {int(ef or 0)}")
-            conn.execute("SET hnsw.iterative_scan = relaxed_order")
-        else:
-            conn.execute("SET enable_indexscan = off")
+        for setting, value in settings.items():
+            conn.execute(f"SET {setting} = {value}")
         plan = conn.execute("EXPLAIN " + dense, (ds.Q[0],)).fetchall()
 
         def send(q: np.ndarray, only_rare: bool) -> Any:
@@ -533,7 +526,7 @@ def pg_measure(dsn: str, table: str, ds: Dataset, k: int, mode: str, ef: int | N
                 curs = [send(q, only_rare) for q in Q]
             return [ids(c) for c in curs]
 
-        name = f"HNSW ef_search={ef}" if mode == "hnsw" else "exact scan (no index)"
+        name = f"HNSW ef_search={ef}" if ef else "exact scan (no index)"
         extra = {"plan_uses_hnsw": any("hnsw" in r[0] for r in plan)}
         # warm-up 3: psycopg's statement preparation, the index pages
         cfg = SearchConfig(name, lambda q, f: ids(send(q, f)), batch, warmup=3, extra=extra)
@@ -545,12 +538,10 @@ def pg_entry(run: ScaleRun, sr: SizeRun, pg: tuple[str, str]) -> dict[str, Any]:
     from rag_core.stores.pgvector import PgVectorStore
 
     opts, (dsn, table) = run.opts, pg
-    sr.res["setup"]["pgvector"]["overlapped_with_milvus_insert"] = opts.overlap_pg_build and "milvus" in sr.loaded
-    configs = [
-        pg_measure(dsn, table, sr.ds, opts.k, "hnsw", ef)
-        for ef in progress(opts.pg_ef, enabled=opts.show_progress, desc=f"pgvector {sr.n:,}")
-    ]
-    configs.append(pg_measure(dsn, table, sr.ds, opts.k, "exact", None))
+    sr.res["setup"]["pgvector"]["overlapped_with_milvus_insert"] = opts.overlap_pg_build and sr.milvus_loaded
+    sweep = progress(opts.pg_ef, enabled=opts.show_progress, desc=f"pgvector {sr.n:,}")
+    configs = [pg_measure(dsn, table, sr.ds, opts.k, ef) for ef in sweep]
+    configs.append(pg_measure(dsn, table, sr.ds, opts.k, None))  # the exact scan
     best_hnsw = best_config([c for c in configs if c.config.startswith("HNSW")])
     return store_entry(
         configs,
@@ -573,16 +564,17 @@ def pg_drop(_run: ScaleRun, _sr: SizeRun, pg: tuple[str, str]) -> None:
 @dataclass
 class SizeRun:
     """One size being measured: its dataset, its results entry (``rows``, ``setup``, ``stores``,
-    ``rare_rows``), the single-query count of the slow stores and which stores loaded."""
+    ``rare_rows``), the single-query count of the slow stores and whether Milvus loaded."""
 
     n: int
     ds: Dataset
     res: dict[str, Any]
     n_single: int
-    loaded: set[str] = field(default_factory=set)
+    milvus_loaded: bool = False
 
 
-Load = Callable[["ScaleRun", SizeRun], tuple[Any, dict[str, Any]]]  # (handle, setup figures)
+Loaded = Future[tuple[Any, dict[str, Any]]]  # a store's load: (handle, setup figures)
+Step = Callable[["ScaleRun", SizeRun, Any], Any]  # a store's step on its loaded handle
 
 
 class ScaleRun:
@@ -595,16 +587,14 @@ class ScaleRun:
         self.work = Path(tempfile.mkdtemp(prefix="rag-bench-scale-", dir=opts.workdir))
         self.work.chmod(0o755)  # PostgreSQL runs as another user
         self.per_row: dict[str, tuple[int, float]] = {}  # step -> (rows, seconds) at the last size run
-        self.terms = bm25_terms(base, len(Q))  # the product's lexical call, one per query
+        # the lexical calls: the product's one per query, Milvus BM25's single queries
+        self.terms = bm25_terms(base, max(len(Q), opts.single_queries, opts.single_queries_large) + 1)
         self.out: dict[str, Any] = {
             "method": method(base, Q, opts),
             "sizes": {},
             "skipped": [],
             "memory_collection": None,
         }
-
-    def learn(self, key: str, n: int, seconds: float) -> None:
-        self.per_row[key] = (n, seconds)
 
     def estimate(self, key: str, n: int, nlogn: bool = False) -> float | None:
         """Seconds of step ``key`` at ``n`` rows, linear (or n log n) from the last size run."""
@@ -661,40 +651,20 @@ class ScaleRun:
         sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
         want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
         res["stores"]["numpy"] = self._guard(sr, "numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
-        pg = self._load(sr, "pgvector", pg_load, self.opts.overlap_pg_build) if want_pg else None
-        milvus = self._load(sr, "milvus", milvus_load, False) if want_milvus else None
-        if pg is not None:
-            self._finish(sr, "pgvector", pg, pg_entry, pg_drop)
+        with ThreadPoolExecutor(1, thread_name_prefix="pgvector-load") as pool:
+            pg = pool.submit(pg_load, self, sr) if want_pg else None
+            if pg is not None and not self.opts.overlap_pg_build:
+                wait([pg])
+            milvus = _settled(milvus_load, self, sr) if want_milvus else None
+            sr.milvus_loaded = milvus is not None and milvus.exception() is None
+            if pg is not None:
+                self._finish(sr, "pgvector", pg, pg_entry, pg_drop)
         if milvus is not None:
             self._finish(sr, "milvus", milvus, milvus_entry, milvus_close)
         _vs_numpy(res["stores"])
         self.out["sizes"][str(n)] = res
 
-    def _load(self, sr: SizeRun, name: str, load: Load, background: bool) -> Future[tuple[Any, dict[str, Any]]]:
-        """Start store ``name``'s load: in a thread when ``background``, else at once."""
-        fut: Future[tuple[Any, dict[str, Any]]] = Future()
-
-        def work() -> None:
-            try:
-                fut.set_result(load(self, sr))
-                sr.loaded.add(name)
-            except Exception as exc:
-                fut.set_exception(exc)
-
-        if background:
-            threading.Thread(target=work, name=f"{name}-load", daemon=True).start()
-        else:
-            work()
-        return fut
-
-    def _finish(
-        self,
-        sr: SizeRun,
-        name: str,
-        fut: Future[tuple[Any, dict[str, Any]]],
-        entry: Callable[[ScaleRun, SizeRun, Any], dict[str, Any]],
-        close: Callable[[ScaleRun, SizeRun, Any], None],
-    ) -> None:
+    def _finish(self, sr: SizeRun, name: str, fut: Loaded, entry: Step, close: Step) -> None:
         """Wait for the load, measure (``entry``: the store's results entry), close; a failed load
         becomes the store's error entry."""
         try:
@@ -715,6 +685,16 @@ class ScaleRun:
         except Exception as exc:  # one store failing must not lose the others
             log(f"scale {sr.n:,}: {name} failed: {exc}")
             return error_entry(exc)
+
+
+def _settled(fn: Callable[..., tuple[Any, dict[str, Any]]], *args: Any) -> Loaded:
+    """``fn(*args)`` run now, as a done future (its result or its exception)."""
+    fut: Loaded = Future()
+    try:
+        fut.set_result(fn(*args))
+    except Exception as exc:
+        fut.set_exception(exc)
+    return fut
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:

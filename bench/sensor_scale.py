@@ -44,13 +44,6 @@ def _before_tick(root: Path, previous_stat: str | None) -> tuple[str, str | None
     return stat, h.hexdigest()
 
 
-def _timed(fn, *args):
-    """(milliseconds, result) of ``fn(*args)``."""
-    start = time.perf_counter()
-    result = fn(*args)
-    return (time.perf_counter() - start) * 1000, result
-
-
 def _edit(path: Path, round_: int) -> None:
     path.write_text(path.read_text(encoding="utf-8") + f"\nEdited in round {round_}.\n", encoding="utf-8")
 
@@ -71,22 +64,28 @@ def measure(root: Path, data_dir: Path, rounds: int) -> dict[str, Any]:
     times |= {k: [] for k in ("after_unchanged", "before_edit", "after_edit", "sensor_edit", "after_hashed")}
     sensor = defs.resolve_sensor_def("knowledge_change_sensor")
     rag = RagSettingsResource(knowledge_dir=str(root), data_dir=str(data_dir))
+
+    def timed(key: str, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, its milliseconds recorded under ``key``."""
+        start = time.perf_counter()
+        result = fn(*args)
+        times[key].append((time.perf_counter() - start) * 1000)
+        return result
+
     for r in range(rounds):
         state.unlink(missing_ok=True)
-        times["before_first"].append(_timed(_before_tick, root, None)[0])
-        ms, tick = _timed(fingerprint, root, None, state)
-        times["after_first"].append(ms)
+        timed("before_first", _before_tick, root, None)
+        tick = timed("after_first", fingerprint, root, None, state)
         stat, now = _before_tick(root, None)[0], tick.fingerprint
-        times["before_unchanged"].append(_timed(_before_tick, root, stat)[0])
-        times["after_unchanged"].append(_timed(fingerprint, root, now, state)[0])
+        timed("before_unchanged", _before_tick, root, stat)
+        timed("after_unchanged", fingerprint, root, now, state)
         _edit(files[(r * 7919) % len(files)], r)
-        times["before_edit"].append(_timed(_before_tick, root, stat)[0])
-        ms, tick = _timed(fingerprint, root, now, state)
-        times["after_edit"].append(ms)
+        timed("before_edit", _before_tick, root, stat)
+        tick = timed("after_edit", fingerprint, root, now, state)
         times["after_hashed"].append(tick.hashed)
         _edit(files[(r * 7919 + 1) % len(files)], r)
         context = dg.build_sensor_context(cursor=tick.fingerprint.cursor(), resources={"rag": rag}, definitions=defs)
-        times["sensor_edit"].append(_timed(sensor.evaluate_tick, context)[0])
+        timed("sensor_edit", sensor.evaluate_tick, context)
     out = {k: round(statistics.median(v), 1) for k, v in times.items()}
     out["files"] = len(files)
     for scenario in ("first", "unchanged", "edit"):
