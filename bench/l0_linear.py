@@ -1,8 +1,8 @@
 """The L0 lookup as it was before issue 23: every query scores every document (a Python loop
 over all entries, and one rapidfuzz ``cdist`` over every fuzzy choice).
 
-Kept verbatim (only the loop, the fuzzy pass and the category pass; the index's build, its
-fuzzy choices and term test are shared) as the reference the indexed ``L0Index.analyze_query`` must equal
+Kept verbatim (only the loop, the fuzzy pass and the category pass; the index's build is
+shared) as the reference the indexed ``L0Index.analyze_query`` must equal
 (``tests/test_l0_indexed.py``) and as the "before" column of ``bench/kb_scale.py``.
 """
 
@@ -56,12 +56,12 @@ class LinearL0Index(L0Index):
                 reasons.append(f"title~partial:{name_score:.2f}")
                 score += 1.0 + name_score
             for kw in e.keywords:
-                if self._term_in(kw, q_tokens, q_compact):
+                if _linear_term_in(kw, q_tokens, q_compact):
                     reasons.append(f"keyword:{kw}")
                     keywords.append(kw)
                     score += 0.5
             for ent in e.entities:
-                if self._term_in(ent, q_tokens, q_compact):
+                if _linear_term_in(ent, q_tokens, q_compact):
                     reasons.append(f"entity:{ent}")
                     entities.append(ent)
                     score += 0.5
@@ -146,8 +146,28 @@ class LinearL0Index(L0Index):
         return best, corrections
 
     def _linear_choices(self) -> list[tuple[str, str, str]]:
-        """The fuzzy choices (compact name, doc id, display name): the shared build's, same order."""
-        return self._fuzzy
+        """The fuzzy choices in the pre-issue-23 order: (compact name, doc id, display name)."""
+        cached: list[tuple[str, str, str]] | None = getattr(self, "_linear_fuzzy_choices", None)
+        if cached is None:
+            fuzzy: dict[tuple[str, str], str] = {}
+            for d, e in self.entries.items():
+                for form, name in zip(self._names[d], e.names, strict=True):
+                    if len(form[0]) >= FUZZY_MIN_LEN and form[0].isascii():
+                        key = (form[0], d)
+                        if key not in fuzzy or " " in fuzzy[key]:
+                            fuzzy[key] = name
+            cached = [(c, d, name) for (c, d), name in fuzzy.items()]
+            self._linear_fuzzy_choices = cached
+        return cached
+
+
+def _linear_term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
+    c, toks = _form(term)
+    if not c:
+        return False
+    if len(c) >= 2 and not c.isascii() and c in q_compact:
+        return True
+    return bool(toks) and toks <= q_tokens
 
 
 def _unique(items: Iterable[str]) -> list[str]:
