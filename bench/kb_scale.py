@@ -459,15 +459,15 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int]) -> dict[str
     from rag_core.ingest.pipeline import IngestReport, chunk_documents
     from rag_core.stores.pgserver import embedded_dsn, stop_embedded
 
+    embedder = make_embedder(make_settings(Path(kbs[0][2]), Path(kbs[0][1])))
+    queries = np.stack([embedder.embed_query(q) for q in golden_queries()])
     work = Path(tempfile.mkdtemp(prefix="kb-scale-stores-"))
     work.chmod(0o755)  # PostgreSQL runs as another user
-    embedder, out = None, {}
+    out = {}
     try:
         dsn = embedded_dsn(work / "pg")
         for i, (label, kb, data) in enumerate(kbs):
             settings = make_settings(Path(data), Path(kb))
-            embedder = embedder or make_embedder(settings)
-            queries = np.stack([embedder.embed_query(q) for q in golden_queries()])
             chunks = chunk_documents(scan_documents(Path(kb))[0], settings, IngestReport(kb), embedder)[1]
             found = EmbeddingCache.under(Path(data)).get_many(embedder.identity(), (c.content_hash for c in chunks))
             chunks = [c for c in chunks if c.content_hash in found]
@@ -576,7 +576,7 @@ class Options:
     workdir: Path | None = None  # where the scratch dir goes (default: the system's temp dir)
 
 
-def run(o: Options) -> dict[str, Any]:
+def run(o: Options = Options()) -> dict[str, Any]:
     """The whole benchmark (module docstring); ``{"skipped": reason}`` without the corpora."""
     sources = load_sources()
     if isinstance(sources, str):
