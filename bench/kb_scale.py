@@ -55,6 +55,7 @@ import numpy as np
 from bench.common import CORPORA, RUNBOOKS, SHARED, child_json, load_average, log, make_settings, ratio, summarize
 from rag_core.embedding.base import ModelIdentity
 from rag_core.ingest.title_similarity import TITLE_LABEL
+from rag_core.markdown import md_table_lines
 
 SEED = 23
 DIM = 384
@@ -793,8 +794,6 @@ def print_tables(out: dict[str, Any]) -> str:
 
 
 def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    from rag_core.markdown import md_table_lines
-
     return ["", f"## {title}", "", *md_table_lines(headers, rows)]
 
 
@@ -809,16 +808,12 @@ def _x(a: float | None, b: float | None) -> str:
 
 
 def _real_note(r: dict[str, Any]) -> str:
-    notes = []
+    """Why a real-model row is partial (and the whole extrapolated) or where it was reused from."""
     if r.get("interrupted"):
         minutes = r["kb_chunks"] / r["ingest_chunks_per_s"] / 60
-        notes += [
-            r["interrupted"],
-            f"(the whole {r['kb_chunks']} chunks at this rate: about {minutes:.0f} min, extrapolated)",
-        ]
-    if r.get("reused_from"):
-        notes.append(f"reused {r['reused_from']}")
-    return " ".join(notes)
+        whole = f"the whole {r['kb_chunks']} chunks at this rate: about {minutes:.0f} min, extrapolated"
+        return f"{r['interrupted']} ({whole})"
+    return f"reused {r['reused_from']}" if r.get("reused_from") else ""
 
 
 def _lookup_lines(lk: dict[str, Any]) -> list[str]:
@@ -862,9 +857,7 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
                              c["recall@10"], c["filtered_recall@10"]] for c in e["configs"]]  # fmt: skip
                 if a := e.get("store_api"):
                     b, mem = base.setdefault(store, a), e.get("memory") or {}
-                    calls = [(a[k], b[k]) for k in ("single_ms", "centroid_ms")] + [
-                        (a.get("lexical_ms"), b.get("lexical_ms"))
-                    ]
+                    calls = [(a.get(k), b.get(k)) for k in ("single_ms", "centroid_ms", "lexical_ms")]
                     cells = [f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})" for m, o in calls]
                     api.append([label, n, store, *cells, mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])
         skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]]
