@@ -76,6 +76,9 @@ def test_warm_up_reports_and_lookups_carry_the_problem(ingested, embedder):
     settings, store = ingested
     tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
     assert tool.warm_up().ok
+    import jieba
+
+    assert jieba.dt.initialized  # the first Chinese query does not load the dictionary
     assert tool.lookup("redis memory is high").status == "ok"
     store.delete_chunks(sorted(store.chunk_hashes())[:3])
     report = tool.warm_up()

@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from rag_core import components
+from rag_core import components, text
 from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.l0 import L0Index
 from rag_core.lookup.document_similarity import DocumentSimilarity
@@ -185,6 +185,7 @@ class LookupComponents:
             if self.ensemble is not None:  # USE's first query also pays its set-up (about 2 s)
                 self.ensemble.embedder.embed_query("warm up")
             _ = self.l0
+            text.warm_up()  # an English-only index would leave the first Chinese query to load jieba
             self.store.count()
         except Exception as exc:
             log.warning("warm-up incomplete: %s", exc)
