@@ -382,8 +382,18 @@ class L0Index:
         fuzzy, corrections = self._fuzzy_matches(text, q_compact)
         scored = self._score(q_tokens, q_compact, fuzzy)
         matched = scored.matched
-        best_pos = matched[np.lexsort((self._id_rank[matched], -scored.scores))[:MAX_MATCHES]]
-        best = [self._match(int(i), float(scored.name_score[i]), fuzzy, q_tokens, q_compact) for i in best_pos]
+        order = np.lexsort((self._id_rank[matched], -scored.scores))[:MAX_MATCHES]
+        best = [
+            self._match(
+                int(matched[k]),
+                float(scored.name_score[matched[k]]),
+                float(scored.scores[k]),
+                fuzzy,
+                q_tokens,
+                q_compact,
+            )
+            for k in order
+        ]
         fuzzy_names = {
             n for i in np.flatnonzero(scored.fuzzy).tolist() for n in (self._entry(i).title, *self._entry(i).names)
         }
@@ -440,30 +450,31 @@ class L0Index:
         return self.entries[self._ids[pos]]
 
     def _match(
-        self, pos: int, name_score: float, fuzzy: Mapping[str, float], q_tokens: set[str], q_compact: str
+        self,
+        pos: int,
+        name_score: float,
+        score: float,
+        fuzzy: Mapping[str, float],
+        q_tokens: set[str],
+        q_compact: str,
     ) -> DocMatch:
-        """The ``DocMatch`` of a matched document (at ``pos`` in index order), its reasons in the
-        scan's order: the name's, then each keyword and entity found in the query."""
+        """The ``DocMatch`` of a matched document (at ``pos`` in index order, its ``score`` from
+        ``_score``), its reasons in the scan's order: the name's, then each keyword and entity
+        found in the query."""
         e = self._entry(pos)
-        reasons, score = [], 0.0
+        reasons = []
         if name_score >= 1.0:
             reasons.append("title")
-            score += 2.0
         elif e.doc_id in fuzzy:
             reasons.append(f"title~fuzzy:{fuzzy[e.doc_id] / 100:.2f}")
-            score += 1.0 + fuzzy[e.doc_id] / 100
         elif name_score >= NAME_COVERAGE:
             reasons.append(f"title~partial:{name_score:.2f}")
-            score += 1.0 + name_score
         kw_forms, ent_forms = self._term_forms[e.doc_id]
         for kind, forms in (("keyword", kw_forms), ("entity", ent_forms)):
-            for term, c, toks in forms:
-                if _form_in(c, toks, q_tokens, q_compact):
-                    reasons.append(f"{kind}:{term}")
-                    score += 0.5
+            reasons += [f"{kind}:{term}" for term, c, toks in forms if _form_in(c, toks, q_tokens, q_compact)]
         # Built from checked values: construct skips pydantic's validation.
         return DocMatch.model_construct(
-            doc_id=e.doc_id, title=e.title, category=e.category, score=round(score, 4), reasons=reasons
+            doc_id=e.doc_id, title=e.title, category=e.category, score=score, reasons=reasons
         )
 
     def _named_categories(self, q_tokens: set[str], q_compact: str) -> list[str]:
@@ -555,10 +566,6 @@ class L0Index:
         if found == parts:
             return 1.0
         return sum(self._idf.get(t, self._default_idf) for t in found) / total if found else 0.0
-
-    @staticmethod
-    def _term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
-        return _form_in(*_form(term), q_tokens, q_compact)
 
 
 class _Postings:
