@@ -533,6 +533,32 @@ def test_lexical_scores_are_bm25_as_the_in_memory_store_computes_them(store):
             assert pg[cid] == pytest.approx(score * (BM25_K1 + 1), rel=1e-4), (query, cid)
 
 
+def test_first_cut_reads_the_rarest_lexemes_within_its_row_budget():
+    from rag_core.stores.pgvector import _first_cut_lexemes
+
+    df = {"pod": 3000, "oomkill": 10, "memori": 2500, "zero": 0}
+    assert _first_cut_lexemes(df, 6000) == list(df)  # 5,510 rows in all: every lexeme
+    assert _first_cut_lexemes(df, 2600) == ["zero", "oomkill", "memori"]
+    assert _first_cut_lexemes({"pod": 3000, "node": 4000}, 100) == ["pod"]  # at least the rarest
+
+
+def test_lexical_search_past_the_row_budget_reads_only_the_rare_lexemes_rows(store, monkeypatch):
+    from rag_core.stores import pgvector
+
+    store.ensure_schema(DIM)
+    texts = [f"disk usage report {i}" for i in range(6)] + ["disk kernel panic"]
+    chunks = [chunk(i, text=t) for i, t in enumerate(texts, start=1)]
+    vecs = unit(len(chunks))
+    store.upsert(chunks, vecs)
+    terms = lexical_tokens("disk kernel")
+    everything = store.search_lexical(terms, vecs[0], 10)
+    assert len(everything) == 7 and everything[0].chunk_id == chunks[-1].chunk_id
+    monkeypatch.setattr(pgvector, "BM25_SCAN_ROWS", 5)  # disk (7 rows) + kernel (1) is past it
+    rare = store.search_lexical(terms, vecs[0], 10)
+    assert [h.chunk_id for h in rare] == [chunks[-1].chunk_id]
+    assert rare[0].lexical_score == pytest.approx(everything[0].lexical_score)  # scored on every term
+
+
 def test_rebuild_swaps_the_new_table_in_whole_for_another_reader(store, pg_dsn, pg_table):
     """Issue 26 item 7: a rebuild fills ``<table>__rebuild``; another client reads the old table
     until the swap (one transaction), the new one after it; the old one is dropped."""

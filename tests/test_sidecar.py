@@ -5,6 +5,7 @@ from conftest import make_settings
 
 from rag_core.ingest.pipeline import ingest
 from rag_core.lookup.tool import LookupKnowledgeTool
+from rag_core.stores.errors import StoreError
 from rag_core.stores.milvus import MilvusStore
 from rag_core.stores.pgvector import PgVectorStore
 
@@ -58,6 +59,29 @@ def test_sidecar_failure_leaves_the_main_store_answering(both, embedder):
     assert r.found and r.status == "ok" and r.evidence_blocks[0].doc_id == "cache/RedisMemoryHigh.md"
     assert r.retrieval_trace.sidecar.status in ("error", "unavailable")
     assert "topsecret" not in r.model_dump_json()
+
+
+class LexicalDown:
+    """The real pgvector store whose BM25 search fails (its dense search answers)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def search_lexical(self, *args, **kwargs):
+        raise StoreError("pgvector full-text search failed: timed out")
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def test_sidecar_that_fails_in_part_says_degraded(both, embedder):
+    settings, main, side = both
+    tool = LookupKnowledgeTool(settings, embedder=embedder, store=main, sidecar=LexicalDown(side))
+    r = tool.lookup("RedisMemoryHigh")
+    assert r.status == "ok" and r.evidence_blocks[0].doc_id == "cache/RedisMemoryHigh.md"
+    status = r.retrieval_trace.sidecar
+    assert status.status == "degraded" and status.top_doc_ids  # the dense channel answered
+    assert "lexical: StoreError" in status.reason
 
 
 def test_stores_agree_on_exact_search(both, embedder):

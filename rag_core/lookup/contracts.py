@@ -81,9 +81,10 @@ class RetrievalAttempt(CamelModel):
 
 class SidecarStatus(CamelModel):
     """Outcome of the pgvector sidecar query beside the main store (never affects the result);
-    ``topDocIds`` are the sidecar's first doc ids."""
+    ``topDocIds`` are the sidecar's first doc ids. ``degraded``: it answered, but part of its
+    search (a channel or an attempt) failed; ``reason`` names what."""
 
-    status: Literal["disabled", "available", "unavailable", "error"]
+    status: Literal["disabled", "available", "degraded", "unavailable", "error"]
     reason: str | None = None
     top_doc_ids: list[str] = Field(default_factory=list)
     duration_ms: float | None = None

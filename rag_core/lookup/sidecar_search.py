@@ -119,7 +119,13 @@ class SidecarSearch:
         if outcome.error:
             return SidecarStatus(status="error", reason=outcome.error[:300], duration_ms=round(ms, 2))
         doc_ids = list(dict.fromkeys(c.hit.doc_id for c in outcome.candidates))[:5]
-        return SidecarStatus(status="available", top_doc_ids=doc_ids, duration_ms=round(ms, 2))
+        partial = outcome.partial_error
+        return SidecarStatus(
+            status="degraded" if partial else "available",
+            reason=partial[:300] if partial else None,
+            top_doc_ids=doc_ids,
+            duration_ms=round(ms, 2),
+        )
 
     def close(self) -> None:
         """Abandon searches still running (not waited for)."""
