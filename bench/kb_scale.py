@@ -859,7 +859,8 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
                     b, mem = base.setdefault(store, a), e.get("memory") or {}
                     calls = [(a.get(k), b.get(k)) for k in ("single_ms", "centroid_ms", "lexical_ms")]
                     cells = [f"{_pp(m)} ({_x(m and m['p95'], o and o['p95'])})" for m, o in calls]
-                    api.append([label, n, store, *cells, mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])
+                    agree = a.get("bm25_vs_milvus", "")
+                    api.append([label, n, store, *cells, agree, mem.get("milvus_rss_mb") or mem.get("pg_pss_mb")])
         skipped += [f"skipped ({label}): {x['size']} {x['what']}: {x['reason']}" for x in out["skipped"]]
     return [
         *_table(
@@ -874,7 +875,16 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
         *_table(
             "Product store calls: ms p50 / p95 (p95 over the first corpus' smallest size); server MB: Milvus "
             "server RSS, PostgreSQL PSS",
-            ["corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)", "server MB"],
+            [
+                "corpus",
+                "rows",
+                "store",
+                "search",
+                "centroid (document_vectors)",
+                "BM25 (search_lexical)",
+                "BM25 top-k at Milvus' k-th score",
+                "server MB",
+            ],
             api,
         ),
     ]

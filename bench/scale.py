@@ -252,7 +252,8 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
     (unfiltered and with the rare category: latency, recall), ``document_vectors`` of the top
     hits' documents (``centroid_ms``: the lookup's document-similarity query) and, with
     ``terms`` (one string of words per query), ``search_lexical`` (``lexical_ms``: BM25; on
-    pgvector its exact-score pool)."""
+    pgvector its exact-score pool; ``lexical_scores``: each query's top-k scores, for
+    ``_bm25_vs_milvus``)."""
     docs: list[list[str]] = []
 
     def search(q: np.ndarray, filtered: bool) -> list[int]:
@@ -266,6 +267,8 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
         if terms:
             pairs = list(zip(terms, ds.Q, strict=False))[:n]
             out["lexical_ms"] = call_ms(lambda x: store.search_lexical(x[0].split(), x[1], k), pairs, pairs[:1])
+            lexical = (store.search_lexical(t.split(), q, k) for t, q in pairs)
+            out["lexical_scores"] = [[h.lexical_score or 0.0 for h in hits] for hits in lexical]
         return out
 
 
@@ -662,6 +665,7 @@ class ScaleRun:
         if milvus is not None:
             self._finish(sr, "milvus", milvus, milvus_entry, milvus_close)
         _vs_numpy(res["stores"])
+        _bm25_vs_milvus(res["stores"])
         self.out["sizes"][str(n)] = res
 
     def _finish(self, sr: SizeRun, name: str, fut: Loaded, entry: Step, close: Step) -> None:
@@ -703,6 +707,18 @@ def _vs_numpy(stores: dict[str, Any]) -> None:
     for name, store in stores.items():
         if name != "numpy" and isinstance(store, dict) and store.get("best") and numpy_best:
             store["best_vs_numpy_p50"] = ratio(store["best"]["single_ms"]["p50"], numpy_best["single_ms"]["p50"], 2)
+
+
+def _bm25_vs_milvus(stores: dict[str, Any]) -> None:
+    """pgvector's ``bm25_vs_milvus``: the share of its BM25 top-k scoring at least Milvus' k-th
+    score, over the queries both ran (the same list; Milvus ranks every match; scores, not ids,
+    so ties of copied rows count alike). Drops the ``lexical_scores`` it compares."""
+    apis = {name: (e.get("store_api") or {}) for name, e in stores.items() if isinstance(e, dict)}
+    pg, milvus = (apis.get(name, {}).pop("lexical_scores", None) for name in ("pgvector", "milvus"))
+    if not pg or not milvus:
+        return
+    held = [sum(x >= m[-1] * (1 - 1e-4) for x in p) / len(m) for p, m in zip(pg, milvus, strict=False) if m]
+    apis["pgvector"]["bm25_vs_milvus"] = round(float(np.mean(held)), 3) if held else None
 
 
 def method(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:

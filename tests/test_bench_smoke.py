@@ -46,6 +46,9 @@ def test_scale_benchmark_tiny(tmp_path, pg_dsn):
         assert "error" not in res["stores"][name], res["stores"][name]
     assert res["setup"]["pgvector"]["copy_rows_per_s"] > 0 and res["setup"]["pgvector"]["hnsw_index_mb"] > 0
     assert res["stores"]["pgvector"]["store_api"]["recall@10"] > 0
+    # BM25 on both stores: the same scores (pgvector's first cut is exact on a table this small)
+    assert res["stores"]["pgvector"]["store_api"]["bm25_vs_milvus"] == 1.0
+    assert not any("lexical_scores" in res["stores"][s]["store_api"] for s in ("milvus", "pgvector"))
     names = [c["config"] for c in res["stores"]["milvus"]["configs"]]
     assert names == ["FLAT"]  # no IVF_FLAT sweep asked; the embedded engine has no HNSW
     assert res["stores"]["milvus"]["bm25_ms"]["p50"] is not None

@@ -9,6 +9,7 @@ import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -557,6 +558,24 @@ def test_lexical_search_past_the_row_budget_reads_only_the_rare_lexemes_rows(sto
     rare = store.search_lexical(terms, vecs[0], 10)
     assert [h.chunk_id for h in rare] == [chunks[-1].chunk_id]
     assert rare[0].lexical_score == pytest.approx(everything[0].lexical_score)  # scored on every term
+
+
+def test_bm25_statistics_follow_another_writer_once_they_expire(store, pg_dsn, pg_table, monkeypatch):
+    from rag_core.stores import pgvector
+
+    store.ensure_schema(DIM)
+    chunks = [chunk(i, text=t) for i, t in enumerate(["disk full", "node down", "kernel panic"], start=1)]
+    store.upsert(chunks, unit(3))
+    terms = lexical_tokens("disk")
+    before = store.search_lexical(terms, unit(1)[0], 10)  # caches the row count and disk's rows
+    with closing(PgVectorStore(pg_dsn, pg_table)) as writer:
+        writer.upsert([chunk(i, text="disk pressure") for i in (4, 5)], unit(2, seed=1))
+    monkeypatch.setattr(pgvector, "BM25_STATS_TTL_S", 0.0)
+    after = {h.chunk_id: h.lexical_score for h in store.search_lexical(terms, unit(1)[0], 10)}
+    with closing(PgVectorStore(pg_dsn, pg_table)) as fresh:  # no cache: what the table holds now
+        expected = {h.chunk_id: h.lexical_score for h in fresh.search_lexical(terms, unit(1)[0], 10)}
+    assert len(after) == 3 and after == pytest.approx(expected)
+    assert after[chunks[0].chunk_id] < before[0].lexical_score  # disk is commoner now: lower idf
 
 
 def test_rebuild_swaps_the_new_table_in_whole_for_another_reader(store, pg_dsn, pg_table):

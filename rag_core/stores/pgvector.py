@@ -133,8 +133,8 @@ class PgVectorStore:
         self._exact_max = exact_scan_max_rows
         self._ef_search = ef_search
         self._stats: tuple[float, int, float, bool] | None = None  # (taken at, rows, mean tokens, stored tsv)
-        self._df: dict[str, int] = {}  # lexeme -> rows holding it, as of the statistics taken at _df_taken
-        self._df_taken = -1.0
+        self._df: dict[str, int] = {}  # lexeme -> rows holding it, while the table has _df_of's (rows, mean tokens)
+        self._df_of: tuple[int, float] | None = None
         self._pool = PgPool(
             dsn,
             max_size=pool_size,
@@ -256,7 +256,8 @@ class PgVectorStore:
                     conn.execute(statement)
 
         self._run("ensure_schema", create)
-        self._dim, self._stats = dim, None
+        self._dim = dim
+        self._forget_stats()
 
     def _index(self, suffix: str) -> sql.Identifier:
         return sql.Identifier(f"{self.table}_{suffix}"[:63])
@@ -290,7 +291,7 @@ class PgVectorStore:
         """Drop the table (and its indexes); a missing table is fine."""
         self._run("drop", lambda conn: conn.execute(self._sql("DROP TABLE IF EXISTS {t}")))
         self._dim = None
-        self._stats = None
+        self._forget_stats()
 
     @property
     def rebuild_table(self) -> str:
@@ -329,7 +330,8 @@ class PgVectorStore:
         finally:
             build.close()
             guard.close()
-        self._dim, self._stats = build._dim, None
+        self._dim = build._dim
+        self._forget_stats()
 
     def _swap_in(self, conn: psycopg.Connection, build: PgVectorStore) -> None:
         """In one transaction: drop ``table``, rename ``build``'s table and indexes to it."""
@@ -391,7 +393,7 @@ class PgVectorStore:
                 conn.execute(self._sql("ANALYZE {t}"))
 
         self._run("upsert", write)
-        self._stats = None
+        self._forget_stats()
 
     def bulk_load(self, chunks: Sequence[Chunk], vectors: np.ndarray) -> BulkLoad:
         """Fill the empty table by binary COPY with its HNSW and full-text indexes dropped, then
@@ -431,7 +433,7 @@ class PgVectorStore:
             return BulkLoad(len(chunks), write_s, time.perf_counter() - t0 - write_s)
 
         done = self._run("bulk_load", load)
-        self._stats = None
+        self._forget_stats()
         return done
 
     def _is_empty(self, conn: psycopg.Connection) -> bool:
@@ -454,14 +456,14 @@ class PgVectorStore:
         if doc_ids:
             statement = self._sql("DELETE FROM {t} WHERE doc_id = ANY(%s)")
             self._run("delete", lambda conn: conn.execute(statement, (list(doc_ids),)))
-            self._stats = None
+            self._forget_stats()
 
     def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
         """Remove chunks by id (unknown ids are ignored)."""
         if chunk_ids:
             statement = self._sql("DELETE FROM {t} WHERE chunk_id = ANY(%s)")
             self._run("delete", lambda conn: conn.execute(statement, (list(chunk_ids),)))
-            self._stats = None
+            self._forget_stats()
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -626,9 +628,9 @@ class PgVectorStore:
         fresh (``_bm25_stats``): counting a common word's rows was ~40 % of a search on 58k rows
         (bench/kb_scale.py), and agents' queries repeat them."""
         lexemes = [r[0] for r in conn.execute(_LEXEMES_SQL, {"terms": words}).fetchall()]
-        taken = self._stats[0] if self._stats is not None else 0.0
-        if self._df_taken != taken:
-            self._df, self._df_taken = {}, taken
+        shape = self._stats[1:3] if self._stats is not None else None
+        if self._df_of != shape:  # the table changed (another process wrote): count again
+            self._df, self._df_of = {}, shape
         known = self._df  # this call's dict: another thread may swap in a fresh one meanwhile
         missing = [w for w in lexemes if w not in known]
         if missing:
@@ -642,14 +644,20 @@ class PgVectorStore:
 
     def _bm25_stats(self, conn: psycopg.Connection) -> tuple[int, float, bool]:
         """(rows, mean lexical tokens per row, whether ``lexical_tsv`` is stored) of the table,
-        cached ``BM25_STATS_TTL_S`` seconds (a full scan; this process's own writes reset the cache)."""
+        cached ``BM25_STATS_TTL_S`` seconds (a full scan of the stored ``lexical_len``: 39 ms at 56k
+        rows, 170 ms counting tokens from the text; this process's own writes reset the cache)."""
         cached = self._stats
         if cached is not None and time.monotonic() - cached[0] < BM25_STATS_TTL_S:
             return cached[1], cached[2], cached[3]
-        statement = self._sql("SELECT count(*), avg(cardinality(string_to_array(lexical, ' '))) FROM {t}")
-        n, avgdl = one_row(conn.execute(statement))
-        self._stats = (time.monotonic(), int(n), float(avgdl or 0.0), self._has_stored_tsv(conn))
+        stored_tsv = self._has_stored_tsv(conn)
+        dl = "lexical_len" if stored_tsv else "cardinality(string_to_array(lexical, ' '))"
+        n, avgdl = one_row(conn.execute(self._sql(f"SELECT count(*), avg({dl}) FROM {{t}}")))
+        self._stats = (time.monotonic(), int(n), float(avgdl or 0.0), stored_tsv)
         return self._stats[1], self._stats[2], self._stats[3]
+
+    def _forget_stats(self) -> None:
+        """After this process's own write: BM25's statistics and document frequencies are read again."""
+        self._stats, self._df, self._df_of = None, {}, None
 
     def _lexical_sql(self, filtered: bool, stored_tsv: bool = True) -> sql.Composed:
         """BM25 in SQL: score = sum over query terms t in the chunk of
