@@ -624,9 +624,9 @@ class PgVectorStore:
 
     def _document_frequencies(self, conn: psycopg.Connection, words: list[str], stored_tsv: bool) -> dict[str, int]:
         """lexeme -> rows containing it, for the lexemes of ``words`` (``to_tsvector('simple')``,
-        as the column). Counted on the GIN index once per lexeme while the table statistics are
-        fresh (``_bm25_stats``): counting a common word's rows was ~40 % of a search on 58k rows
-        (bench/kb_scale.py), and agents' queries repeat them."""
+        as the column). Counted on the GIN index once per lexeme while the table's row count and
+        mean length (``_bm25_stats``) stay the same: counting a common word's rows was ~40 % of a
+        search on 58k rows (bench/kb_scale.py), and agents' queries repeat them."""
         lexemes = [r[0] for r in conn.execute(_LEXEMES_SQL, {"terms": words}).fetchall()]
         shape = self._stats[1:3] if self._stats is not None else None
         if self._df_of != shape:  # the table changed (another process wrote): count again
