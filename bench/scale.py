@@ -384,11 +384,13 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
 
 
 def bm25_terms(base: BaseData, n: int) -> list[str]:
-    """``n`` queries of three words each from a real chunk's lexical text (deterministic)."""
+    """``n`` queries of three distinct words each from a real chunk's lexical text
+    (deterministic; distinct as the lookup sends them: Milvus would count a repeated word twice)."""
     rng = np.random.default_rng(7)
     terms = []
     for _ in range(n):
-        words = lexical_string(base.chunks[int(rng.integers(0, len(base.chunks)))].embed_text).split() or ["pod"]
+        text = lexical_string(base.chunks[int(rng.integers(0, len(base.chunks)))].embed_text)
+        words = list(dict.fromkeys(text.split())) or ["pod"]
         terms.append(" ".join(rng.choice(words, size=min(3, len(words)), replace=False)))
     return terms
 
