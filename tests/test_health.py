@@ -72,13 +72,25 @@ def test_damaged_rows_and_a_damaged_vector_index_are_found(ingested, embedder):
     assert "does not find" in check_health(settings2, [broken], embedder.identity()).summary()
 
 
-def test_warm_up_reports_and_lookups_carry_the_problem(ingested, embedder):
-    settings, store = ingested
-    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
-    assert tool.warm_up().ok
+def test_text_warm_up_loads_the_chinese_dictionary(monkeypatch):
     import jieba
 
-    assert jieba.dt.initialized  # the first Chinese query does not load the dictionary
+    from rag_core import text
+
+    monkeypatch.setattr(jieba.dt, "initialized", False)  # as in a fresh process
+    text.warm_up()
+    assert jieba.dt.initialized
+
+
+def test_warm_up_reports_and_lookups_carry_the_problem(ingested, embedder, monkeypatch):
+    from rag_core import text
+
+    settings, store = ingested
+    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store)
+    loads = []
+    monkeypatch.setattr(text, "warm_up", lambda: loads.append(1))
+    assert tool.warm_up().ok
+    assert loads  # the first Chinese query does not load the dictionary
     assert tool.lookup("redis memory is high").status == "ok"
     store.delete_chunks(sorted(store.chunk_hashes())[:3])
     report = tool.warm_up()
