@@ -104,16 +104,12 @@ def _camel(word: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[-_ ]", word) if p)
 
 
-def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, start: int = 0) -> int:
-    """Write documents ``start..n-1`` under ``root``; returns the bytes written."""
-    total = 0
+def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, start: int = 0) -> None:
+    """Write documents ``start..n-1`` under ``root``."""
     for i in range(start, n):
-        text = render(i, sources, seed)
         path = root / doc_path(i, sources, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        total += len(text.encode())
-    return total
+        path.write_text(render(i, sources, seed), encoding="utf-8")
 
 
 def _draws(i: int, sources: Sequence[Source], seed: int) -> tuple[random.Random, Source, str, str, str]:
@@ -245,11 +241,8 @@ class ThinStore:
         fresh = ThinStore(tmp)
         try:
             yield fresh
-        except BaseException:
-            fresh.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        fresh.close()
+        finally:
+            fresh.close()  # on an exception the next rebuild starts afresh
         self.db.close()
         os.replace(tmp, self.path)
         self.db = ThinStore(self.path).db
@@ -301,12 +294,10 @@ def _child_ingest(kb: str, data_dir: str, batch_docs: int, interrupt_after: int 
 
 
 def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
-    """The default model on one knowledge base, one process: raw encode of its chunks' texts
-    (length-sorted, in the embed stage's steps; ``raw_max`` > 0: every k-th of them, at most
-    ``raw_max``, keeping the length mix; < 0: none), a full ingest into the product stores of
-    ``data_dir`` (empty: the embedded Milvus server and PostgreSQL), raw encode again; chunks/s and
-    their ratio. ``limit_s`` > 0: SIGINT (as Ctrl-C) after that many seconds of ingest, the figures
-    then those of the part done (``interrupted``; its vectors are in the embedding cache)."""
+    """The default model on one knowledge base: raw encode of its chunks' texts (length-sorted, in the
+    embed stage's steps; ``raw_max`` > 0: at most that many, keeping the length mix; < 0: none), an
+    ingest into the product stores of ``data_dir``, raw encode again; chunks/s and their ratio.
+    ``limit_s`` > 0: SIGINT after that many seconds of ingest, the figures then of the part done."""
     from rag_core.components import make_stores
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents

@@ -325,9 +325,8 @@ def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
 
 
 def bulk_load(store: Any, run: ScaleRun, sr: SizeRun, write: str, index: str, drop: bool = False) -> dict[str, float]:
-    """Fill ``store`` (its product schema; dropped first when ``drop``) with the size's rows by
-    ``store.bulk_load``, closing it; the setup figures ``<write>_s``, ``<write>_rows_per_s`` (the
-    write) and ``<index>_s``."""
+    """Fill ``store`` (product schema; dropped first when ``drop``) by ``store.bulk_load``, closing it;
+    the setup figures ``<write>_s``, ``<write>_rows_per_s`` and ``<index>_s``."""
     with closing(store):
         if drop:
             store.drop()  # a table left by an interrupted run
@@ -634,10 +633,9 @@ class ScaleRun:
         return self.fits("milvus (insert + FLAT searches)", sr.n, seconds)
 
     def run_size(self, n: int) -> None:
-        """Measure every store at ``n`` rows: NumPy first, alone on the machine; then pgvector's
-        load (COPY + HNSW build, in a thread: PostgreSQL works in its own processes) while Milvus
-        inserts (unless --no-overlap); then pgvector's searches, then Milvus's, once both loads
-        are done (nothing is timed while a load runs)."""
+        """Every store at ``n`` rows: NumPy first, alone; then pgvector's load (in a thread: PostgreSQL
+        works in its own processes) while Milvus inserts (unless --no-overlap); then pgvector's searches,
+        then Milvus's, once both loads are done (nothing is timed while a load runs)."""
         log(f"scale: {n:,} vectors")
         t0 = time.perf_counter()
         ds = build_dataset(self.base, self.Q, n, self.opts)
