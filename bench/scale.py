@@ -633,9 +633,9 @@ class ScaleRun:
         return self.fits("milvus (insert + FLAT searches)", sr.n, seconds)
 
     def run_size(self, n: int) -> None:
-        """Every store at ``n`` rows: NumPy first, alone; then pgvector's load (in a thread: PostgreSQL
-        works in its own processes) while Milvus inserts (unless --no-overlap); then pgvector's searches,
-        then Milvus's, once both loads are done (nothing is timed while a load runs)."""
+        """Every store at ``n`` rows: NumPy first, alone; then pgvector's load and Milvus' insert, at the
+        same time unless --no-overlap (each in a thread; the servers work in their own processes); then
+        pgvector's searches, then Milvus's, once both loads are done (nothing is timed while a load runs)."""
         log(f"scale: {n:,} vectors")
         t0 = time.perf_counter()
         ds = build_dataset(self.base, self.Q, n, self.opts)
@@ -644,11 +644,11 @@ class ScaleRun:
         sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
         want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
         res["stores"]["numpy"] = self._guard(sr, "numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
-        with ThreadPoolExecutor(1, thread_name_prefix="pgvector-load") as pool:
+        with ThreadPoolExecutor(2, thread_name_prefix="store-load") as pool:
             pg = pool.submit(pg_load, self, sr) if want_pg else None
             if pg is not None and not self.opts.overlap_pg_build:
                 wait([pg])
-            milvus = _settled(milvus_load, self, sr) if want_milvus else None
+            milvus = pool.submit(milvus_load, self, sr) if want_milvus else None
             sr.milvus_loaded = milvus is not None and milvus.exception() is None
             if pg is not None:
                 self._finish(sr, "pgvector", pg, pg_entry, pg_drop)
@@ -679,16 +679,6 @@ class ScaleRun:
         except Exception as exc:  # one store failing must not lose the others
             log(f"scale {sr.n:,}: {name} failed: {exc}")
             return error_entry(exc)
-
-
-def _settled(fn: Callable[..., tuple[Any, dict[str, Any]]], *args: Any) -> Loaded:
-    """``fn(*args)`` run now, as a done future (its result or its exception)."""
-    fut: Loaded = Future()
-    try:
-        fut.set_result(fn(*args))
-    except Exception as exc:
-        fut.set_exception(exc)
-    return fut
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:
