@@ -824,6 +824,10 @@ def _lookup_lines(lk: dict[str, Any]) -> list[str]:
     ]
 
 
+API_HEAD = ("corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)",
+            "BM25 top-k at Milvus' k-th score", "server MB")  # fmt: skip
+
+
 def _stores_lines(stores: dict[str, Any]) -> list[str]:
     """bench.scale's figures: every configuration (single-query ms, recall@10), then the product
     calls with ratios over the first corpus' smallest size, and the servers' memory."""
@@ -858,18 +862,9 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
         *_table(
             "Product store calls: ms p50 / p95 (p95 over the first corpus' smallest size); server MB: Milvus "
             "server RSS, PostgreSQL PSS",
-            [
-                "corpus",
-                "rows",
-                "store",
-                "search",
-                "centroid (document_vectors)",
-                "BM25 (search_lexical)",
-                "BM25 top-k at Milvus' k-th score",
-                "server MB",
-            ],
+            API_HEAD,
             api,
-        ),  # fmt: skip
+        ),
     ]
 
 
