@@ -6,13 +6,14 @@ p50 vs pgvector and the floor: ``latency.py``; 100k search, recall, BM25: ``scal
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from bench.common import RUNBOOKS, error_entry, log, ratio
 from bench.context import BenchContext
-from bench.harness import Goal, Missing, Reading, Results, Target, as_times, measure, section
+from bench.harness import Goal, Missing, Reading, Results, as_times, section
 
 LOOKUP_VS_PG_MAX = 1.2
 LOOKUP_VS_FLOOR_MAX = 1.5
@@ -22,6 +23,7 @@ BM25_P50_MAX_MS = 20.0
 
 def flush_effect(ctx: BenchContext, repeats: int = 30) -> dict[str, Any]:
     """Dense + BM25 store search p50 on unflushed rows vs after flush (same process, same rows)."""
+    from bench.scale import call_ms
     from rag_core.stores import milvus_server
     from rag_core.stores.milvus import MilvusStore
 
@@ -33,16 +35,13 @@ def flush_effect(ctx: BenchContext, repeats: int = 30) -> dict[str, Any]:
     Q = ctx.query_vectors
     inputs = [Q[i % len(Q)] for i in range(repeats + 2)]
 
-    def attempt(_h: None, q: np.ndarray) -> None:  # the two store calls of one lookup attempt
+    def attempt(q: np.ndarray) -> None:  # the two store calls of one lookup attempt
         store.search(q, 10)
         store.search_lexical(["pod", "restart", "memory"], q, 10)
 
-    def timed() -> dict[str, Any]:
-        return measure([Target("search", attempt)], inputs[2:], warmup=inputs[:2])["search"].stats.to_dict()
-
-    out = {"rows": len(corpus.chunks), "unflushed_ms": timed()}
+    out = {"rows": len(corpus.chunks), "unflushed_ms": call_ms(attempt, inputs[2:], inputs[:2])}
     store.flush()
-    out["flushed_ms"] = timed()
+    out["flushed_ms"] = call_ms(attempt, inputs[2:], inputs[:2])
     out["unflushed_vs_flushed_p50"] = ratio(out["unflushed_ms"]["p50"], out["flushed_ms"]["p50"], 2)
     store.close()
     milvus_server.stop_server(data)
@@ -99,34 +98,32 @@ def _lookup_vs(other: str, limit: float, label: str) -> Goal:
     )
 
 
-def _flat_100k(size: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | Missing:
-    """The scale benchmark's Milvus FLAT row and NumPy's best row at 100k chunks."""
-    milvus = size["stores"].get("milvus") or {}
-    flat = next((c for c in milvus.get("configs", []) if c["config"] == "FLAT"), None)
-    numpy_best = (size["stores"].get("numpy") or {}).get("best")
-    if flat is None or numpy_best is None:
-        return Missing(milvus.get("error", "not run"))
-    return flat, numpy_best
+def _flat_100k(
+    read: Callable[[dict[str, Any], dict[str, Any]], Reading],
+) -> Callable[[dict[str, Any]], Reading | Missing]:
+    """A goal's reader: ``read(flat, numpy_best)`` on the scale benchmark's Milvus FLAT row and
+    NumPy's best row at 100k chunks; Missing when either is absent."""
+
+    def on(size: dict[str, Any]) -> Reading | Missing:
+        milvus = size["stores"].get("milvus") or {}
+        flat = next((c for c in milvus.get("configs", []) if c["config"] == "FLAT"), None)
+        numpy_best = (size["stores"].get("numpy") or {}).get("best")
+        if flat is None or numpy_best is None:
+            return Missing(milvus.get("error", "not run"))
+        return read(flat, numpy_best)
+
+    return on
 
 
-def _search_100k(size: dict[str, Any]) -> Reading | Missing:
-    got = _flat_100k(size)
-    if isinstance(got, Missing):
-        return got
-    flat, numpy_best = got
-    measured = (
-        f"Milvus {flat['single_ms']['p50']} ms vs NumPy {numpy_best['single_ms']['p50']} ms, "
-        f"recall@10 {flat['recall@10']}"
-    )
-    x = ratio(flat["single_ms"]["p50"], numpy_best["single_ms"]["p50"], 2)
-    return Reading(measured, x, also=flat["recall@10"] >= 0.99)
+@_flat_100k
+def _search_100k(flat: dict[str, Any], numpy_best: dict[str, Any]) -> Reading:
+    flat_p50, numpy_p50 = flat["single_ms"]["p50"], numpy_best["single_ms"]["p50"]
+    measured = f"Milvus {flat_p50} ms vs NumPy {numpy_p50} ms, recall@10 {flat['recall@10']}"
+    return Reading(measured, ratio(flat_p50, numpy_p50, 2), also=flat["recall@10"] >= 0.99)
 
 
-def _filtered_100k(size: dict[str, Any]) -> Reading | Missing:
-    got = _flat_100k(size)
-    if isinstance(got, Missing):
-        return got
-    flat = got[0]
+@_flat_100k
+def _filtered_100k(flat: dict[str, Any], _numpy_best: dict[str, Any]) -> Reading:
     return Reading(f"filtered p50 {flat['filtered_single_ms']['p50']} ms", flat["filtered_recall@10"])
 
 

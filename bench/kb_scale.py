@@ -1,30 +1,25 @@
-"""Knowledge-base scale (issue 23): ingest overhead, peak memory and L0 lookup cost at 1k / 10k
+"""Knowledge-base scale (issue 23): ingest cost, peak memory and L0 lookup cost at 1k / 10k
 (``--docs 100000``: 100k) documents generated from the real corpora; seconds, ms, MB.
 
-``python -m bench.kb_scale [--docs 10000] [--batch-docs 1000] [--real-docs 10000] [--ingest-minutes 20]
-[--keep DIR] [--product-only] [--no-l0]`` (``make bench``). Document ``i`` recombines sections of
-a runbook of ``../shared/corpora`` (English, Chinese) under a varied name, folder and frontmatter
-and depends only on the seed and ``i`` (the 1k set is the first 1k of the 10k one). Skipped with a
-message when the corpora are absent.
+Document ``i`` recombines sections of a runbook of ``../shared/corpora`` (English, Chinese) under a
+varied name, folder and frontmatter, from the seed and ``i`` only (the 1k set is the first 1k of
+the 10k one). Skipped with a message when the corpora are absent.
 
 Fake path (one child process per ingest, peak RSS = its ``ru_maxrss``): the real ``ingest`` with a
-hash embedder and a store keeping only ids and hashes (``ThinStore``), so the figures are the
-pipeline's own. Per size: first ingest streamed in ``--batch-docs`` batches and (up to
-``--whole-max``) in one batch; at 10k documents (fewer with ``--docs``) an unchanged and a
-1 %-changed re-ingest and an ingest interrupted (Ctrl-C) half way then resumed (passages re-embedded
-on resume: 0 expected).
+hash embedder and a store keeping only ids and hashes, so the figures are the pipeline's own. Per
+size: first ingest streamed in ``--batch-docs`` batches and (up to ``--whole-max``) in one batch; at
+10k documents (fewer with ``--docs``) an unchanged and a 1 %-changed re-ingest, and an ingest
+interrupted (Ctrl-C) half way then resumed (passages re-embedded on resume: 0 expected).
 
 Product path (``--real-docs``; ``--product-only``: only this): the runbook corpus and the first
-``--real-docs`` documents ingested with the default model into the data dir's Milvus server and
-PostgreSQL, raw encode of 512 chunks before and after (chunks/s, ratio); ``--ingest-minutes``
-stops an ingest (SIGINT) and looks up what was written. Then on both:
-``LookupKnowledgeTool.lookup`` per store on the golden queries, interleaved (end to end, store,
-centroid ms, server memory), and ``bench.scale`` on the corpus' own vectors (also at 100k rows):
-Milvus FLAT vs IVF_FLAT, pgvector HNSW vs exact, recall@10, the product calls.
+``--real-docs`` documents ingested with the default model into Milvus and PostgreSQL, raw encode of
+512 chunks before and after (chunks/s, ratio); ``--ingest-minutes`` stops an ingest and looks up
+what was written. Then on both: ``LookupKnowledgeTool.lookup`` per store on the golden queries,
+interleaved (end to end, store, centroid ms, server memory), and ``bench.scale`` on the corpus' own
+vectors (also at 100k rows).
 
 L0: ``L0Index.analyze_query`` vs the pre-issue-23 linear scan (``bench/l0_linear.py``) on the same
-queries at the real corpora (their 111 distinct doc ids: both languages share relative ids), 1k,
-10k (100k) documents, interleaved, p50/p95 ms; every answer compared (must be equal).
+queries at the real corpora, 1k, 10k (100k) documents, interleaved, p50/p95 ms; every answer compared.
 """
 
 from __future__ import annotations
@@ -45,7 +40,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -109,16 +104,12 @@ def _camel(word: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[-_ ]", word) if p)
 
 
-def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, start: int = 0) -> int:
-    """Write documents ``start..n-1`` under ``root``; returns the bytes written."""
-    total = 0
+def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, start: int = 0) -> None:
+    """Write documents ``start..n-1`` under ``root``."""
     for i in range(start, n):
-        text = render(i, sources, seed)
         path = root / doc_path(i, sources, seed)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        total += len(text.encode())
-    return total
+        path.write_text(render(i, sources, seed), encoding="utf-8")
 
 
 def _draws(i: int, sources: Sequence[Source], seed: int) -> tuple[random.Random, Source, str, str, str]:
@@ -250,11 +241,8 @@ class ThinStore:
         fresh = ThinStore(tmp)
         try:
             yield fresh
-        except BaseException:
-            fresh.close()
-            tmp.unlink(missing_ok=True)
-            raise
-        fresh.close()
+        finally:
+            fresh.close()  # on an exception the next rebuild starts afresh
         self.db.close()
         os.replace(tmp, self.path)
         self.db = ThinStore(self.path).db
@@ -306,12 +294,10 @@ def _child_ingest(kb: str, data_dir: str, batch_docs: int, interrupt_after: int 
 
 
 def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit_s: float = 0) -> dict[str, Any]:
-    """The default model on one knowledge base, one process: raw encode of its chunks' texts
-    (length-sorted, in the embed stage's steps; ``raw_max`` > 0: every k-th of them, at most
-    ``raw_max``, keeping the length mix; < 0: none), a full ingest into the product stores of
-    ``data_dir`` (empty: the embedded Milvus server and PostgreSQL), raw encode again; chunks/s and
-    their ratio. ``limit_s`` > 0: SIGINT (as Ctrl-C) after that many seconds of ingest, the figures
-    then those of the part done (``interrupted``; its vectors are in the embedding cache)."""
+    """The default model on one knowledge base: raw encode of its chunks' texts (length-sorted, in the
+    embed stage's steps; ``raw_max`` > 0: at most that many, keeping the length mix; < 0: none), an
+    ingest into the product stores of ``data_dir``, raw encode again; chunks/s and their ratio.
+    ``limit_s`` > 0: SIGINT after that many seconds of ingest, the figures then of the part done."""
     from rag_core.components import make_stores
     from rag_core.embedding import make_embedder
     from rag_core.ingest.documents import scan_documents
@@ -464,9 +450,12 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int]) -> dict[str
     queries = np.stack([embedder.embed_query(q) for q in golden_queries()])
     work = Path(tempfile.mkdtemp(prefix="kb-scale-stores-"))
     work.chmod(0o755)  # PostgreSQL runs as another user
+    opts = scale.ScaleOptions(milvus_ivf=IVF, pg_ef=(40, 100, 200), keep_milvus_size=None, show_progress=False)
+    opts.single_queries = opts.single_queries_large = len(queries)  # every query timed
     out = {}
     try:
         dsn = embedded_dsn(work / "pg")
+        opts.workdir, opts.pg_dsn = work, lambda: dsn
         for i, (label, kb, data) in enumerate(kbs):
             settings = make_settings(Path(data), Path(kb))
             chunks = chunk_documents(scan_documents(Path(kb))[0], settings, IngestReport(kb), embedder)[1]
@@ -475,18 +464,7 @@ def _child_stores(kbs: list[tuple[str, str, str]], large: list[int]) -> dict[str
             base = scale.BaseData(np.stack([found[c.content_hash] for c in chunks]), chunks)
             sizes = (len(chunks), *sorted(n for n in large if i == len(kbs) - 1 and n > len(chunks)))
             log(f"kb_scale: store benchmark on {label} ({len(chunks)} real vectors), sizes {sizes}")
-            opts = scale.ScaleOptions(
-                sizes=sizes,
-                milvus_ivf=IVF,
-                pg_ef=(40, 100, 200),
-                single_queries=len(queries),
-                single_queries_large=len(queries),
-                keep_milvus_size=None,
-                show_progress=False,
-                workdir=work,
-                pg_dsn=lambda: dsn,
-            )
-            out[label] = scale.run(base, queries, opts)
+            out[label] = scale.run(base, queries, replace(opts, sizes=sizes))
     finally:
         stop_embedded(work / "pg", mode="immediate")
         shutil.rmtree(work, ignore_errors=True)
@@ -558,18 +536,23 @@ def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -
 # --- the run ---------------------------------------------------------------------------------------
 
 
+def _flag(default: Any, help: str, **kw: Any) -> Any:
+    """An ``Options`` field that is also a flag of ``main`` (``--name-with-dashes``, ``help``)."""
+    return field(default=default, metadata={"help": help, **kw})
+
+
 @dataclass(frozen=True)
 class Options:
-    """The run's sizes and switches (the flags of ``main`` and fixed ones)."""
+    """The run's sizes and switches: the flags of ``main`` and fixed ones."""
 
-    docs: int = 10_000
-    batch_docs: int = 1000
-    real_docs: int = 10_000
-    keep: Path | None = None  # product data dirs kept (and reused) under this directory
-    ingest_minutes: float = 20  # a real-model ingest stopped after this long (0: never)
-    product_only: bool = False
-    whole_max: int = 10_000  # largest size also ingested in one batch
-    no_l0: bool = False
+    docs: int = _flag(10_000, "documents (default 10000; 100000 for the large run)")
+    batch_docs: int = _flag(1000, "documents per ingest batch (default 1000)")
+    real_docs: int = _flag(10_000, "documents ingested with the default model (0: skip)")
+    keep: Path | None = _flag(None, "keep (and reuse) the product data dirs under this directory", type=Path)
+    ingest_minutes: float = _flag(20.0, "stop a real-model ingest after this long (0: never)")
+    product_only: bool = _flag(False, "only the default-model product runs")
+    whole_max: int = _flag(10_000, "largest size also ingested in one batch (default 10000)")
+    no_l0: bool = _flag(False, "skip the L0 lookup comparison")
     rounds: int = 3  # over the L0 queries and the lookups
     raw_sample: int = 512  # chunks of the raw encode beside a real-model ingest of generated documents
     reingest_docs: int = 10_000  # size of the re-ingest and resume runs (at most ``docs``)
@@ -841,6 +824,10 @@ def _lookup_lines(lk: dict[str, Any]) -> list[str]:
     ]
 
 
+API_HEAD = ("corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)",
+            "BM25 top-k at Milvus' k-th score", "server MB")  # fmt: skip
+
+
 def _stores_lines(stores: dict[str, Any]) -> list[str]:
     """bench.scale's figures: every configuration (single-query ms, recall@10), then the product
     calls with ratios over the first corpus' smallest size, and the servers' memory."""
@@ -875,16 +862,7 @@ def _stores_lines(stores: dict[str, Any]) -> list[str]:
         *_table(
             "Product store calls: ms p50 / p95 (p95 over the first corpus' smallest size); server MB: Milvus "
             "server RSS, PostgreSQL PSS",
-            [
-                "corpus",
-                "rows",
-                "store",
-                "search",
-                "centroid (document_vectors)",
-                "BM25 (search_lexical)",
-                "BM25 top-k at Milvus' k-th score",
-                "server MB",
-            ],
+            API_HEAD,
             api,
         ),
     ]
@@ -897,17 +875,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bench.common import parse_command_line
 
-    options: dict[str, dict[str, Any]] = {
-        "--docs": dict(type=int, default=10_000, help="documents (default 10000; 100000 for the large run)"),
-        "--batch-docs": dict(type=int, default=1000, help="documents per ingest batch (default 1000)"),
-        "--real-docs": dict(type=int, default=10_000, help="documents ingested with the default model (0: skip)"),
-        "--keep": dict(type=Path, help="keep (and reuse) the product data dirs under this directory"),
-        "--ingest-minutes": dict(type=float, default=20, help="stop a real-model ingest after this long (0: never)"),
-        "--product-only": dict(action="store_true", help="only the default-model product runs"),
-        "--whole-max": dict(type=int, default=10_000, help="largest size also ingested in one batch (default 10000)"),
-        "--no-l0": dict(action="store_true", help="skip the L0 lookup comparison"),
-        "--json": dict(type=Path, help="also write the figures to this JSON file"),
-    }
+    options = {f"--{f.name.replace('_', '-')}": _argument(f) for f in fields(Options) if f.metadata}
+    options["--json"] = dict(type=Path, help="also write the figures to this JSON file")
     args = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.kb_scale"))
     json_path = args.pop("json")
     out = run(Options(**args))
@@ -915,6 +884,13 @@ def main(argv: list[str] | None = None) -> int:
         json_path.write_text(json.dumps(out, indent=2) + "\n")
     print(print_tables(out))
     return 0
+
+
+def _argument(f: Field[Any]) -> dict[str, Any]:
+    """``add_argument`` keywords of an ``Options`` field made by ``_flag``."""
+    if isinstance(f.default, bool):
+        return {"action": "store_true", **f.metadata}
+    return {"type": type(f.default), "default": f.default, **f.metadata}
 
 
 if __name__ == "__main__":

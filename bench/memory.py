@@ -1,14 +1,14 @@
 """Memory (MiB): peak RSS of a lookup process and of the embedded Milvus server on a 100k-chunk collection.
 
-A fresh child (``python -m bench.memory '<json spec>'``, via ``common.child_json(fresh_rss=True)``)
-opens ``LookupKnowledgeTool`` on the collection the scale benchmark kept (FLAT, the runbook L0
-index copied beside it) and runs lookups: ``ru_maxrss``, ``VmHWM`` and the RSS at each step
-(sampled every 20 ms); ``server_rss_mb`` is the Milvus server's RSS after the lookups. The same
-child on the runbook collection is the baseline, so the difference is what the collection costs.
+A fresh child (``python -m bench.memory '<json spec>'``) opens ``LookupKnowledgeTool`` on the
+collection the scale benchmark kept (FLAT, the runbook L0 index copied beside it) and runs lookups:
+``ru_maxrss``, ``VmHWM``, the RSS sampled every 20 ms and at each step; ``server_rss_mb``: the Milvus
+server's RSS after the lookups. The same child on the runbook collection is the baseline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import sys
@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import child_json, error_entry, log, make_settings, server_memory, summarize
+from bench import harness
+from bench.common import child_json, error_entry, log, make_settings, server_memory
 from bench.context import BenchContext
-from bench.harness import ok
 
 CHILD_TIMEOUT_S = 900
 
 
 def _child(spec: dict[str, Any]) -> None:
+    """Prints the figures of ``measure`` (as JSON) measured in this process."""
     import resource
     import threading
 
@@ -35,10 +36,8 @@ def _child(spec: dict[str, Any]) -> None:
 
     def sample() -> None:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(psutil.Error):
                 peak[0] = max(peak[0], proc.memory_info().rss)
-            except psutil.Error:
-                pass
             stop.wait(0.02)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -62,13 +61,10 @@ def _child(spec: dict[str, Any]) -> None:
     open_collection_s = time.perf_counter() - t0
     mark("after_collection_load")
     queries, lookups = spec["queries"], spec["lookups"]
-    latencies = []
-    for i in range(lookups):
-        t0 = time.perf_counter()
-        result = tool.lookup(queries[i % len(queries)], session_id="bench-memory")
-        latencies.append((time.perf_counter() - t0) * 1000)
-        if result.status != "ok":
-            raise SystemExit(f"lookup failed: {result.message}")
+    lookup = harness.Target("lookup", lambda _h, q: tool.lookup(q, session_id="bench-memory"))
+    timed = harness.measure([lookup], [queries[i % len(queries)] for i in range(lookups)])["lookup"]
+    if failed := [r.message for r in timed.results if r.status != "ok"]:
+        raise SystemExit(f"lookup failed: {failed[0]}")
     mark("after_lookups")
     stop.set()
     ru_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
@@ -79,7 +75,7 @@ def _child(spec: dict[str, Any]) -> None:
         "lookups": lookups,
         "model_load_s": round(load_model_s, 2),
         "open_collection_s": round(open_collection_s, 2),
-        "lookup_ms": summarize(latencies),
+        "lookup_ms": timed.stats.to_dict(),
         "rss_mb": marks,
         "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
         "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
@@ -111,13 +107,14 @@ def measure(
 
 
 def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | None = None) -> dict[str, Any]:
+    """The child on the runbook collection and on the scale benchmark's kept ``collection``, and the
+    difference (``collection_cost_mb``)."""
     lookups = lookups or (5 if ctx.quick else 8)
     kb = ctx.get_kb_settings()
-    queries = ctx.queries
     out: dict[str, Any] = {"lookups": lookups}
     log("memory: baseline child on the runbook collection")
     try:
-        out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, queries, lookups)
+        out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, ctx.queries, lookups)
     except Exception as exc:
         out["baseline"] = error_entry(exc, 800)
     if not collection:
@@ -127,7 +124,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     shutil.copy(kb.l0_index_path, data_dir / "l0_index.json")
     log(f"memory: child on the {collection['rows']:,}-chunk collection")
     try:
-        out["large"] = measure(data_dir, collection["collection"], ctx.knowledge_dir, queries, lookups)
+        out["large"] = measure(data_dir, collection["collection"], ctx.knowledge_dir, ctx.queries, lookups)
         out["large"]["index"] = collection.get("index")
     except Exception as exc:
         out["large"] = error_entry(exc, 800)
@@ -136,7 +133,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
 
         stop_server(data_dir)
     base, large = out.get("baseline", {}), out["large"]
-    if ok(base) and ok(large):
+    if harness.ok(base) and harness.ok(large):
         out["collection_cost_mb"] = {
             "peak_ru_maxrss": round(large["peak_rss_mb_ru_maxrss"] - base["peak_rss_mb_ru_maxrss"], 1),
             "peak_sampled": round(large["peak_rss_mb_sampled"] - base["peak_rss_mb_sampled"], 1),

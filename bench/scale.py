@@ -1,15 +1,14 @@
 """Store search at scale (ms, queries/s, recall@10): Milvus (the embedded server of a scratch data
 dir), pgvector and an exact NumPy top-k over the same vectors, filled by the stores' ``bulk_load``.
 
-Vectors: the real runbook chunk embeddings first, scaled up to each size by perturbed copies
-(``sigma`` per dimension, renormalised) keeping their source chunk's payload; ``rare_fraction``
-(3 %) of the rows get the category ``bench_rare`` for the filtered searches. Queries: the benchmark
-queries' real embeddings. Per size and configuration: single-query latency, batched throughput
-(all queries in one call) and tie-tolerant recall@10 against NumPy (a hit counts when its exact
-score is >= the exact 10th-best minus 1e-5), unfiltered and filtered. Milvus FLAT (an IVF_FLAT
-sweep where asked; the embedded engine has no HNSW), pgvector HNSW at several ``hnsw.ef_search`` and
-an exact scan; a store's best = fastest p50 with recall@10 >= 0.95. Steps whose estimate does not
-fit the run's budget are skipped, with the reason recorded.
+Vectors: the real chunk embeddings, scaled up to each size by perturbed copies (``sigma`` per
+dimension, renormalised) keeping their source chunk's payload; 3 % of the rows get the category
+``bench_rare`` for the filtered searches. Per size and configuration: single-query latency, batched
+throughput (all queries in one call) and tie-tolerant recall@10 against NumPy (a hit counts when its
+score is >= the exact 10th-best minus 1e-5), unfiltered and filtered: Milvus FLAT (and IVF_FLAT where
+asked; the embedded engine has no HNSW), pgvector HNSW at several ``hnsw.ef_search`` and an exact
+scan; a store's best = fastest p50 with recall@10 >= 0.95. Then the product store calls. Steps whose
+estimate does not fit the run's budget are skipped, with the reason recorded.
 """
 
 from __future__ import annotations
@@ -41,6 +40,8 @@ TARGET_SIZE = 100_000
 
 @dataclass
 class ScaleOptions:
+    """Sizes (rows), search settings and the run's limits."""
+
     sizes: tuple[int, ...] = (10_000, 100_000, 300_000)
     k: int = 10
     sigma: float = 0.05
@@ -248,12 +249,10 @@ def store_entry(configs: Sequence[ConfigRow], **more: Any) -> dict[str, Any]:
 
 
 def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str] = ()) -> dict[str, Any]:
-    """The product calls on the first ``n`` queries, closing the store: ``store.search``
-    (unfiltered and with the rare category: latency, recall), ``document_vectors`` of the top
-    hits' documents (``centroid_ms``: the lookup's document-similarity query) and, with
-    ``terms`` (one string of words per query), ``search_lexical`` (``lexical_ms``: BM25; on
-    pgvector its exact-score pool; ``lexical_scores``: each query's top-k scores, for
-    ``_bm25_vs_milvus``)."""
+    """The product calls on the first ``n`` queries, closing the store: ``store.search`` (latency,
+    recall, unfiltered and filtered), ``document_vectors`` of the top hits' documents (``centroid_ms``)
+    and, with ``terms`` (words per query), ``search_lexical`` (``lexical_ms``; ``lexical_scores``: each
+    query's top-k BM25 scores, for ``_bm25_vs_milvus``)."""
     docs: list[list[str]] = []
 
     def search(q: np.ndarray, filtered: bool) -> list[int]:
@@ -326,9 +325,8 @@ def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
 
 
 def bulk_load(store: Any, run: ScaleRun, sr: SizeRun, write: str, index: str, drop: bool = False) -> dict[str, float]:
-    """Fill ``store`` (its product schema; dropped first when ``drop``) with the size's rows by
-    ``store.bulk_load``, closing it; the setup figures ``<write>_s``, ``<write>_rows_per_s`` (the
-    write) and ``<index>_s``."""
+    """Fill ``store`` (product schema; dropped first when ``drop``) by ``store.bulk_load``, closing it;
+    the setup figures ``<write>_s``, ``<write>_rows_per_s`` and ``<index>_s``."""
     with closing(store):
         if drop:
             store.drop()  # a table left by an interrupted run
@@ -369,14 +367,9 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
     sp = {"metric_type": "COSINE", "params": params}
 
     def batch(Q: np.ndarray, filtered: bool) -> list[list[int]]:
+        data, where = [v.tolist() for v in Q], f'category == "{RARE}"' if filtered else ""
         res = client.search(
-            COLLECTION,
-            data=[v.tolist() for v in Q],
-            limit=k,
-            anns_field="vector",
-            output_fields=["chunk_id"],
-            filter=f'category == "{RARE}"' if filtered else "",
-            search_params=sp,
+            COLLECTION, data, filter=where, limit=k, output_fields=["chunk_id"], search_params=sp, anns_field="vector"
         )
         return [[_hit_row(h) for h in hits] for hits in res]
 
@@ -401,7 +394,7 @@ def milvus_bm25(client: Any, terms: Sequence[str], k: int) -> dict[str, Any]:
     def search(text: str) -> Any:
         sp = {"metric_type": "BM25"}
         return client.search(
-            COLLECTION, data=[text], anns_field="sparse", limit=k, output_fields=["chunk_id"], search_params=sp
+            COLLECTION, [text], limit=k, output_fields=["chunk_id"], search_params=sp, anns_field="sparse"
         )
 
     return call_ms(search, terms[1:], terms[:1])
@@ -594,12 +587,8 @@ class ScaleRun:
         self.per_row: dict[str, tuple[int, float]] = {}  # step -> (rows, seconds) at the last size run
         # the lexical calls: the product's one per query, Milvus BM25's single queries
         self.terms = bm25_terms(base, max(len(Q), opts.single_queries, opts.single_queries_large) + 1)
-        self.out: dict[str, Any] = {
-            "method": method(base, Q, opts),
-            "sizes": {},
-            "skipped": [],
-            "memory_collection": None,
-        }
+        self.out: dict[str, Any] = {"method": method(base, Q, opts), "sizes": {}, "skipped": []}
+        self.out["memory_collection"] = None
 
     def estimate(self, key: str, n: int, nlogn: bool = False) -> float | None:
         """Seconds of step ``key`` at ``n`` rows, linear (or n log n) from the last size run."""
@@ -644,10 +633,9 @@ class ScaleRun:
         return self.fits("milvus (insert + FLAT searches)", sr.n, seconds)
 
     def run_size(self, n: int) -> None:
-        """Measure every store at ``n`` rows: NumPy first, alone on the machine; then pgvector's
-        load (COPY + HNSW build, in a thread: PostgreSQL works in its own processes) while Milvus
-        inserts (unless --no-overlap); then pgvector's searches, then Milvus's, once both loads
-        are done (nothing is timed while a load runs)."""
+        """Every store at ``n`` rows: NumPy first, alone; then pgvector's load and Milvus' insert, at the
+        same time unless --no-overlap (each in a thread; the servers work in their own processes); then
+        pgvector's searches, then Milvus's, once both loads are done (nothing is timed while a load runs)."""
         log(f"scale: {n:,} vectors")
         t0 = time.perf_counter()
         ds = build_dataset(self.base, self.Q, n, self.opts)
@@ -656,11 +644,11 @@ class ScaleRun:
         sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
         want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
         res["stores"]["numpy"] = self._guard(sr, "numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
-        with ThreadPoolExecutor(1, thread_name_prefix="pgvector-load") as pool:
+        with ThreadPoolExecutor(2, thread_name_prefix="store-load") as pool:
             pg = pool.submit(pg_load, self, sr) if want_pg else None
             if pg is not None and not self.opts.overlap_pg_build:
                 wait([pg])
-            milvus = _settled(milvus_load, self, sr) if want_milvus else None
+            milvus = pool.submit(milvus_load, self, sr) if want_milvus else None
             sr.milvus_loaded = milvus is not None and milvus.exception() is None
             if pg is not None:
                 self._finish(sr, "pgvector", pg, pg_entry, pg_drop)
@@ -691,16 +679,6 @@ class ScaleRun:
         except Exception as exc:  # one store failing must not lose the others
             log(f"scale {sr.n:,}: {name} failed: {exc}")
             return error_entry(exc)
-
-
-def _settled(fn: Callable[..., tuple[Any, dict[str, Any]]], *args: Any) -> Loaded:
-    """``fn(*args)`` run now, as a done future (its result or its exception)."""
-    fut: Loaded = Future()
-    try:
-        fut.set_result(fn(*args))
-    except Exception as exc:
-        fut.set_exception(exc)
-    return fut
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:
