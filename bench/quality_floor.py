@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import CORPORA, log, make_settings, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
-from rag_core.evaluation.known_items import held_out_corpus, known_item_cases, section_query  # noqa: E402
+from rag_core.evaluation.known_items import held_out_corpus, known_item_cases  # noqa: E402
 from rag_core.evaluation.metrics import normalize_doc_id, recall_at_k, reciprocal_rank  # noqa: E402
 from rag_core.evaluation.suites import load_suites  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
@@ -60,16 +60,10 @@ Ranks = list[tuple[list[str | None], list[str]]]  # per case: distinct doc ranki
 
 def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenCase]:
     """One case per runbook under ``root`` with a ``heading`` section: that section
-    (``section_query``: first characters, alert name removed) expects its own runbook, searched in
-    ``held_out_corpus``'s copy at ``dest`` with every such section left out, so the runbook must be
-    found by its other sections (a symptom in the corpus's own language, no sentence shared)."""
+    (``section_query``) expects its own runbook, searched in ``held_out_corpus``'s copy at ``dest``
+    with every such section left out, so the runbook must be found by its other sections."""
     held_out_corpus(root, heading, dest)
-    cases = []
-    for path in sorted(root.rglob("*.md")):
-        doc, query = path.relative_to(root).as_posix(), section_query(path, heading)
-        if query and not doc.endswith("_index.md"):
-            cases.append(GoldenCase(id=f"{heading}-{path.stem}", scenario="chat", query=query, expected_docs=[doc]))
-    return cases
+    return known_item_cases(root, heading, root)
 
 
 def case_sets(
