@@ -28,8 +28,10 @@ SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second mod
 TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
 STAGES = ("e2e", "l0", "embed", "ensemble", "documents", "search", "store", "fusion", "postprocess", "pack")
 STAGES += ("assemble", "trace_handoff", "pipeline_overhead")
-# wrappers whose cumulative time includes the embedding and the store calls (left out of the profile)
+# The overhead profile: rag_core functions outside the embedding and the store calls, without the
+# wrappers whose cumulative time includes them.
 WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retrieve", "search_once", "one_round")
+PROFILED = dict(include=("rag_core",), exclude=("rag_core/embedding/", "rag_core/stores/"), exclude_functions=WRAPPERS)
 
 
 def build_tool(settings, store, embedder, recorder=None, single_model=False):
@@ -45,6 +47,7 @@ def build_tool(settings, store, embedder, recorder=None, single_model=False):
 
 
 def open_store(ctx: BenchContext, path: str):
+    """The store of a lookup path on the suite's ingested corpus: ``milvus`` or ``pgvector``."""
     if path == "milvus":
         from rag_core.stores.milvus import MilvusStore
 
@@ -160,15 +163,7 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
             for q in queries:
                 p.tool.lookup(q, session_id=f"bench-prof-{p.path}")
 
-        out["overhead_profile"] = profile_top(
-            one_round,
-            sort="cumtime",
-            top=16,
-            per=len(queries),
-            include=("rag_core",),
-            exclude=("rag_core/embedding/", "rag_core/stores/"),
-            exclude_functions=WRAPPERS,
-        )
+        out["overhead_profile"] = profile_top(one_round, sort="cumtime", top=16, per=len(queries), **PROFILED)
     return out
 
 
