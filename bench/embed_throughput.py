@@ -396,12 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         "--delay-ms": dict(type=float, default=40.0, help="fake endpoint: delay per request"),
         "--per-text-ms": dict(type=float, default=1.0, help="fake endpoint: extra delay per input text"),
         "--server-slots": dict(type=int, default=4, help="fake endpoint: requests served at once"),
-        "--precisions": dict(
-            default="fp32,int8", help="ONNX Runtime candidates beside the engine (fp32,int8,q4,q4f; empty: none)"
-        ),
-        "--skip-endpoint": dict(
-            action="store_false", dest="endpoint", help="leave out the OpenAI-compatible client part"
-        ),
+        "--precisions": dict(default="fp32,int8", help="ONNX Runtime candidates (fp32,int8,q4,q4f; empty: none)"),
+        "--skip-endpoint": dict(action="store_false", dest="endpoint", help="leave out the OpenAI-compatible client"),
         "--out": dict(type=Path, help="write the figures as JSON here"),
     }
     kwargs = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput"))

@@ -178,16 +178,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         argv,
     )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
+    if unknown := [v for v in variants if v not in VARIANTS]:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="rag-floor-") as tmp:
         data = args.data or Path(tmp)
         base = make_settings(data, embedding_backend=args.backend, sidecar_enabled=False)  # knowledge_dir per set
-        rows, channel_rows = [], []
-        for name, knowledge, cases in case_sets(
-            args.suite, args.crosslingual, data / "held-out" if args.held_out else None
-        ):
+        rows, channel_rows, held_out = [], [], data / "held-out" if args.held_out else None
+        for name, knowledge, cases in case_sets(args.suite, args.crosslingual, held_out):
             row = [f"{name} ({len(cases)})"]
             # One data dir per corpus: its embedding cache serves every set and variant on it.
             corpus = data / hashlib.sha1(str(knowledge).encode()).hexdigest()[:12]
