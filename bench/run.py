@@ -55,8 +55,8 @@ def _scale(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _runs(name: str) -> Callable[[BenchContext, argparse.Namespace], dict[str, Any]]:
-    """``bench.<name>.run(ctx)``, imported when the benchmark runs."""
-    return lambda ctx, _args: importlib.import_module(f"bench.{name}").run(ctx)
+    """``bench.<name>.run(ctx)``."""
+    return lambda ctx, _args: _module(name).run(ctx)
 
 
 # The benchmarks in run order (scale before memory: memory reuses the collection scale keeps).
