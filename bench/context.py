@@ -5,7 +5,6 @@ benchmark can also run alone (``--only``)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, Budget, Scratch, chunk_dir, log, make_settings
+from bench.common import RUNBOOKS, Budget, Scratch, chunk_dir, log, make_settings, warm_embedder
 from bench.queries import benchmark_queries
 from rag_core.settings import RagSettings
 
@@ -48,12 +47,9 @@ class BenchContext:
     @cached_property
     def embedder(self) -> Any:
         """The configured backend (RAG_EMBEDDING_BACKEND, else the default), loaded up front."""
-        from rag_core.embedding import make_embedder
-
-        t0 = time.perf_counter()
-        embedder = make_embedder(make_settings(self.scratch.dir("model"), self.knowledge_dir))
-        embedder.embed_query("warm-up")
-        self.notes["model_load_s"] = round(time.perf_counter() - t0, 2)
+        embedder, self.notes["model_load_s"] = warm_embedder(
+            make_settings(self.scratch.dir("model"), self.knowledge_dir)
+        )
         log(f"embedding model loaded in {self.notes['model_load_s']} s")
         return embedder
 

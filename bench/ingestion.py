@@ -6,23 +6,15 @@ re-ingest as a fraction of the first. The model is warm before anything is timed
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
-from bench.common import log, make_settings, profile_top, ratio
+from bench.common import log, make_settings, profile_top, ratio, timed
 from bench.context import BenchContext, Corpus
 
 TARGET_RATIO = 0.85
 TARGET_REINGEST = 0.05
-
-
-def _raw_encode(embedder: Any, texts: list[str]) -> tuple[np.ndarray, float]:
-    """One call over every text: the backend's own batching, no pipeline around it."""
-    t0 = time.perf_counter()
-    vectors = embedder.embed_passages(texts)
-    return np.asarray(vectors, dtype=np.float32), time.perf_counter() - t0
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
@@ -35,15 +27,17 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     texts = [c.embed_text for c in chunks]
     batch = settings.embedding_batch_size
 
+    def ingest_again() -> Any:
+        return ingest(settings, embedder, [MilvusStore.from_settings(settings)], progress=False)
+
+    # raw encode: one call over every text, the backend's own batching, no pipeline around it
     log(f"ingestion: raw encode of {len(texts)} chunk texts")
-    vectors, raw_before = _raw_encode(embedder, texts)
-    ctx.corpus = Corpus(chunks, vectors)
+    vectors, raw_before = timed(lambda: embedder.embed_passages(texts))
+    ctx.corpus = Corpus(chunks, np.asarray(vectors, dtype=np.float32))
 
     log("ingestion: full ingest into a fresh Milvus Lite")
     store = MilvusStore.from_settings(settings)
-    t0 = time.perf_counter()
-    first = ingest(settings, embedder, [store], progress=ctx.show_progress)
-    ingest_s = time.perf_counter() - t0
+    first, ingest_s = timed(lambda: ingest(settings, embedder, [store], progress=ctx.show_progress))
 
     raw_after = stepped_s = None
     if not ctx.quick:
@@ -51,17 +45,12 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         # pipeline.py _embed_missing); encode sorts by length only within one call.
         log("ingestion: encode in the pipeline's steps (diagnostic), then raw encode again")
         step = max(batch, 256)
-        t0 = time.perf_counter()
-        for i in range(0, len(texts), step):
-            embedder.embed_passages(texts[i : i + step])
-        stepped_s = time.perf_counter() - t0
-        _, raw_after = _raw_encode(embedder, texts)
+        _, stepped_s = timed(lambda: [embedder.embed_passages(texts[i : i + step]) for i in range(0, len(texts), step)])
+        _, raw_after = timed(lambda: embedder.embed_passages(texts))
     raw_s = raw_before if raw_after is None else (raw_before + raw_after) / 2
 
     log("ingestion: unchanged re-ingest")
-    t0 = time.perf_counter()
-    second = ingest(settings, embedder, [MilvusStore.from_settings(settings)], progress=False)
-    reingest_s = time.perf_counter() - t0
+    second, reingest_s = timed(ingest_again)
     ctx.kb_settings = settings
 
     n = first.chunks_embedded
@@ -96,10 +85,6 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     }
     if result["reingest_fraction"] is not None and result["reingest_fraction"] > TARGET_REINGEST:
         log("ingestion: profiling the unchanged re-ingest")
-        result["reingest_profile"] = profile_top(
-            lambda: ingest(settings, embedder, [MilvusStore.from_settings(settings)], progress=False),
-            sort="cumtime",
-            top=18,
-            include=("rag_core", "pymilvus", "milvus_lite", "markdown_it", "tokenizers"),
-        )
+        include = ("rag_core", "pymilvus", "milvus_lite", "markdown_it", "tokenizers")
+        result["reingest_profile"] = profile_top(ingest_again, sort="cumtime", top=18, include=include)
     return result

@@ -1,13 +1,9 @@
 """Lookup latency (ms), end to end and per stage, on the runbook corpus (warm), Milvus and pgvector.
 
 Each lookup is timed around ``LookupKnowledgeTool.lookup``; stages come from the trace row it hands
-its recorder (``retrieval_details.stage_ms``), ``store`` is the longest L1 attempt
-(``common.STORE_MS_MEANS``). Derived: ``fusion`` = search - store; ``assemble`` = the tool's
-``latency_ms`` - its stages; ``trace_handoff`` = end to end - ``latency_ms``; ``pipeline_overhead``
-= end to end - query embedding - second model (``ensemble``) - store - ``documents`` (the
-candidate documents' vectors). Interleaved query by query with the paths: ``milvus-single-model``
-(the rerank without its second model) and the ``floor`` (issue 14: query embedding + exact NumPy
-top-k + in-memory BM25); ``vs_floor`` holds the p50s of the answered lookups and their ratios.
+its recorder, ``store`` is the longest L1 attempt (``common.STORE_MS_MEANS``); the derived stages
+are in :func:`_sample`. Interleaved query by query with the paths: ``milvus-single-model`` (the
+rerank without its second model) and the ``floor`` (:class:`Floor`, issue 14: ``vs_floor``).
 """
 
 from __future__ import annotations
@@ -28,8 +24,10 @@ SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second mod
 TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
 STAGES = ("e2e", "l0", "embed", "ensemble", "documents", "search", "store", "fusion", "postprocess", "pack")
 STAGES += ("assemble", "trace_handoff", "pipeline_overhead")
-# wrappers whose cumulative time includes the embedding and the store calls (left out of the profile)
+# The overhead profile: rag_core functions outside the embedding and the store calls, without the
+# wrappers whose cumulative time includes them.
 WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retrieve", "search_once", "one_round")
+PROFILED = dict(include=("rag_core",), exclude=("rag_core/embedding/", "rag_core/stores/"), exclude_functions=WRAPPERS)
 
 
 def build_tool(settings, store, embedder, recorder=None, single_model=False):
@@ -45,6 +43,7 @@ def build_tool(settings, store, embedder, recorder=None, single_model=False):
 
 
 def open_store(ctx: BenchContext, path: str):
+    """The store of a lookup path on the suite's ingested corpus: ``milvus`` or ``pgvector``."""
     if path == "milvus":
         from rag_core.stores.milvus import MilvusStore
 
@@ -53,6 +52,9 @@ def open_store(ctx: BenchContext, path: str):
 
 
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
+    """One lookup's figures (ms): the traced stages, ``store``, and derived: ``fusion`` = search - store,
+    ``assemble`` = ``latency_ms`` - the stages, ``trace_handoff`` = end to end - ``latency_ms``,
+    ``pipeline_overhead`` = end to end - embedding - second model - store - ``documents``."""
     details = row["retrieval_details"]
     ms = {s: details["stage_ms"].get(f"{s}_ms", 0.0) for s in TRACED}
     inner = float(row["latency_ms"])
@@ -160,15 +162,7 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
             for q in queries:
                 p.tool.lookup(q, session_id=f"bench-prof-{p.path}")
 
-        out["overhead_profile"] = profile_top(
-            one_round,
-            sort="cumtime",
-            top=16,
-            per=len(queries),
-            include=("rag_core",),
-            exclude=("rag_core/embedding/", "rag_core/stores/"),
-            exclude_functions=WRAPPERS,
-        )
+        out["overhead_profile"] = profile_top(one_round, sort="cumtime", top=16, per=len(queries), **PROFILED)
     return out
 
 

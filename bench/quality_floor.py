@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import CORPORA, log, make_settings, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
-from rag_core.evaluation.known_items import held_out_corpus, known_item_cases, section_query  # noqa: E402
+from rag_core.evaluation.known_items import held_out_corpus, known_item_cases  # noqa: E402
 from rag_core.evaluation.metrics import normalize_doc_id, recall_at_k, reciprocal_rank  # noqa: E402
 from rag_core.evaluation.suites import load_suites  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
@@ -60,16 +60,10 @@ Ranks = list[tuple[list[str | None], list[str]]]  # per case: distinct doc ranki
 
 def held_out_section_cases(root: Path, heading: str, dest: Path) -> list[GoldenCase]:
     """One case per runbook under ``root`` with a ``heading`` section: that section
-    (``section_query``: first characters, alert name removed) expects its own runbook, searched in
-    ``held_out_corpus``'s copy at ``dest`` with every such section left out, so the runbook must be
-    found by its other sections (a symptom in the corpus's own language, no sentence shared)."""
+    (``section_query``) expects its own runbook, searched in ``held_out_corpus``'s copy at ``dest``
+    with every such section left out, so the runbook must be found by its other sections."""
     held_out_corpus(root, heading, dest)
-    cases = []
-    for path in sorted(root.rglob("*.md")):
-        doc, query = path.relative_to(root).as_posix(), section_query(path, heading)
-        if query and not doc.endswith("_index.md"):
-            cases.append(GoldenCase(id=f"{heading}-{path.stem}", scenario="chat", query=query, expected_docs=[doc]))
-    return cases
+    return known_item_cases(root, heading, root)
 
 
 def case_sets(
@@ -184,16 +178,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         argv,
     )
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v not in VARIANTS]
-    if unknown:
+    if unknown := [v for v in variants if v not in VARIANTS]:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     with tempfile.TemporaryDirectory(prefix="rag-floor-") as tmp:
         data = args.data or Path(tmp)
         base = make_settings(data, embedding_backend=args.backend, sidecar_enabled=False)  # knowledge_dir per set
-        rows, channel_rows = [], []
-        for name, knowledge, cases in case_sets(
-            args.suite, args.crosslingual, data / "held-out" if args.held_out else None
-        ):
+        rows, channel_rows, held_out = [], [], data / "held-out" if args.held_out else None
+        for name, knowledge, cases in case_sets(args.suite, args.crosslingual, held_out):
             row = [f"{name} ({len(cases)})"]
             # One data dir per corpus: its embedding cache serves every set and variant on it.
             corpus = data / hashlib.sha1(str(knowledge).encode()).hexdigest()[:12]

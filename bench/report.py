@@ -1,10 +1,6 @@
-"""Targets, the Markdown report (tables first), the printed summary and the scale chart.
-
-Figures are filled into templates (:func:`_fill`: ``{a[b]:2}`` is ``results[a][b]`` to 2 decimals,
-"–" when missing) and tables are specs (:func:`_table`: header -> template or function of the
-row). The report is ``SECTIONS``, one row per results section, drawn the same way. It shows
-figures only, no advice.
-"""
+"""Targets, the Markdown report (tables first), the printed summary and the scale chart: figures
+only, no advice. Figures fill templates (:func:`_fill`), tables are specs (:func:`_table`) and the
+report is ``SECTIONS``, one spec per results section."""
 
 from __future__ import annotations
 

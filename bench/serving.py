@@ -24,7 +24,7 @@ from bench.common import chunk_dir, summarize
 from rag_core.settings import RagSettings
 from rag_core.traces.recorder import MemoryRecorder
 
-_CLI = "from rag_core.cli import app; app()"
+RAG_CLI = "from rag_core.cli import main; main()"  # the `rag` console script, as a child: python -c RAG_CLI ARGS
 
 
 @dataclass
@@ -85,7 +85,7 @@ def cli_while(
     while ``running`` is set; cleared when the process ends). (output tail, exit code, seconds)."""
     pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
     t0 = time.perf_counter()
-    cmd = [sys.executable, "-c", _CLI, *args]
+    cmd = [sys.executable, "-c", RAG_CLI, *args]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for t in pool:
         t.start()

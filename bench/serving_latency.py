@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import statistics
 import tempfile
 import threading
@@ -46,12 +45,6 @@ class CountingRecorder(ToolInvocationRecorder):
         with self._count_lock:
             self.rows += 1
         super().record(row)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _timed(call: Callable[[str], Awaitable[bool]], queries: list[str], clients: int) -> tuple[list[float], int]:
@@ -95,9 +88,6 @@ async def _measure(
 
         ways = {"in-process": in_process, "http": over_http, "mcp-http": over_mcp}
         for clients in client_counts:
-            per_way: dict[str, list[float]] = {way: [] for way in ways}
-            round_p50: dict[str, list[float]] = {way: [] for way in ways}
-            errors = dict.fromkeys(ways, 0)
             # One client: the ways take turns call by call (the order rotating), so each query is
             # timed the three ways within the same fraction of a second; more: way after way.
             names = list(ways)
@@ -105,36 +95,39 @@ async def _measure(
                 steps = [(way, [q]) for i, q in enumerate(queries) for way in names[i % 3 :] + names[: i % 3]]
             else:
                 steps = [(way, queries) for way in names]
-            for _ in range(rounds):
-                times_of: dict[str, list[float]] = {way: [] for way in ways}
+            times: dict[str, list[list[float]]] = {way: [[] for _ in range(rounds)] for way in ways}  # per round
+            errors = dict.fromkeys(ways, 0)
+            for r in range(rounds):
                 for way, batch in steps:
-                    times, failed = await _timed(ways[way], batch, clients)
-                    times_of[way] += times
+                    got, failed = await _timed(ways[way], batch, clients)
+                    times[way][r] += got
                     errors[way] += failed
-                for way, times in times_of.items():
-                    per_way[way] += times
-                    round_p50[way].append(statistics.median(times))
-            results[str(clients)] = {way: {**summarize(per_way[way]), "errors": errors[way]} for way in ways}
+            results[str(clients)] = {
+                way: {**summarize([ms for done in per_round for ms in done]), "errors": errors[way]}
+                for way, per_round in times.items()
+            }
+            in_process_p50 = [statistics.median(done) for done in times["in-process"]]
             for way in ("http", "mcp-http"):  # median over rounds of the round's served/in-process p50
-                per_round = [w / b for w, b in zip(round_p50[way], round_p50["in-process"], strict=True)]
-                results[str(clients)][way]["median_round_ratio"] = round(statistics.median(per_round), 3)
+                ratios = [statistics.median(done) / b for done, b in zip(times[way], in_process_p50, strict=True)]
+                results[str(clients)][way]["median_round_ratio"] = round(statistics.median(ratios), 3)
     return results
 
 
-def _serve(tool: LookupKnowledgeTool, port: int) -> tuple[Any, threading.Thread]:
+def _serve(tool: LookupKnowledgeTool) -> tuple[Any, threading.Thread, str]:
+    """`rag serve`'s app on ``tool`` in a thread, on a free port: (server, thread, base URL)."""
     import uvicorn
 
     from rag_core.serve.http_app import served_app
     from rag_core.serve.service import LookupService
 
     app = served_app(LookupService(tool))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
-    return server, thread
+    return server, thread, f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
 
 
 def _table(results: dict[str, Any]) -> str:
@@ -156,15 +149,14 @@ def run(rounds: int = 3, n_queries: int = 24, clients: tuple[int, ...] = CLIENTS
         return {}
     with tempfile.TemporaryDirectory(prefix="rag-serving-latency-") as tmp:
         data = Path(tmp)
-        port = _free_port()
-        settings = make_settings(data, serve_port=port, ensemble_backend="none", sidecar_enabled=False)
+        settings = make_settings(data, ensemble_backend="none", sidecar_enabled=False)
         embedder = make_embedder(settings)
         store = make_main_store(settings)
         ingest(settings, embedder, [store], progress=False)
         traced = settings.model_copy(update={"trace_enabled": True})
         recorder = CountingRecorder.from_settings(traced)
         tool = LookupKnowledgeTool(traced, embedder=embedder, store=store, recorder=recorder)
-        server, thread = _serve(tool, port)
+        server, thread, base = _serve(tool)
         try:
             queries = benchmark_queries(n_queries)
             for query in queries[:4]:  # warm-up, not counted (the trace store connects here)
@@ -172,7 +164,7 @@ def run(rounds: int = 3, n_queries: int = 24, clients: tuple[int, ...] = CLIENTS
             recorder.flush(60)
             recorder.rows = 0
             load_before = os.getloadavg()[0]
-            results = asyncio.run(_measure(tool, f"http://127.0.0.1:{port}", queries, rounds, clients))
+            results = asyncio.run(_measure(tool, base, queries, rounds, clients))
             load_after = os.getloadavg()[0]
         finally:
             server.should_exit = True
