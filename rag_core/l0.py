@@ -180,18 +180,18 @@ class L0Hints(CamelModel):
 
 @dataclass
 class _Scored:
-    """One query's matches over an index of n documents (positions in index order): per
-    document ``(n,)`` arrays of the best name score and the name match kind (exact, fuzzy,
-    partial; at most one is True), the matched term groups, and the positions of the matched
-    documents with their scores."""
+    """One query's matches, sparse: ``positions`` ``(m,)`` are the matched documents' positions in
+    index order (sorted), and each other array is ``(m,)`` over them: the best name score, the
+    name match kind (exact, fuzzy, partial; at most one is True) and the match score. ``terms``
+    are the matched term groups."""
 
+    positions: np.ndarray
     name_score: np.ndarray
     exact: np.ndarray
     fuzzy: np.ndarray
     partial: np.ndarray
-    terms: list[int]
-    matched: np.ndarray
     scores: np.ndarray
+    terms: list[int]
 
 
 class L0Index:
@@ -381,29 +381,27 @@ class L0Index:
         q_compact = compact(text)
         fuzzy, corrections = self._fuzzy_matches(text, q_compact)
         scored = self._score(q_tokens, q_compact, fuzzy)
-        matched = scored.matched
-        order = np.lexsort((self._id_rank[matched], -scored.scores))[:MAX_MATCHES]
         best = [
             self._match(
-                int(matched[k]),
-                float(scored.name_score[matched[k]]),
+                int(scored.positions[k]),
+                float(scored.name_score[k]),
                 float(scored.scores[k]),
                 fuzzy,
                 q_tokens,
                 q_compact,
             )
-            for k in order
+            for k in self._top(scored).tolist()
         ]
         fuzzy_names = {
-            n for i in np.flatnonzero(scored.fuzzy).tolist() for n in (self._entry(i).title, *self._entry(i).names)
+            n for i in scored.positions[scored.fuzzy].tolist() for n in (self._entry(i).title, *self._entry(i).names)
         }
         corrections = {span: name for span, name in corrections.items() if name in fuzzy_names}
         named_categories = self._named_categories(q_tokens, q_compact)
         # A whole-name match is a far stronger signal than a partial one, and both than a shared
         # keyword: domain hints come from the strongest kind present.
         strong = scored.exact | scored.fuzzy
-        by_name = next((np.flatnonzero(m) for m in (strong, scored.partial) if m.any()), matched)
-        categories = {self._categories[c] for c in np.unique(self._cat_of[by_name])}
+        by_name = next((scored.positions[m] for m in (strong, scored.partial) if m.any()), scored.positions)
+        categories = {self._categories[c] for c in np.unique(self._cat_of[by_name]).tolist()}
         terms = [self._term_groups[g][:2] for g in sorted(scored.terms, key=self._term_first.__getitem__)]
         return L0Hints(
             matched_doc_ids=[m.doc_id for m in best],
@@ -413,7 +411,7 @@ class L0Index:
             domains_from_names=bool(strong.any()),
             entities=_unique(t for kind, t in terms if kind == "entity"),
             matches=best,
-            match_count=len(matched),
+            match_count=len(scored.positions),
             named_categories=named_categories,
             alert_names=alerts,
             metric_names=metrics,
@@ -421,30 +419,49 @@ class L0Index:
         )
 
     def _score(self, q_tokens: set[str], q_compact: str, fuzzy: Mapping[str, float]) -> _Scored:
-        """Every document's match for a query, by the scan's rules (``_match``), computed per
-        distinct name and term and spread to their documents."""
+        """The matched documents of a query and their scores, by the scan's rules (``_match``):
+        each distinct name and term is checked once, and only the postings of those that match
+        are touched (no array over every document)."""
         name_groups, term_groups = self._candidate_groups(q_tokens, q_compact)
-        n = len(self._ids)
-        name_score = np.zeros(n)
+        named, name_scores = [], []
         for g in name_groups:
             score = self._name_score(self._name_groups[g], q_tokens, q_compact)
             if score >= NAME_COVERAGE:  # below it a name adds no reason
-                docs = self._name_group_docs[g]
-                name_score[docs] = np.maximum(name_score[docs], score)
+                named.append(self._name_group_docs[g])
+                name_scores.append(score)
         terms = [g for g in term_groups if _form_in(*self._term_groups[g][2:], q_tokens, q_compact)]
-        term_count = self._term_group_docs.count(terms, n)
+        termed = [self._term_group_docs[g] for g in terms]
+        fuzzy_pos = np.array([self._pos[d] for d in fuzzy], dtype=np.int32)
+        # One array of every posting touched: names, then fuzzy documents, then terms.
+        sizes = [len(x) for x in named]
+        n_named, n_fuzzy = sum(sizes), len(fuzzy_pos)
+        touched = np.concatenate([*named, fuzzy_pos, *termed]) if named or termed else fuzzy_pos
+        positions, inverse = np.unique(touched, return_inverse=True)
+        m = len(positions)
+        name_score = np.zeros(m)
+        np.maximum.at(name_score, inverse[:n_named], np.repeat(name_scores, sizes))
+        fuzzy_at = inverse[n_named : n_named + n_fuzzy]
+        term_count = np.bincount(inverse[n_named + n_fuzzy :], minlength=m)
         exact = name_score >= 1.0
-        fuzzy_pos = np.array([self._pos[d] for d in fuzzy], dtype=np.int64)
-        is_fuzzy = np.zeros(n, dtype=bool)
-        is_fuzzy[fuzzy_pos] = True
+        is_fuzzy = np.zeros(m, dtype=bool)
+        is_fuzzy[fuzzy_at] = True
         is_fuzzy &= ~exact
         partial = ~exact & ~is_fuzzy & (name_score >= NAME_COVERAGE)
-        fuzzy_part = np.zeros(n)
-        fuzzy_part[fuzzy_pos] = [1.0 + r / 100 for r in fuzzy.values()]
+        fuzzy_part = np.zeros(m)
+        fuzzy_part[fuzzy_at] = [1.0 + r / 100 for r in fuzzy.values()]
         name_part = np.where(exact, 2.0, np.where(is_fuzzy, fuzzy_part, np.where(partial, 1.0 + name_score, 0.0)))
-        matched = np.flatnonzero((name_part > 0) | (term_count > 0))
-        scores = _scan_scores(name_part[matched], term_count[matched])
-        return _Scored(name_score, exact, is_fuzzy, partial, terms, matched, scores)
+        scores = _scan_scores(name_part, term_count)
+        return _Scored(positions, name_score, exact, is_fuzzy, partial, scores, terms)
+
+    def _top(self, scored: _Scored) -> np.ndarray:
+        """Indexes into ``scored`` of the best ``MAX_MATCHES`` matches, by score then doc id: a
+        partial selection over one integer key, then a sort of the selected."""
+        # Scores are rounded to 4 decimals (``_scan_scores``), so 1e4 x score is an exact integer.
+        key = np.rint(scored.scores * -1e4).astype(np.int64) << 32 | self._id_rank[scored.positions]
+        if len(key) > MAX_MATCHES:
+            picked = np.argpartition(key, MAX_MATCHES - 1)[:MAX_MATCHES]
+            return picked[np.argsort(key[picked])]
+        return np.argsort(key)
 
     def _entry(self, pos: int) -> L0Entry:
         return self.entries[self._ids[pos]]
@@ -516,16 +533,12 @@ class L0Index:
         """``(doc id, ratio, name)`` of the one document whose name ``span`` is a typo of, or
         None: no name within ``FUZZY_CUTOFF``, or another document's name within ``FUZZY_MARGIN``
         of the best (ambiguous; documents sharing the best name tie)."""
-        hits = []
-        for j, score in self._fuzzy_scores(span):
-            c = self._fuzzy_sorted[j]
-            if abs(len(c) - len(span)) <= max(2.0, FUZZY_LENGTH_SLACK * len(c)):  # else a prefix, not a typo
-                hits.append((score, j))
-        if not hits:
+        # Most spans are no typo of any name: a first pass at the cutoff itself (whose stricter
+        # trigram bound prunes more) settles them; the margin's pass runs only after a hit.
+        if not self._fuzzy_hits(span, FUZZY_CUTOFF):
             return None
+        hits = self._fuzzy_hits(span, FUZZY_CUTOFF - FUZZY_MARGIN)
         top = max(score for score, _ in hits)
-        if top < FUZZY_CUTOFF:
-            return None
         tops = [(order, d, name) for score, j in hits if score == top for order, d, name in self._fuzzy_docs[j]]
         doc_id = tops[0][1]
         if any(d != doc_id for _, d, _ in tops):
@@ -535,10 +548,19 @@ class L0Index:
                 return None
         return doc_id, top, min(tops)[2]
 
-    def _fuzzy_scores(self, span: str) -> list[tuple[int, float]]:
-        """``[(choice index, fuzz.ratio)]`` of the distinct names within the cutoff less the
-        margin, among those whose length the typo guard allows for ``span`` (a superset: the
-        caller applies the exact guard)."""
+    def _fuzzy_hits(self, span: str, cutoff: float) -> list[tuple[float, int]]:
+        """``[(fuzz.ratio, choice index)]`` of the distinct names within ``cutoff`` of ``span``
+        whose length the typo guard allows (else a prefix, not a typo)."""
+        return [
+            (score, j)
+            for j, score in self._fuzzy_scores(span, cutoff)
+            if abs(len(self._fuzzy_sorted[j]) - len(span)) <= max(2.0, FUZZY_LENGTH_SLACK * len(self._fuzzy_sorted[j]))
+        ]
+
+    def _fuzzy_scores(self, span: str, cutoff: float) -> list[tuple[int, float]]:
+        """``[(choice index, fuzz.ratio)]`` of the distinct names within ``cutoff``, among those
+        whose length the typo guard allows for ``span`` (a superset: the caller applies the exact
+        guard)."""
         n = len(span)
         lo = math.floor(min(n - 2.0, n / (1 + FUZZY_LENGTH_SLACK)))
         hi = math.ceil(max(n + 2.0, n / (1 - FUZZY_LENGTH_SLACK)))
@@ -548,12 +570,13 @@ class L0Index:
         picked = None
         if end - start >= _GRAM_FILTER_MIN:
             lengths = range(self._fuzzy_lens[start], self._fuzzy_lens[end - 1] + 1)
-            picked = self._fuzzy_grams.candidates(span, start, end, min(_shared_grams(n, k) for k in lengths))
+            shared = min(_shared_grams(n, k, cutoff) for k in lengths)
+            picked = self._fuzzy_grams.candidates(span, start, end, shared)
         if picked is None:
             choices, index = self._fuzzy_sorted[start:end], range(start, end)
         else:
             choices, index = self._fuzzy_array[picked].tolist(), picked.tolist()
-        row = process.cdist([span], choices, scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)[0]
+        row = process.cdist([span], choices, scorer=fuzz.ratio, score_cutoff=cutoff)[0]
         return [(index[p], float(row[p])) for p in row.nonzero()[0]]
 
     def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str], q_compact: str) -> float:
@@ -580,11 +603,6 @@ class _Postings:
     def __getitem__(self, g: int) -> np.ndarray:
         return self._flat[self._offsets[g] : self._offsets[g + 1]]
 
-    def count(self, groups: Iterable[int], n: int) -> np.ndarray:
-        """``(n,)`` int array: for each document position, its postings among ``groups``."""
-        parts = [self[g] for g in groups]
-        return np.bincount(np.concatenate(parts), minlength=n) if parts else np.zeros(n, dtype=np.int64)
-
 
 _GRAM = 3
 # Below this many choices in a span's length band one cdist over all of them is cheaper than the
@@ -596,26 +614,31 @@ def _grams(text: str) -> list[str]:
     return [text[i : i + _GRAM] for i in range(len(text) - _GRAM + 1)]
 
 
-def _shared_grams(m: int, n: int) -> int:
+def _shared_grams(m: int, n: int, cutoff: float) -> int:
     """The fewest character trigrams (counted with repeats) two strings of lengths ``m`` and
-    ``n`` share when ``fuzz.ratio`` >= ``FUZZY_CUTOFF - FUZZY_MARGIN``, less one for float
-    safety. The ratio is 200 * LCS / (m + n); of the LCS's L - q + 1 q-grams, each run of
-    characters outside the LCS breaks at most q - 1 in either string, so at least
-    (2q - 1) L - (q - 1)(m + n) - q + 1 are q-grams of both (the q-gram count filter: Ukkonen
-    1992, "Approximate string-matching with q-grams and maximal matches", TCS 92)."""
-    lcs = math.ceil((FUZZY_CUTOFF - FUZZY_MARGIN) * (m + n) / 200 - 1e-9)
+    ``n`` share when ``fuzz.ratio`` >= ``cutoff``, less one for float safety. The ratio is
+    200 * LCS / (m + n); of the LCS's L - q + 1 q-grams, each run of characters outside the LCS
+    breaks at most q - 1 in either string, so at least (2q - 1) L - (q - 1)(m + n) - q + 1 are
+    q-grams of both (the q-gram count filter: Ukkonen 1992, "Approximate string-matching with
+    q-grams and maximal matches", TCS 92)."""
+    lcs = math.ceil(cutoff * (m + n) / 200 - 1e-9)
     return (2 * _GRAM - 1) * lcs - (_GRAM - 1) * (m + n) - _GRAM + 1 - 1
 
 
 class _GramIndex:
-    """Trigram -> sorted choice indexes: the q-gram count filter over a range of choices."""
+    """Trigram -> sorted choice indexes: the q-gram count filter over a range of choices. The
+    postings are one flat array keyed ``gram id << 32 | choice index`` (sorted), so one
+    ``searchsorted`` finds every trigram's slice of a length band at once."""
 
     def __init__(self, choices: list[str]) -> None:
         postings: dict[str, list[int]] = defaultdict(list)
         for j, c in enumerate(choices):
             for g in dict.fromkeys(_grams(c)):
                 postings[g].append(j)
-        self._postings = {g: np.array(v, dtype=np.int32) for g, v in postings.items()}
+        self._ids = {g: i for i, g in enumerate(postings)}
+        keys = (np.int64(i) << 32 | np.array(v, dtype=np.int64) for i, v in enumerate(postings.values()))
+        self._keys = np.concatenate(list(keys)) if postings else np.zeros(0, dtype=np.int64)
+        self._choices = (self._keys & 0xFFFFFFFF).astype(np.int32)
 
     def candidates(self, span: str, start: int, end: int, shared: int) -> np.ndarray | None:
         """Sorted indexes in ``[start, end)`` whose trigrams include at least ``shared`` of
@@ -623,16 +646,17 @@ class _GramIndex:
         choice has that trigram); None when the filter cannot prune (``shared`` < 1)."""
         if shared < 1:
             return None
-        parts, weights = [], []
-        for g, repeats in Counter(_grams(span)).items():
-            p = self._postings.get(g)
-            if p is not None:
-                lo, hi = np.searchsorted(p, (start, end))
-                parts.append(p[lo:hi] - start)
-                weights.append(np.full(hi - lo, repeats, dtype=np.int32))
-        if not parts:
+        found = [(self._ids[g], r) for g, r in Counter(_grams(span)).items() if g in self._ids]
+        if not found:
             return np.zeros(0, dtype=np.int64)
-        counts = np.bincount(np.concatenate(parts), weights=np.concatenate(weights), minlength=end - start)
+        ids, repeats = np.array(found, dtype=np.int64).T
+        bounds = np.searchsorted(self._keys, np.concatenate([ids << 32 | start, ids << 32 | end]))
+        lo, sizes = bounds[: len(ids)], bounds[len(ids) :] - bounds[: len(ids)]
+        # The slices' positions in the flat array, gathered in one step: slice k's i-th posting
+        # is at lo[k] + i.
+        offsets = np.cumsum(sizes) - sizes
+        at = np.arange(int(sizes.sum())) + np.repeat(lo - offsets, sizes)
+        counts = np.bincount(self._choices[at] - start, weights=np.repeat(repeats, sizes), minlength=end - start)
         return np.flatnonzero(counts >= shared) + start
 
 
