@@ -28,20 +28,28 @@ A name (title, H1, stem, alias) matches in one of three ways, recorded in the re
 ``named_categories`` are the index's categories the query names outright (all the category's
 words, or its compact form for names like ``kube-state-metrics``).
 
-Lookups are indexed (issue 23), so a query's cost follows what it matches, not the corpus size.
-The index is over distinct names and terms, not documents: candidate names and keywords/entities
-come from an Aho-Corasick automaton over the compact names and Chinese terms (every one occurring
-in the compact query, in one pass: ``ahocorasick_rs``) and an inverted index token -> names and
-terms; each candidate is checked once and its score spread to its documents with numpy (a
-keyword shared by thousands of documents is one check). A name is indexed under the prefix of its
-parts, rarest first, that any ``NAME_COVERAGE`` share must touch (prefix filtering: Chaudhuri,
-Ganti & Kaushik 2006, "A primitive operator for similarity joins in data cleaning", ICDE), so
-parts shared by thousands of names (``kube``) do not make every one of them a candidate; a
-keyword or entity, which matches only with all its tokens, under its rarest token. The fuzzy pass
+Lookups are indexed (issue 23), so a query's cost follows what it matches and returns, not the
+corpus size. The index is over distinct names and terms, not documents: candidate names and
+keywords/entities come from an Aho-Corasick automaton over the compact names and Chinese terms
+(every one occurring in the compact query, in one pass: ``ahocorasick_rs``) and an inverted index
+token -> names and terms; each candidate is checked once (a keyword shared by thousands of
+documents is one check). Scoring is sparse: the postings of the names and terms that match are
+concatenated and ``np.unique`` gives the matched documents, over which alone the scores are
+computed (no per-query array over every document); the best ``MAX_MATCHES`` are picked with
+``np.argpartition`` on one integer key (score, then doc id) and only those sorted.
+
+A name is indexed under the prefix of its parts, rarest first, that any ``NAME_COVERAGE`` share
+must touch (prefix filtering: Chaudhuri, Ganti & Kaushik 2006, "A primitive operator for
+similarity joins in data cleaning", ICDE), so parts shared by thousands of names (``kube``) do
+not make every one of them a candidate; a keyword or entity, which matches only with all its
+tokens, under its rarest token. The fuzzy pass
 compares each query span only with the distinct names of a length the typo guard allows and, in
 a large index, only with those sharing enough character trigrams to reach the cutoff (the q-gram
-count filter, ``_shared_grams``). The hints equal those of a scan over every document
-(``bench/l0_linear.py``, tested on the real corpora).
+count filter, ``_shared_grams``; the trigram postings of a length band are found with one
+``searchsorted`` and counted in one ``bincount``). It runs at ``FUZZY_CUTOFF`` first, whose
+trigram bound prunes more, and only after a hit looks for the names within ``FUZZY_MARGIN`` of
+the best. The hints equal those of a scan over every document (``bench/l0_linear.py``, tested on
+the real corpora).
 """
 
 from __future__ import annotations
@@ -381,15 +389,9 @@ class L0Index:
         q_compact = compact(text)
         fuzzy, corrections = self._fuzzy_matches(text, q_compact)
         scored = self._score(q_tokens, q_compact, fuzzy)
+        found = {self._term_groups[g][:2] for g in scored.terms}
         best = [
-            self._match(
-                int(scored.positions[k]),
-                float(scored.name_score[k]),
-                float(scored.scores[k]),
-                fuzzy,
-                q_tokens,
-                q_compact,
-            )
+            self._match(int(scored.positions[k]), float(scored.name_score[k]), float(scored.scores[k]), fuzzy, found)
             for k in self._top(scored).tolist()
         ]
         fuzzy_names = {
@@ -472,12 +474,11 @@ class L0Index:
         name_score: float,
         score: float,
         fuzzy: Mapping[str, float],
-        q_tokens: set[str],
-        q_compact: str,
+        found: set[tuple[str, str]],
     ) -> DocMatch:
         """The ``DocMatch`` of a matched document (at ``pos`` in index order, its ``score`` from
         ``_score``), its reasons in the scan's order: the name's, then each keyword and entity
-        found in the query."""
+        found in the query (``found``: the matched ``(kind, term)`` groups)."""
         e = self._entry(pos)
         reasons = []
         if name_score >= 1.0:
@@ -488,7 +489,7 @@ class L0Index:
             reasons.append(f"title~partial:{name_score:.2f}")
         kw_forms, ent_forms = self._term_forms[e.doc_id]
         for kind, forms in (("keyword", kw_forms), ("entity", ent_forms)):
-            reasons += [f"{kind}:{term}" for term, c, toks in forms if _form_in(c, toks, q_tokens, q_compact)]
+            reasons += [f"{kind}:{term}" for term, _, _ in forms if (kind, term) in found]
         # Built from checked values: construct skips pydantic's validation.
         return DocMatch.model_construct(
             doc_id=e.doc_id, title=e.title, category=e.category, score=score, reasons=reasons
@@ -533,12 +534,14 @@ class L0Index:
         """``(doc id, ratio, name)`` of the one document whose name ``span`` is a typo of, or
         None: no name within ``FUZZY_CUTOFF``, or another document's name within ``FUZZY_MARGIN``
         of the best (ambiguous; documents sharing the best name tie)."""
-        # Most spans are no typo of any name: a first pass at the cutoff itself (whose stricter
-        # trigram bound prunes more) settles them; the margin's pass runs only after a hit.
-        if not self._fuzzy_hits(span, FUZZY_CUTOFF):
+        # Most spans are no typo of any name: a first pass at the cutoff (whose trigram bound is
+        # stricter than the margin's) settles them. After a hit, only names within the margin of
+        # the best can tie or make it ambiguous: the second pass looks for those alone.
+        first = self._fuzzy_hits(span, FUZZY_CUTOFF)
+        if not first:
             return None
-        hits = self._fuzzy_hits(span, FUZZY_CUTOFF - FUZZY_MARGIN)
-        top = max(score for score, _ in hits)
+        top = max(score for score, _ in first)
+        hits = self._fuzzy_hits(span, top - FUZZY_MARGIN)
         tops = [(order, d, name) for score, j in hits if score == top for order, d, name in self._fuzzy_docs[j]]
         doc_id = tops[0][1]
         if any(d != doc_id for _, d, _ in tops):
@@ -606,8 +609,9 @@ class _Postings:
 
 _GRAM = 3
 # Below this many choices in a span's length band one cdist over all of them is cheaper than the
-# trigram filter's per-trigram lookups (measured: the runbook corpora's bands hold under 100).
-_GRAM_FILTER_MIN = 2000
+# trigram filter (measured on 10k generated documents: 500 to 1000 alike, 2000 a quarter slower;
+# the runbook corpora's bands hold under 100).
+_GRAM_FILTER_MIN = 500
 
 
 def _grams(text: str) -> list[str]:
@@ -646,17 +650,14 @@ class _GramIndex:
         choice has that trigram); None when the filter cannot prune (``shared`` < 1)."""
         if shared < 1:
             return None
-        found = [(self._ids[g], r) for g, r in Counter(_grams(span)).items() if g in self._ids]
-        if not found:
+        # A trigram the span holds r times is counted r times: its slice is taken r times.
+        ids = np.array([self._ids[g] for g in _grams(span) if g in self._ids], dtype=np.int64)
+        bounds = np.searchsorted(self._keys, np.concatenate([ids << 32 | start, ids << 32 | end])).tolist()
+        slices = [self._choices[a:b] for a, b in zip(bounds[: len(ids)], bounds[len(ids) :], strict=True)]
+        if not slices:
             return np.zeros(0, dtype=np.int64)
-        ids, repeats = np.array(found, dtype=np.int64).T
-        bounds = np.searchsorted(self._keys, np.concatenate([ids << 32 | start, ids << 32 | end]))
-        lo, sizes = bounds[: len(ids)], bounds[len(ids) :] - bounds[: len(ids)]
-        # The slices' positions in the flat array, gathered in one step: slice k's i-th posting
-        # is at lo[k] + i.
-        offsets = np.cumsum(sizes) - sizes
-        at = np.arange(int(sizes.sum())) + np.repeat(lo - offsets, sizes)
-        counts = np.bincount(self._choices[at] - start, weights=np.repeat(repeats, sizes), minlength=end - start)
+        # Counted over [0, end) and cut (cheaper than shifting every posting by ``start``).
+        counts = np.bincount(np.concatenate(slices), minlength=end)[start:]
         return np.flatnonzero(counts >= shared) + start
 
 
