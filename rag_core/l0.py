@@ -42,14 +42,17 @@ A name is indexed under the prefix of its parts, rarest first, that any ``NAME_C
 must touch (prefix filtering: Chaudhuri, Ganti & Kaushik 2006, "A primitive operator for
 similarity joins in data cleaning", ICDE), so parts shared by thousands of names (``kube``) do
 not make every one of them a candidate; a keyword or entity, which matches only with all its
-tokens, under its rarest token. The fuzzy pass
-compares each query span only with the distinct names of a length the typo guard allows and, in
-a large index, only with those sharing enough character trigrams to reach the cutoff (the q-gram
-count filter, ``_shared_grams``; the trigram postings of a length band are found with one
-``searchsorted`` and counted in one ``bincount``). It runs at ``FUZZY_CUTOFF`` first, whose
-trigram bound prunes more, and only after a hit looks for the names within ``FUZZY_MARGIN`` of
-the best. The hints equal those of a scan over every document (``bench/l0_linear.py``, tested on
-the real corpora).
+tokens, under its rarest token.
+
+The fuzzy pass compares each query span only with the distinct names of a length the typo guard
+allows and, in a large index, only with those sharing enough character trigrams to reach the
+cutoff (the q-gram count filter, ``_shared_grams``; the trigram postings of a length band are
+found with one ``searchsorted`` and counted in one ``bincount``). It runs at ``FUZZY_CUTOFF``
+first, whose trigram bound prunes more, and only after a hit looks for the names within
+``FUZZY_MARGIN`` of the best.
+
+The hints equal those of a scan over every document (``bench/l0_linear.py``, tested on the real
+corpora, and on a generated index large enough for the trigram filter).
 """
 
 from __future__ import annotations
@@ -437,7 +440,7 @@ class L0Index:
         # One array of every posting touched: names, then fuzzy documents, then terms.
         sizes = [len(x) for x in named]
         n_named, n_fuzzy = sum(sizes), len(fuzzy_pos)
-        touched = np.concatenate([*named, fuzzy_pos, *termed]) if named or termed else fuzzy_pos
+        touched = np.concatenate([*named, fuzzy_pos, *termed])
         positions, inverse = np.unique(touched, return_inverse=True)
         m = len(positions)
         name_score = np.zeros(m)
