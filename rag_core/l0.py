@@ -28,20 +28,31 @@ A name (title, H1, stem, alias) matches in one of three ways, recorded in the re
 ``named_categories`` are the index's categories the query names outright (all the category's
 words, or its compact form for names like ``kube-state-metrics``).
 
-Lookups are indexed (issue 23), so a query's cost follows what it matches, not the corpus size.
-The index is over distinct names and terms, not documents: candidate names and keywords/entities
-come from an Aho-Corasick automaton over the compact names and Chinese terms (every one occurring
-in the compact query, in one pass: ``ahocorasick_rs``) and an inverted index token -> names and
-terms; each candidate is checked once and its score spread to its documents with numpy (a
-keyword shared by thousands of documents is one check). A name is indexed under the prefix of its
-parts, rarest first, that any ``NAME_COVERAGE`` share must touch (prefix filtering: Chaudhuri,
-Ganti & Kaushik 2006, "A primitive operator for similarity joins in data cleaning", ICDE), so
-parts shared by thousands of names (``kube``) do not make every one of them a candidate; a
-keyword or entity, which matches only with all its tokens, under its rarest token. The fuzzy pass
-compares each query span only with the distinct names of a length the typo guard allows and, in
-a large index, only with those sharing enough character trigrams to reach the cutoff (the q-gram
-count filter, ``_shared_grams``). The hints equal those of a scan over every document
-(``bench/l0_linear.py``, tested on the real corpora).
+Lookups are indexed (issue 23), so a query's cost follows what it matches and returns, not the
+corpus size. The index is over distinct names and terms, not documents: candidate names and
+keywords/entities come from an Aho-Corasick automaton over the compact names and Chinese terms
+(every one occurring in the compact query, in one pass: ``ahocorasick_rs``) and an inverted index
+token -> names and terms; each candidate is checked once (a keyword shared by thousands of
+documents is one check). Scoring is sparse: the postings of the names and terms that match are
+concatenated and ``np.unique`` gives the matched documents, over which alone the scores are
+computed (no per-query array over every document); the best ``MAX_MATCHES`` are picked with
+``np.argpartition`` on one integer key (score, then doc id) and only those sorted.
+
+A name is indexed under the prefix of its parts, rarest first, that any ``NAME_COVERAGE`` share
+must touch (prefix filtering: Chaudhuri, Ganti & Kaushik 2006, "A primitive operator for
+similarity joins in data cleaning", ICDE), so parts shared by thousands of names (``kube``) do
+not make every one of them a candidate; a keyword or entity, which matches only with all its
+tokens, under its rarest token.
+
+The fuzzy pass compares each query span only with the distinct names of a length the typo guard
+allows and, in a large index, only with those sharing enough character trigrams to reach the
+cutoff (the q-gram count filter, ``_shared_grams``; the trigram postings of a length band are
+found with one ``searchsorted`` and counted in one ``bincount``). It runs at ``FUZZY_CUTOFF``
+first, whose trigram bound prunes more, and only after a hit looks for the names within
+``FUZZY_MARGIN`` of the best.
+
+The hints equal those of a scan over every document (``bench/l0_linear.py``, tested on the real
+corpora, and on a generated index large enough for the trigram filter).
 """
 
 from __future__ import annotations
@@ -180,18 +191,18 @@ class L0Hints(CamelModel):
 
 @dataclass
 class _Scored:
-    """One query's matches over an index of n documents (positions in index order): per
-    document ``(n,)`` arrays of the best name score and the name match kind (exact, fuzzy,
-    partial; at most one is True), the matched term groups, and the positions of the matched
-    documents with their scores."""
+    """One query's matches, sparse: ``positions`` ``(m,)`` are the matched documents' positions in
+    index order (sorted), and each other array is ``(m,)`` over them: the best name score, the
+    name match kind (exact, fuzzy, partial; at most one is True) and the match score. ``terms``
+    are the matched term groups."""
 
+    positions: np.ndarray
     name_score: np.ndarray
     exact: np.ndarray
     fuzzy: np.ndarray
     partial: np.ndarray
-    terms: list[int]
-    matched: np.ndarray
     scores: np.ndarray
+    terms: list[int]
 
 
 class L0Index:
@@ -381,29 +392,21 @@ class L0Index:
         q_compact = compact(text)
         fuzzy, corrections = self._fuzzy_matches(text, q_compact)
         scored = self._score(q_tokens, q_compact, fuzzy)
-        matched = scored.matched
-        order = np.lexsort((self._id_rank[matched], -scored.scores))[:MAX_MATCHES]
+        found = {self._term_groups[g][:2] for g in scored.terms}
         best = [
-            self._match(
-                int(matched[k]),
-                float(scored.name_score[matched[k]]),
-                float(scored.scores[k]),
-                fuzzy,
-                q_tokens,
-                q_compact,
-            )
-            for k in order
+            self._match(int(scored.positions[k]), float(scored.name_score[k]), float(scored.scores[k]), fuzzy, found)
+            for k in self._top(scored).tolist()
         ]
         fuzzy_names = {
-            n for i in np.flatnonzero(scored.fuzzy).tolist() for n in (self._entry(i).title, *self._entry(i).names)
+            n for i in scored.positions[scored.fuzzy].tolist() for n in (self._entry(i).title, *self._entry(i).names)
         }
         corrections = {span: name for span, name in corrections.items() if name in fuzzy_names}
         named_categories = self._named_categories(q_tokens, q_compact)
         # A whole-name match is a far stronger signal than a partial one, and both than a shared
         # keyword: domain hints come from the strongest kind present.
         strong = scored.exact | scored.fuzzy
-        by_name = next((np.flatnonzero(m) for m in (strong, scored.partial) if m.any()), matched)
-        categories = {self._categories[c] for c in np.unique(self._cat_of[by_name])}
+        by_name = next((scored.positions[m] for m in (strong, scored.partial) if m.any()), scored.positions)
+        categories = {self._categories[c] for c in np.unique(self._cat_of[by_name]).tolist()}
         terms = [self._term_groups[g][:2] for g in sorted(scored.terms, key=self._term_first.__getitem__)]
         return L0Hints(
             matched_doc_ids=[m.doc_id for m in best],
@@ -413,7 +416,7 @@ class L0Index:
             domains_from_names=bool(strong.any()),
             entities=_unique(t for kind, t in terms if kind == "entity"),
             matches=best,
-            match_count=len(matched),
+            match_count=len(scored.positions),
             named_categories=named_categories,
             alert_names=alerts,
             metric_names=metrics,
@@ -421,30 +424,49 @@ class L0Index:
         )
 
     def _score(self, q_tokens: set[str], q_compact: str, fuzzy: Mapping[str, float]) -> _Scored:
-        """Every document's match for a query, by the scan's rules (``_match``), computed per
-        distinct name and term and spread to their documents."""
+        """The matched documents of a query and their scores, by the scan's rules (``_match``):
+        each distinct name and term is checked once, and only the postings of those that match
+        are touched (no array over every document)."""
         name_groups, term_groups = self._candidate_groups(q_tokens, q_compact)
-        n = len(self._ids)
-        name_score = np.zeros(n)
+        named, name_scores = [], []
         for g in name_groups:
             score = self._name_score(self._name_groups[g], q_tokens, q_compact)
             if score >= NAME_COVERAGE:  # below it a name adds no reason
-                docs = self._name_group_docs[g]
-                name_score[docs] = np.maximum(name_score[docs], score)
+                named.append(self._name_group_docs[g])
+                name_scores.append(score)
         terms = [g for g in term_groups if _form_in(*self._term_groups[g][2:], q_tokens, q_compact)]
-        term_count = self._term_group_docs.count(terms, n)
+        termed = [self._term_group_docs[g] for g in terms]
+        fuzzy_pos = np.array([self._pos[d] for d in fuzzy], dtype=np.int32)
+        # One array of every posting touched: names, then fuzzy documents, then terms.
+        sizes = [len(x) for x in named]
+        n_named, n_fuzzy = sum(sizes), len(fuzzy_pos)
+        touched = np.concatenate([*named, fuzzy_pos, *termed])
+        positions, inverse = np.unique(touched, return_inverse=True)
+        m = len(positions)
+        name_score = np.zeros(m)
+        np.maximum.at(name_score, inverse[:n_named], np.repeat(name_scores, sizes))
+        fuzzy_at = inverse[n_named : n_named + n_fuzzy]
+        term_count = np.bincount(inverse[n_named + n_fuzzy :], minlength=m)
         exact = name_score >= 1.0
-        fuzzy_pos = np.array([self._pos[d] for d in fuzzy], dtype=np.int64)
-        is_fuzzy = np.zeros(n, dtype=bool)
-        is_fuzzy[fuzzy_pos] = True
+        is_fuzzy = np.zeros(m, dtype=bool)
+        is_fuzzy[fuzzy_at] = True
         is_fuzzy &= ~exact
         partial = ~exact & ~is_fuzzy & (name_score >= NAME_COVERAGE)
-        fuzzy_part = np.zeros(n)
-        fuzzy_part[fuzzy_pos] = [1.0 + r / 100 for r in fuzzy.values()]
+        fuzzy_part = np.zeros(m)
+        fuzzy_part[fuzzy_at] = [1.0 + r / 100 for r in fuzzy.values()]
         name_part = np.where(exact, 2.0, np.where(is_fuzzy, fuzzy_part, np.where(partial, 1.0 + name_score, 0.0)))
-        matched = np.flatnonzero((name_part > 0) | (term_count > 0))
-        scores = _scan_scores(name_part[matched], term_count[matched])
-        return _Scored(name_score, exact, is_fuzzy, partial, terms, matched, scores)
+        scores = _scan_scores(name_part, term_count)
+        return _Scored(positions, name_score, exact, is_fuzzy, partial, scores, terms)
+
+    def _top(self, scored: _Scored) -> np.ndarray:
+        """Indexes into ``scored`` of the best ``MAX_MATCHES`` matches, by score then doc id: a
+        partial selection over one integer key, then a sort of the selected."""
+        # Scores are rounded to 4 decimals (``_scan_scores``), so 1e4 x score is an exact integer.
+        key = np.rint(scored.scores * -1e4).astype(np.int64) << 32 | self._id_rank[scored.positions]
+        if len(key) > MAX_MATCHES:
+            picked = np.argpartition(key, MAX_MATCHES - 1)[:MAX_MATCHES]
+            return picked[np.argsort(key[picked])]
+        return np.argsort(key)
 
     def _entry(self, pos: int) -> L0Entry:
         return self.entries[self._ids[pos]]
@@ -455,12 +477,11 @@ class L0Index:
         name_score: float,
         score: float,
         fuzzy: Mapping[str, float],
-        q_tokens: set[str],
-        q_compact: str,
+        found: set[tuple[str, str]],
     ) -> DocMatch:
         """The ``DocMatch`` of a matched document (at ``pos`` in index order, its ``score`` from
         ``_score``), its reasons in the scan's order: the name's, then each keyword and entity
-        found in the query."""
+        found in the query (``found``: the matched ``(kind, term)`` groups)."""
         e = self._entry(pos)
         reasons = []
         if name_score >= 1.0:
@@ -471,7 +492,7 @@ class L0Index:
             reasons.append(f"title~partial:{name_score:.2f}")
         kw_forms, ent_forms = self._term_forms[e.doc_id]
         for kind, forms in (("keyword", kw_forms), ("entity", ent_forms)):
-            reasons += [f"{kind}:{term}" for term, c, toks in forms if _form_in(c, toks, q_tokens, q_compact)]
+            reasons += [f"{kind}:{term}" for term, _, _ in forms if (kind, term) in found]
         # Built from checked values: construct skips pydantic's validation.
         return DocMatch.model_construct(
             doc_id=e.doc_id, title=e.title, category=e.category, score=score, reasons=reasons
@@ -516,16 +537,14 @@ class L0Index:
         """``(doc id, ratio, name)`` of the one document whose name ``span`` is a typo of, or
         None: no name within ``FUZZY_CUTOFF``, or another document's name within ``FUZZY_MARGIN``
         of the best (ambiguous; documents sharing the best name tie)."""
-        hits = []
-        for j, score in self._fuzzy_scores(span):
-            c = self._fuzzy_sorted[j]
-            if abs(len(c) - len(span)) <= max(2.0, FUZZY_LENGTH_SLACK * len(c)):  # else a prefix, not a typo
-                hits.append((score, j))
-        if not hits:
+        # Most spans are no typo of any name: a first pass at the cutoff (whose trigram bound is
+        # stricter than the margin's) settles them. After a hit, only names within the margin of
+        # the best can tie or make it ambiguous: the second pass looks for those alone.
+        first = self._fuzzy_hits(span, FUZZY_CUTOFF)
+        if not first:
             return None
-        top = max(score for score, _ in hits)
-        if top < FUZZY_CUTOFF:
-            return None
+        top = max(score for score, _ in first)
+        hits = self._fuzzy_hits(span, top - FUZZY_MARGIN)
         tops = [(order, d, name) for score, j in hits if score == top for order, d, name in self._fuzzy_docs[j]]
         doc_id = tops[0][1]
         if any(d != doc_id for _, d, _ in tops):
@@ -535,10 +554,19 @@ class L0Index:
                 return None
         return doc_id, top, min(tops)[2]
 
-    def _fuzzy_scores(self, span: str) -> list[tuple[int, float]]:
-        """``[(choice index, fuzz.ratio)]`` of the distinct names within the cutoff less the
-        margin, among those whose length the typo guard allows for ``span`` (a superset: the
-        caller applies the exact guard)."""
+    def _fuzzy_hits(self, span: str, cutoff: float) -> list[tuple[float, int]]:
+        """``[(fuzz.ratio, choice index)]`` of the distinct names within ``cutoff`` of ``span``
+        whose length the typo guard allows (else a prefix, not a typo)."""
+        return [
+            (score, j)
+            for j, score in self._fuzzy_scores(span, cutoff)
+            if abs(len(self._fuzzy_sorted[j]) - len(span)) <= max(2.0, FUZZY_LENGTH_SLACK * len(self._fuzzy_sorted[j]))
+        ]
+
+    def _fuzzy_scores(self, span: str, cutoff: float) -> list[tuple[int, float]]:
+        """``[(choice index, fuzz.ratio)]`` of the distinct names within ``cutoff``, among those
+        whose length the typo guard allows for ``span`` (a superset: the caller applies the exact
+        guard)."""
         n = len(span)
         lo = math.floor(min(n - 2.0, n / (1 + FUZZY_LENGTH_SLACK)))
         hi = math.ceil(max(n + 2.0, n / (1 - FUZZY_LENGTH_SLACK)))
@@ -548,12 +576,13 @@ class L0Index:
         picked = None
         if end - start >= _GRAM_FILTER_MIN:
             lengths = range(self._fuzzy_lens[start], self._fuzzy_lens[end - 1] + 1)
-            picked = self._fuzzy_grams.candidates(span, start, end, min(_shared_grams(n, k) for k in lengths))
+            shared = min(_shared_grams(n, k, cutoff) for k in lengths)
+            picked = self._fuzzy_grams.candidates(span, start, end, shared)
         if picked is None:
             choices, index = self._fuzzy_sorted[start:end], range(start, end)
         else:
             choices, index = self._fuzzy_array[picked].tolist(), picked.tolist()
-        row = process.cdist([span], choices, scorer=fuzz.ratio, score_cutoff=FUZZY_CUTOFF - FUZZY_MARGIN)[0]
+        row = process.cdist([span], choices, scorer=fuzz.ratio, score_cutoff=cutoff)[0]
         return [(index[p], float(row[p])) for p in row.nonzero()[0]]
 
     def _name_score(self, form: tuple[str, frozenset[str], float], q_tokens: set[str], q_compact: str) -> float:
@@ -580,42 +609,43 @@ class _Postings:
     def __getitem__(self, g: int) -> np.ndarray:
         return self._flat[self._offsets[g] : self._offsets[g + 1]]
 
-    def count(self, groups: Iterable[int], n: int) -> np.ndarray:
-        """``(n,)`` int array: for each document position, its postings among ``groups``."""
-        parts = [self[g] for g in groups]
-        return np.bincount(np.concatenate(parts), minlength=n) if parts else np.zeros(n, dtype=np.int64)
-
 
 _GRAM = 3
 # Below this many choices in a span's length band one cdist over all of them is cheaper than the
-# trigram filter's per-trigram lookups (measured: the runbook corpora's bands hold under 100).
-_GRAM_FILTER_MIN = 2000
+# trigram filter (measured on 10k generated documents: 500 to 1000 alike, 2000 a quarter slower;
+# the runbook corpora's bands hold under 100).
+_GRAM_FILTER_MIN = 500
 
 
 def _grams(text: str) -> list[str]:
     return [text[i : i + _GRAM] for i in range(len(text) - _GRAM + 1)]
 
 
-def _shared_grams(m: int, n: int) -> int:
+def _shared_grams(m: int, n: int, cutoff: float) -> int:
     """The fewest character trigrams (counted with repeats) two strings of lengths ``m`` and
-    ``n`` share when ``fuzz.ratio`` >= ``FUZZY_CUTOFF - FUZZY_MARGIN``, less one for float
-    safety. The ratio is 200 * LCS / (m + n); of the LCS's L - q + 1 q-grams, each run of
-    characters outside the LCS breaks at most q - 1 in either string, so at least
-    (2q - 1) L - (q - 1)(m + n) - q + 1 are q-grams of both (the q-gram count filter: Ukkonen
-    1992, "Approximate string-matching with q-grams and maximal matches", TCS 92)."""
-    lcs = math.ceil((FUZZY_CUTOFF - FUZZY_MARGIN) * (m + n) / 200 - 1e-9)
+    ``n`` share when ``fuzz.ratio`` >= ``cutoff``, less one for float safety. The ratio is
+    200 * LCS / (m + n); of the LCS's L - q + 1 q-grams, each run of characters outside the LCS
+    breaks at most q - 1 in either string, so at least (2q - 1) L - (q - 1)(m + n) - q + 1 are
+    q-grams of both (the q-gram count filter: Ukkonen 1992, "Approximate string-matching with
+    q-grams and maximal matches", TCS 92)."""
+    lcs = math.ceil(cutoff * (m + n) / 200 - 1e-9)
     return (2 * _GRAM - 1) * lcs - (_GRAM - 1) * (m + n) - _GRAM + 1 - 1
 
 
 class _GramIndex:
-    """Trigram -> sorted choice indexes: the q-gram count filter over a range of choices."""
+    """Trigram -> sorted choice indexes: the q-gram count filter over a range of choices. The
+    postings are one flat array keyed ``gram id << 32 | choice index`` (sorted), so one
+    ``searchsorted`` finds every trigram's slice of a length band at once."""
 
     def __init__(self, choices: list[str]) -> None:
         postings: dict[str, list[int]] = defaultdict(list)
         for j, c in enumerate(choices):
             for g in dict.fromkeys(_grams(c)):
                 postings[g].append(j)
-        self._postings = {g: np.array(v, dtype=np.int32) for g, v in postings.items()}
+        self._ids = {g: i for i, g in enumerate(postings)}
+        keys = (np.int64(i) << 32 | np.array(v, dtype=np.int64) for i, v in enumerate(postings.values()))
+        self._keys = np.concatenate(list(keys)) if postings else np.zeros(0, dtype=np.int64)
+        self._choices = (self._keys & 0xFFFFFFFF).astype(np.int32)
 
     def candidates(self, span: str, start: int, end: int, shared: int) -> np.ndarray | None:
         """Sorted indexes in ``[start, end)`` whose trigrams include at least ``shared`` of
@@ -623,16 +653,14 @@ class _GramIndex:
         choice has that trigram); None when the filter cannot prune (``shared`` < 1)."""
         if shared < 1:
             return None
-        parts, weights = [], []
-        for g, repeats in Counter(_grams(span)).items():
-            p = self._postings.get(g)
-            if p is not None:
-                lo, hi = np.searchsorted(p, (start, end))
-                parts.append(p[lo:hi] - start)
-                weights.append(np.full(hi - lo, repeats, dtype=np.int32))
-        if not parts:
+        # A trigram the span holds r times is counted r times: its slice is taken r times.
+        ids = np.array([self._ids[g] for g in _grams(span) if g in self._ids], dtype=np.int64)
+        bounds = np.searchsorted(self._keys, np.concatenate([ids << 32 | start, ids << 32 | end])).tolist()
+        slices = [self._choices[a:b] for a, b in zip(bounds[: len(ids)], bounds[len(ids) :], strict=True)]
+        if not slices:
             return np.zeros(0, dtype=np.int64)
-        counts = np.bincount(np.concatenate(parts), weights=np.concatenate(weights), minlength=end - start)
+        # Counted over [0, end) and cut (cheaper than shifting every posting by ``start``).
+        counts = np.bincount(np.concatenate(slices), minlength=end)[start:]
         return np.flatnonzero(counts >= shared) + start
 
 

@@ -90,3 +90,66 @@ def test_a_name_shared_by_many_documents_returns_the_best_matches_and_counts_all
     # the keyword matches score above the title-only ones, so every one of them is kept
     assert {m.doc_id for m in hints.matches} >= {e.doc_id for e in entries if e.keywords}
     assert hints.domains == ["team-a", "team-b"] and hints.matched_keywords == ["crashloop"]
+
+
+def _many_names(count: int) -> list:
+    """``count`` entries whose CamelCase names (service + alert) crowd a few lengths, so a typo's
+    length band holds more than ``_GRAM_FILTER_MIN`` names and the trigram filter runs."""
+    from rag_core.l0 import L0Entry
+
+    rng = random.Random(5)
+    alerts = ["KubePodCrashLooping", "KubePodNotReady", "KubeNodeNotReady", "KubeJobFailed", "KubeletDown"]
+    entries = []
+    for i in range(count):
+        service = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(6, 9))).capitalize()
+        name = f"{service}{alerts[i % len(alerts)]}"
+        entries.append(L0Entry(doc_id=f"{service.lower()}/{name}-{i}.md", title=name, category="k8s", names=[name]))
+    return entries
+
+
+def test_the_trigram_filter_of_a_large_index_answers_as_the_scan(monkeypatch) -> None:
+    from rag_core.l0 import _GRAM_FILTER_MIN, _GramIndex
+
+    filtered = []
+    candidates = _GramIndex.candidates
+    monkeypatch.setattr(_GramIndex, "candidates", lambda *a: filtered.append(a[1]) or candidates(*a))
+    entries = _many_names(3 * _GRAM_FILTER_MIN)
+    indexed, linear = L0Index(entries), LinearL0Index(entries)
+    rng = random.Random(7)
+    fuzzy = 0
+    for e in rng.sample(entries, 25):
+        j = rng.randrange(2, len(e.title) - 2)
+        for q in (f"alert {e.title[:j] + e.title[j + 1 :]} firing", e.title.lower() + "x", e.title[:-3]):
+            new = indexed.analyze_query(q)
+            assert new.to_dict() == linear.analyze_query(q).to_dict(), q
+            fuzzy += bool(new.corrections)
+    assert fuzzy > 10  # typos matched, not only misses
+    assert len(filtered) > 25  # through the trigram filter (the real corpora's tests: without it)
+
+
+def test_the_trigram_filter_keeps_every_name_within_the_cutoff() -> None:
+    from bisect import bisect_left, bisect_right
+
+    from rapidfuzz import fuzz
+
+    from rag_core.l0 import _GramIndex, _grams, _shared_grams
+
+    names = sorted({e.title.lower() for e in _many_names(2000)}, key=len)
+    lengths = [len(c) for c in names]
+    grams, name_grams = _GramIndex(names), [set(_grams(c)) for c in names]
+    rng = random.Random(11)
+    checked = 0
+    for name in rng.sample(names, 15):
+        span = name[:5] + name[6:]
+        start, end = bisect_left(lengths, len(span) - 2), bisect_right(lengths, len(span) + 2)
+        for cutoff in (87.0, 90.0, 95.0):
+            shared = min(_shared_grams(len(span), n, cutoff) for n in lengths[start:end])
+            picked = grams.candidates(span, start, end, shared)
+            assert picked is not None
+            kept = set(picked.tolist())
+            # the count filter exactly: the span's trigrams, with repeats, that the name holds
+            counted = {j for j in range(start, end) if sum(g in name_grams[j] for g in _grams(span)) >= shared}
+            assert kept == counted
+            assert {j for j in range(start, end) if fuzz.ratio(span, names[j]) >= cutoff} <= kept
+            checked += len(kept)
+    assert checked > 15
