@@ -73,6 +73,7 @@ import numpy as np
 from pydantic import Field
 from rapidfuzz import fuzz, process
 
+from rag_core.acronyms import AcronymTable, compounds_of
 from rag_core.fileio import write_text_atomic
 from rag_core.models import CamelModel, KnowledgeDocument
 from rag_core.text import normalize, tokenize
@@ -122,6 +123,7 @@ class L0Entry:
     priority: float | None = None
     summary: str = ""
     chunk_count: int | None = None  # chunks the document was split into (None: index older than the count)
+    compounds: list[str] = field(default_factory=list)  # rag_core.acronyms.compounds_of(body)
 
 
 class DocMatch(CamelModel):
@@ -357,6 +359,7 @@ class L0Index:
                     doc.priority,
                     summarize(doc.body),
                     counts.get(doc.doc_id),
+                    compounds_of(doc.body),
                 )
             )
         return entries
@@ -371,6 +374,12 @@ class L0Index:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def acronyms(self) -> AcronymTable:
+        """The acronyms of the documents' compound terms (``rag_core.acronyms``); the index's
+        names, keywords, entities and summaries are the vocabulary an acronym must not be in."""
+        vocabulary = (t for e in self.entries.values() for t in (*e.names, *e.keywords, *e.entities, e.summary))
+        return AcronymTable({d: e.compounds for d, e in self.entries.items()}, vocabulary)
 
     @property
     def keywords(self) -> set[str]:

@@ -2,9 +2,10 @@
 
 Steps: NFKC and whitespace normalisation; :func:`rag_core.lookup.pasted.analyze_pasted` splits
 a pasted alert, label set, event, log line or PromQL expression into informative text and
-noise and lifts alert and metric names; L0 matches the informative text and the lifted names
-(exact, fuzzy and partial name matches, keywords, entities, named categories); the filter
-policy below picks at most one category filter.
+noise and lifts alert and metric names; an acronym of a compound the knowledge base names
+("kcm") gets the compound written beside it (:mod:`rag_core.acronyms`); L0 matches the
+informative text and the lifted names (exact, fuzzy and partial name matches, keywords,
+entities, named categories); the filter policy below picks at most one category filter.
 
 Dense views: a query of several clauses (a symptom list, a log line with its context, "X, but
 Y") also gets each clause as a view of its own (:func:`clause_views`); the query vector averages
@@ -61,7 +62,9 @@ class TransformedQuery:
     pasted label values and lifted names. ``category_filter`` (None = unfiltered only) and
     ``filter_reason`` follow the module's policy; ``proposed_filter`` is what the policy chose
     even when the caller disabled the L0 filter (``filter_reason="disabled"``). ``views``: the
-    rewritten text's clauses (:func:`clause_views`), embedded beside it.
+    rewritten text's clauses (:func:`clause_views`), embedded beside it. ``acronyms``: query word
+    -> the knowledge base's compound it abbreviates (:mod:`rag_core.acronyms`), written beside the
+    word before L0 and both channels see the query.
     """
 
     original: str
@@ -74,6 +77,7 @@ class TransformedQuery:
     proposed_filter: str | None = None
     pasted: PastedQuery | None = None
     views: list[str] = field(default_factory=list)
+    acronyms: dict[str, str] = field(default_factory=dict)
 
     def summary(self) -> QueryTransformSummary:
         return QueryTransformSummary(
@@ -90,6 +94,7 @@ class TransformedQuery:
             entities=self.hints.entities,
             l0_titles=self.hints.matched_titles,
             name_corrections=self.hints.corrections,
+            acronyms=self.acronyms,
             pasted=self.pasted.summary() if self.pasted and self.pasted.pasted else None,
         )
 
@@ -98,7 +103,8 @@ class QueryTransformSummary(BaseModel):
     """What the trace keeps of the transformed query (``RetrievalDetails.query_transform``):
     ``original_chars`` (length of the query as given), ``rewritten`` (first 200 characters) and
     ``views`` (first 100 each), the filter decision (``category_filter``, ``filter_reason``,
-    ``proposed_filter``; see :class:`TransformedQuery`), the L0 hints that drove it and the pasted
+    ``proposed_filter``; see :class:`TransformedQuery`), the L0 hints that drove it, the acronyms
+    expanded and the pasted
     query's summary (None for a plain question). Defaults let rows of older versions read back."""
 
     model_config = ConfigDict(extra="ignore")
@@ -116,6 +122,7 @@ class QueryTransformSummary(BaseModel):
     entities: list[str] = []
     l0_titles: list[str] = []
     name_corrections: dict[str, str] = {}
+    acronyms: dict[str, str] = {}
     pasted: PastedSummary | None = None
 
 
@@ -142,6 +149,7 @@ class KnowledgeQueryTransformer:
     def __init__(self, l0: L0Index | None, max_query_chars: int = 2000):
         self.l0 = l0
         self.max_query_chars = max_query_chars
+        self.acronyms = l0.acronyms() if l0 is not None else None
 
     def transform(self, query: str, use_l0_filter: bool = True) -> TransformedQuery:
         """``query`` -> TransformedQuery. ``use_l0_filter=False`` never sets a category filter
@@ -153,6 +161,9 @@ class KnowledgeQueryTransformer:
         lines = "\n".join(" ".join(ln.split()) for ln in normalize(query).splitlines())
         pasted = analyze_pasted(lines[: self.max_query_chars * 2])
         informative = " ".join(pasted.text.split()) if pasted.pasted else text
+        expansions: dict[str, str] = {}
+        if self.acronyms is not None:
+            informative, expansions = self.acronyms.expand(informative)
         hints = (
             self.l0.analyze_query(informative, pasted.alert_names, pasted.metric_names)
             if self.l0 is not None
@@ -177,4 +188,5 @@ class KnowledgeQueryTransformer:
             proposed_filter=proposed,
             pasted=pasted,
             views=clause_views(dense),
+            acronyms=expansions,
         )
