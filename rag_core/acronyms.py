@@ -15,7 +15,9 @@ Guards, since a wrong expansion adds a false lead:
 - an acronym two different compounds share is dropped (a trailing plural "s" is one compound:
   ``kube-state-metric`` / ``kube-state-metrics``);
 - an acronym that is a word of the index's own names, keywords, entities or summaries is dropped
-  (the corpus uses it as a word; BM25 already matches it);
+  (the knowledge base uses it as a word of its own);
+- a compound with a function word ("higher-than-expected", "up-to-date") is a phrase, not a
+  name, and is left out;
 - a query word is expanded only when written all lower or all upper case, 3-4 letters, standing
   alone (no letter or digit on either side).
 
@@ -38,6 +40,9 @@ _LINK_TARGET = re.compile(r"\]\([^)]*\)|https?://\S+")
 _COMPOUND = re.compile(r"(?<![\w/.-])[A-Za-z]{2,}(?:-[A-Za-z]{2,}){2,3}(?![\w/.-])")
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _QUERY_WORD = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{3,4}(?![A-Za-z0-9])")
+# Function words that make a hyphenated compound a phrase ("higher-than-expected", "up-to-date"):
+# rag_core.text's stop words plus the prepositions and comparisons such phrases use.
+_PHRASE_WORDS = STOPWORDS | {"than", "up", "out", "off", "over", "under", "per", "via", "into", "onto"}
 MAX_COMPOUNDS = 50  # per document: a runbook names a handful of components
 
 
@@ -47,7 +52,7 @@ def compounds_of(markdown: str, limit: int = MAX_COMPOUNDS) -> list[str]:
     prose = _LINK_TARGET.sub(" ", _FENCE.sub(" ", markdown))
     found = dict.fromkeys(m.lower() for m in _COMPOUND.findall(prose))
     # A phrase joined by hyphens ("higher-than-expected") is prose, not a component name.
-    return [c for c in found if not STOPWORDS.intersection(c.split("-"))][:limit]
+    return [c for c in found if not _PHRASE_WORDS.intersection(c.split("-"))][:limit]
 
 
 def _stem(compound: str) -> str:
