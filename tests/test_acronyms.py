@@ -21,7 +21,7 @@ def test_compounds_come_from_prose_not_code_links_or_phrases():
         "Prometheus cannot reach kube-controller-manager; check `kube-state-metrics` too.\n"
         "See [the docs](https://example.com/debug-application-cluster) and "
         "https://example.com/pod-priority-preemption for more.\n"
-        "Latency is higher-than-expected on node-problem-detector-abc1.\n"
+        "Latency is higher-than-expected on node-problem-detector-abc1; see `kube-proxy-xxxxx`.\n"
         "```shell\nkubectl logs kube-proxy-config-map\n```\n"
     )
     assert compounds_of(text) == ["kube-controller-manager", "kube-state-metrics"]
