@@ -42,7 +42,8 @@ def test_ambiguous_and_vocabulary_acronyms_are_not_expanded():
 
 def test_query_words_expand_only_whole_and_in_one_case():
     table = AcronymTable({"a.md": ["kube-controller-manager"]})
-    assert table.expansions("kcm is down, KCM again") == {"kcm": "kube-controller-manager", "KCM": "kube-controller-manager"}
+    kcm = "kube-controller-manager"
+    assert table.expansions("kcm is down, KCM again") == {"kcm": kcm, "KCM": kcm}
     assert table.expansions("Kcm kcmd xkcm kcm2") == {}
     assert table.expand("kcm 挂了") == ("kcm (kube-controller-manager) 挂了", {"kcm": "kube-controller-manager"})
     assert table.expand("nothing here") == ("nothing here", {})
@@ -77,11 +78,11 @@ def test_transformer_writes_the_compound_into_every_channel_and_the_trace():
 def test_compounds_survive_save_and_an_older_index_without_them_loads(tmp_path):
     path = tmp_path / "l0.json"
     _l0().save(path)
-    assert L0Index.load(path).acronyms().table == {"kcm": "kube-controller-manager"}
+    assert L0Index.load(path).acronyms.table == {"kcm": "kube-controller-manager"}
     L0Index([L0Entry("a.md", "A", "k8s", ["A"])]).save(path)
     text = path.read_text().replace(', "compounds": []', "")
     path.write_text(text)
-    assert len(L0Index.load(path).acronyms()) == 0
+    assert len(L0Index.load(path).acronyms) == 0
 
 
 def test_real_corpora_acronyms_name_their_documents_compounds():
@@ -93,7 +94,7 @@ def test_real_corpora_acronyms_name_their_documents_compounds():
         pytest.skip(f"corpora not found under {CORPORA} (../shared/corpora)")
     for root in roots:
         docs = scan_documents(root)[0]
-        table = L0Index.build(docs).acronyms()
+        table = L0Index.build(docs).acronyms
         assert len(table) > 0
         transformer = KnowledgeQueryTransformer(L0Index.build(docs))
         bodies = " ".join(d.body.lower() for d in docs)

@@ -149,7 +149,6 @@ class KnowledgeQueryTransformer:
     def __init__(self, l0: L0Index | None, max_query_chars: int = 2000):
         self.l0 = l0
         self.max_query_chars = max_query_chars
-        self.acronyms = l0.acronyms() if l0 is not None else None
 
     def transform(self, query: str, use_l0_filter: bool = True) -> TransformedQuery:
         """``query`` -> TransformedQuery. ``use_l0_filter=False`` never sets a category filter
@@ -162,8 +161,8 @@ class KnowledgeQueryTransformer:
         pasted = analyze_pasted(lines[: self.max_query_chars * 2])
         informative = " ".join(pasted.text.split()) if pasted.pasted else text
         expansions: dict[str, str] = {}
-        if self.acronyms is not None:
-            informative, expansions = self.acronyms.expand(informative)
+        if self.l0 is not None:
+            informative, expansions = self.l0.acronyms.expand(informative)
         hints = (
             self.l0.analyze_query(informative, pasted.alert_names, pasted.metric_names)
             if self.l0 is not None
