@@ -34,7 +34,8 @@ JOB = "embed_shards_job"
 
 class HashEmbedder:
     """Unit vectors seeded by each text's sha256: the same text gives the same vector in any
-    process and any batch."""
+    process and any batch. (``fakes.HashEmbedder``'s vectors; a copy, because the step processes
+    import this module as ``tests.test_dagster_embed_shards``, where ``fakes`` is not importable.)"""
 
     backend, model_id, dimension, max_tokens, fingerprint = "fake", "fake-hash", DIM, 512, "f" * 16
 

@@ -5,7 +5,6 @@ first-stage order and the trace says why) and the cross-encoder's lazy import.""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import threading
@@ -16,9 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fakes import HashEmbedder
 from pydantic import SecretStr, ValidationError
 
-from rag_core.embedding import ModelIdentity
 from rag_core.lookup.rerankers import (
     CrossEncoderReranker,
     HttpReranker,
@@ -95,27 +94,6 @@ def endpoint() -> Iterator[FakeRerankServer]:
     server.close()
 
 
-class HashEmbedder:
-    """Deterministic unit vectors from a text hash (no model needed)."""
-
-    dimension = DIM
-    backend, model_id, fingerprint = "hash", "hash", "x"
-
-    def embed_query(self, text: str) -> np.ndarray:
-        seed = int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
-        v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
-        return v / np.linalg.norm(v)
-
-    def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return np.stack([self.embed_query(t) for t in texts])
-
-    def embed_documents(self, texts: list[str]) -> np.ndarray:
-        return self.embed_queries(texts)
-
-    def identity(self) -> ModelIdentity:
-        return ModelIdentity("hash", "hash", DIM, "x")
-
-
 class Recorder:
     def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -130,7 +108,7 @@ class Recorder:
 def _store() -> InMemoryStore:
     store = InMemoryStore()
     store.ensure_schema(DIM)
-    emb = HashEmbedder()
+    emb = HashEmbedder(DIM)
     chunks = [
         Chunk(
             chunk_id=f"c{i}",
@@ -159,7 +137,7 @@ def _tool(tmp_path: Any, **settings: Any) -> tuple[LookupKnowledgeTool, Recorder
         **settings,
     )
     recorder = Recorder()
-    return LookupKnowledgeTool(s, embedder=HashEmbedder(), store=_store(), recorder=recorder), recorder  # type: ignore[arg-type]
+    return LookupKnowledgeTool(s, embedder=HashEmbedder(DIM), store=_store(), recorder=recorder), recorder  # type: ignore[arg-type]
 
 
 def _docs(result: Any) -> list[str]:

@@ -4,16 +4,15 @@ skipped by the circuit breaker; sidecar work is bounded; traces are spooled, not
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from fakes import HashEmbedder
 
 from rag_core.breaker import CircuitBreaker
-from rag_core.embedding import ModelIdentity
 from rag_core.lookup.tool import LookupKnowledgeTool
 from rag_core.models import Chunk
 from rag_core.settings import RagSettings
@@ -57,27 +56,10 @@ def hung() -> Iterator[HungServer]:
     server.close()
 
 
-class HashEmbedder:
-    """Deterministic unit vectors from a text hash (no model needed)."""
-
-    dimension = DIM
-
-    def embed_query(self, text: str) -> np.ndarray:
-        seed = int(hashlib.sha1(text.encode()).hexdigest()[:8], 16)
-        v = np.random.default_rng(seed).normal(size=DIM).astype(np.float32)
-        return v / np.linalg.norm(v)
-
-    def embed_queries(self, texts: list[str]) -> np.ndarray:
-        return np.stack([self.embed_query(t) for t in texts])
-
-    def identity(self) -> ModelIdentity:
-        return ModelIdentity("hash", "hash", DIM, "x")
-
-
 def main_store() -> InMemoryStore:
     store = InMemoryStore()
     store.ensure_schema(DIM)
-    emb = HashEmbedder()
+    emb = HashEmbedder(DIM)
     chunks = [
         Chunk(
             chunk_id=f"c{i}",
@@ -125,7 +107,7 @@ def test_hung_sidecar_is_dialled_once_then_skipped_and_traces_are_spooled(tmp_pa
         _env_file=None,
     )
     recorder = ToolInvocationRecorder(lambda: TraceStore(dsn, connect_timeout=2), settings.trace_spool_path)
-    tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(), store=main_store(), recorder=recorder)
+    tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(DIM), store=main_store(), recorder=recorder)
     first = tool.lookup("redis memory text 1")
     assert first.found and first.status == "ok"
     assert first.retrieval_trace.sidecar.status in ("unavailable", "error")
@@ -170,8 +152,8 @@ def test_sidecar_work_in_flight_is_bounded(tmp_path):
         ensemble_backend="none",
         _env_file=None,
     )
-    tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(), store=main_store(), sidecar=Blocking())
-    vec = HashEmbedder().embed_query("q")
+    tool = LookupKnowledgeTool(settings, embedder=HashEmbedder(DIM), store=main_store(), sidecar=Blocking())
+    vec = HashEmbedder(DIM).embed_query("q")
     from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
 
     tq = KnowledgeQueryTransformer(None, 2000).transform("q")
