@@ -69,9 +69,14 @@ def warm_embedder(settings: RagSettings) -> tuple[Any, float]:
     return embedder, round(time.perf_counter() - t0, 2)
 
 
-def error_entry(exc: BaseException, limit: int = 500) -> dict[str, str]:
-    """A failed benchmark's (or part's) results entry: ``{"error": "Type: message"}``."""
-    return {"error": error_text(exc, limit)}
+def guarded(what: str, fn: Callable[[], T], limit: int = 500) -> T | dict[str, str]:
+    """``fn()``; when it raises, logged as ``what`` failing, the failed part's results entry
+    ``{"error": "Type: message"}`` (``limit`` characters): one part failing must not lose the others."""
+    try:
+        return fn()
+    except Exception as exc:
+        log(f"{what} failed: {exc}")
+        return {"error": error_text(exc, limit)}
 
 
 def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:

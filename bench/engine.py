@@ -7,11 +7,12 @@ p50 vs pgvector and the floor: ``latency.py``; 100k search, recall, BM25: ``scal
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, error_entry, log, ratio
+from bench.common import RUNBOOKS, guarded, ratio
 from bench.context import BenchContext
 from bench.harness import Goal, Missing, Reading, Results, as_times, section
 
@@ -62,15 +63,11 @@ def serving(ctx: BenchContext) -> dict[str, Any]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, fn in (("flush", flush_effect), ("serving", serving)):
-        log(f"engine: {name}")
-        try:
-            out[name] = fn(ctx)
-        except Exception as exc:  # one part failing must not lose the others
-            log(f"engine: {name} failed: {exc}")
-            out[name] = error_entry(exc)
-    return out
+    """The flush effect and ingest while serving, each an error entry when it fails."""
+    return {
+        name: guarded(f"engine: {name}", partial(fn, ctx))
+        for name, fn in (("flush", flush_effect), ("serving", serving))
+    }
 
 
 def _on_lookup(r: Results) -> bool:

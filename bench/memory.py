@@ -13,11 +13,12 @@ import json
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.common import child_json, error_entry, log, make_settings, server_memory
+from bench.common import child_json, guarded, log, make_settings, server_memory
 from bench.context import BenchContext
 
 CHILD_TIMEOUT_S = 900
@@ -113,10 +114,8 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     kb = ctx.get_kb_settings()
     out: dict[str, Any] = {"lookups": lookups}
     log("memory: baseline child on the runbook collection")
-    try:
-        out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, ctx.queries, lookups)
-    except Exception as exc:
-        out["baseline"] = error_entry(exc, 800)
+    baseline = partial(measure, kb.data_dir, kb.collection, ctx.knowledge_dir, ctx.queries, lookups)
+    out["baseline"] = guarded("memory: baseline", baseline, 800)
     if not collection:
         out["large"] = {"error": "no large Milvus collection was kept by the scale benchmark"}
         return out
@@ -124,10 +123,8 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     shutil.copy(kb.l0_index_path, data_dir / "l0_index.json")
     log(f"memory: child on the {collection['rows']:,}-chunk collection")
     try:
-        out["large"] = measure(data_dir, collection["collection"], ctx.knowledge_dir, ctx.queries, lookups)
-        out["large"]["index"] = collection.get("index")
-    except Exception as exc:
-        out["large"] = error_entry(exc, 800)
+        large = partial(measure, data_dir, collection["collection"], ctx.knowledge_dir, ctx.queries, lookups)
+        out["large"] = guarded("memory: large", lambda: large() | {"index": collection.get("index")}, 800)
     finally:
         from rag_core.stores.milvus_server import stop_server
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, error_entry, log, progress, ratio, server_memory
+from bench.common import Budget, guarded, log, progress, ratio, server_memory
 from bench.harness import Stats, Target, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
@@ -643,7 +643,7 @@ class ScaleRun:
         res |= {"stores": {}, "rare_rows": int(len(ds.rare_rows))}
         sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
         want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
-        res["stores"]["numpy"] = self._guard(sr, "numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
+        res["stores"]["numpy"] = guarded(f"scale {n:,}: numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
         with ThreadPoolExecutor(2, thread_name_prefix="store-load") as pool:
             pg = pool.submit(pg_load, self, sr) if want_pg else None
             if pg is not None and not self.opts.overlap_pg_build:
@@ -660,25 +660,16 @@ class ScaleRun:
 
     def _finish(self, sr: SizeRun, name: str, fut: Loaded, entry: Step, close: Step) -> None:
         """Wait for the load, measure (``entry``: the store's results entry), close; a failed load
-        becomes the store's error entry."""
-        try:
-            handle, setup = fut.result()
-        except Exception as exc:
-            log(f"scale {sr.n:,}: {name} load failed: {exc}")
-            sr.res["stores"][name] = error_entry(exc)
-            return
-        sr.res["setup"][name] = setup
-        try:
-            sr.res["stores"][name] = self._guard(sr, name, lambda: entry(self, sr, handle))
-        finally:
-            close(self, sr, handle)
+        or measurement becomes the store's error entry."""
 
-    def _guard(self, sr: SizeRun, name: str, entry: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        try:
-            return entry()
-        except Exception as exc:  # one store failing must not lose the others
-            log(f"scale {sr.n:,}: {name} failed: {exc}")
-            return error_entry(exc)
+        def measured() -> dict[str, Any]:
+            handle, sr.res["setup"][name] = fut.result()
+            try:
+                return entry(self, sr, handle)
+            finally:
+                close(self, sr, handle)
+
+        sr.res["stores"][name] = guarded(f"scale {sr.n:,}: {name}", measured)
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:
