@@ -14,7 +14,7 @@ import numpy as np
 
 from bench.common import RUNBOOKS, guarded, ratio
 from bench.context import BenchContext
-from bench.harness import Goal, Missing, Reading, Results, as_times, section
+from bench.harness import Goal, Missing, Reading, Results, as_times, call_ms, section
 
 LOOKUP_VS_PG_MAX = 1.2
 LOOKUP_VS_FLOOR_MAX = 1.5
@@ -24,7 +24,6 @@ BM25_P50_MAX_MS = 20.0
 
 def flush_effect(ctx: BenchContext, repeats: int = 30) -> dict[str, Any]:
     """Dense + BM25 store search p50 on unflushed rows vs after flush (same process, same rows)."""
-    from bench.scale import call_ms
     from rag_core.stores import milvus_server
     from rag_core.stores.milvus import MilvusStore
 

@@ -97,6 +97,11 @@ def _call(target: Target[Any, Any, Any], handle: Any, x: Any, into: Timing[Any] 
         into.notes.append(note)
 
 
+def call_ms(fn: Callable[[In], Any], inputs: Sequence[In], warmup: Sequence[In] = ()) -> dict[str, Any]:
+    """Latency (ms: p50, p95, ...) of ``fn`` called once per input, after the untimed ``warmup`` calls."""
+    return measure([Target("call", lambda _h, x: fn(x))], inputs, warmup=warmup)["call"].stats.to_dict()
+
+
 def error_text(exc: BaseException, limit: int = 500) -> str:
     """``"Type: message"`` of ``exc``, at most ``limit`` characters (a results entry's ``error``)."""
     return f"{type(exc).__name__}: {exc}"[:limit]

@@ -16,7 +16,7 @@ import numpy as np
 
 from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize
 from bench.context import BenchContext
-from bench.harness import Target, measure
+from bench.harness import Target, call_ms, measure
 from rag_core.traces.recorder import MemoryRecorder
 
 TARGET_OVERHEAD = 0.20
@@ -177,12 +177,10 @@ def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
 
     default = torch.get_num_threads()
     out: dict[str, Any] = {}
-    embed = Target("embed", lambda _h, q: ctx.embedder.embed_query(q))
     try:
         for threads in dict.fromkeys((default, 1)):
             torch.set_num_threads(threads)
-            t = measure([embed], ctx.queries, warmup=ctx.queries[:3])["embed"]
-            out[f"torch_threads_{threads}"] = t.stats.to_dict()
+            out[f"torch_threads_{threads}"] = call_ms(ctx.embedder.embed_query, ctx.queries, ctx.queries[:3])
     finally:
         torch.set_num_threads(default)
     out["default_threads"] = default

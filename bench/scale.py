@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bench.common import Budget, guarded, log, progress, ratio, server_memory
-from bench.harness import Stats, Target, measure, section
+from bench.harness import Stats, Target, call_ms, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
 
@@ -269,11 +269,6 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
             lexical = (store.search_lexical(t.split(), q, k) for t, q in pairs)
             out["lexical_scores"] = [[h.lexical_score or 0.0 for h in hits] for hits in lexical]
         return out
-
-
-def call_ms(fn: Callable[[Any], Any], inputs: Sequence[Any], warmup: Sequence[Any]) -> dict[str, Any]:
-    """Latency (ms: p50, p95, ...) of ``fn`` called once per input, after the untimed ``warmup`` calls."""
-    return measure([Target("call", lambda _h, x: fn(x))], inputs, warmup=warmup)["call"].stats.to_dict()
 
 
 # --- NumPy --------------------------------------------------------------------------------------------
