@@ -27,11 +27,11 @@ def flush_effect(ctx: BenchContext, repeats: int = 30) -> dict[str, Any]:
     from rag_core.stores import milvus_server
     from rag_core.stores.milvus import MilvusStore
 
-    corpus = ctx.get_corpus()
+    corpus = ctx.corpus
     data = ctx.scratch.dir("engine-flush")
     store = MilvusStore("", "flush_bench", embedded_dir=data)
     store.ensure_schema(corpus.vectors.shape[1])
-    store.upsert(corpus.chunks, np.asarray(corpus.vectors, dtype=np.float32))
+    store.upsert(corpus.chunks, corpus.vectors)
     Q = ctx.query_vectors
     inputs = [Q[i % len(Q)] for i in range(repeats + 2)]
 

@@ -47,7 +47,7 @@ def open_store(ctx: BenchContext, path: str):
     if path == "milvus":
         from rag_core.stores.milvus import MilvusStore
 
-        return MilvusStore.from_settings(ctx.get_kb_settings())
+        return MilvusStore.from_settings(ctx.kb_settings)
     return ctx.pg_store()
 
 
@@ -80,7 +80,7 @@ class _Path:
         self.store = open_store(ctx, path.removesuffix(SINGLE_MODEL))
         self.recorder = MemoryRecorder()
         single = path.endswith(SINGLE_MODEL)
-        self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder, single)
+        self.tool = build_tool(ctx.kb_settings, self.store, ctx.embedder, self.recorder, single)
 
     def lookup(self, x: tuple[str, str]) -> Any:
         return self.tool.lookup(x[1], session_id=f"bench-{self.path}-{x[0]}")
@@ -103,12 +103,12 @@ class Floor:
         from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
         from rag_core.text import lexical_string
 
-        settings, corpus = ctx.get_kb_settings(), ctx.get_corpus()
+        settings, corpus = ctx.kb_settings, ctx.corpus
         transform = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars).transform
         self.terms = {q: transform(q).lexical_terms for q in queries}
-        self.X, self.k, self.embedder = np.asarray(corpus.vectors, dtype=np.float32), settings.top_k, ctx.embedder
+        self.X, self.k, self.embedder = corpus.vectors, settings.top_k, ctx.embedder
         self.bm25 = bm25s.BM25()
-        self.bm25.index([lexical_string(t).split() for t in corpus.texts], show_progress=False)
+        self.bm25.index([lexical_string(c.embed_text).split() for c in corpus.chunks], show_progress=False)
 
     def __call__(self, query: str) -> float:
         """Runs the floor for ``query``; returns the embedding's share in ms."""

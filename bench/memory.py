@@ -111,7 +111,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     """The child on the runbook collection and on the scale benchmark's kept ``collection``, and the
     difference (``collection_cost_mb``)."""
     lookups = lookups or (5 if ctx.quick else 8)
-    kb = ctx.get_kb_settings()
+    kb = ctx.kb_settings
     out: dict[str, Any] = {"lookups": lookups}
     log("memory: baseline child on the runbook collection")
     baseline = partial(measure, kb.data_dir, kb.collection, ctx.knowledge_dir, ctx.queries, lookups)

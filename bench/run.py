@@ -45,7 +45,6 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
     from bench import scale
 
     args, sizes, memory_next = st.args, st.sizes, "memory" in st.selected
-    corpus = ctx.get_corpus()
     keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
     opts = scale.ScaleOptions(
         sizes=sizes,
@@ -60,7 +59,7 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
         pg_dsn=ctx.scratch.pg_dsn,
         single_queries=10 if ctx.quick else 20,
     )
-    out = scale.run(scale.BaseData.from_corpus(corpus.chunks, corpus.vectors), ctx.query_vectors, opts)
+    out = scale.run(ctx.corpus, ctx.query_vectors, opts)
     st.memory_collection = out.get("memory_collection")
     return out
 
@@ -163,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         from rag_core.stores.milvus_server import stop_server
 
-        if ctx.kb_settings is not None:  # the suite's runbook data dir
+        if "kb_settings" in vars(ctx):  # the suite's runbook data dir, when one was made
             stop_server(ctx.kb_settings.data_dir)
         if state.memory_collection and results.get("scale", {}).get("workdir"):
             shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)

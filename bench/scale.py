@@ -70,10 +70,6 @@ class BaseData:
     chunks: list[Chunk]
 
     @classmethod
-    def from_corpus(cls, chunks: Sequence[Chunk], vectors: np.ndarray) -> BaseData:
-        return cls(np.asarray(vectors, dtype=np.float32), list(chunks))
-
-    @classmethod
     def synthetic(cls, n: int = 300, dim: int = 384, seed: int = 0) -> BaseData:
         v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
