@@ -349,10 +349,6 @@ def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> fl
     return time.perf_counter() - t0
 
 
-def _hit_row(hit: dict[str, Any]) -> int:
-    return int(str(hit["entity"].get("chunk_id", hit.get("id")))[1:])
-
-
 def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_single: int) -> SearchConfig:
     """Raw pymilvus dense search (chunk ids only) with ``params``; one query = a batch of one."""
     sp = {"metric_type": "COSINE", "params": params}
@@ -362,7 +358,7 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
         res = client.search(
             COLLECTION, data, filter=where, limit=k, output_fields=["chunk_id"], search_params=sp, anns_field="vector"
         )
-        return [[_hit_row(h) for h in hits] for hits in res]
+        return [[int(str(h["entity"].get("chunk_id", h.get("id")))[1:]) for h in hits] for hits in res]
 
     return SearchConfig(name, lambda q, f: batch(q[None, :], f)[0], batch, single_queries=n_single)
 
@@ -377,18 +373,6 @@ def bm25_terms(base: BaseData, n: int) -> list[str]:
         words = list(dict.fromkeys(text.split())) or ["pod"]
         terms.append(" ".join(rng.choice(words, size=min(3, len(words)), replace=False)))
     return terms
-
-
-def milvus_bm25(client: Any, terms: Sequence[str], k: int) -> dict[str, Any]:
-    """Single-query BM25 search latency (the raw sparse call) on ``terms``; the first is a warm-up."""
-
-    def search(text: str) -> Any:
-        sp = {"metric_type": "BM25"}
-        return client.search(
-            COLLECTION, [text], limit=k, output_fields=["chunk_id"], search_params=sp, anns_field="sparse"
-        )
-
-    return call_ms(search, terms[1:], terms[:1])
 
 
 @dataclass(frozen=True)
@@ -433,7 +417,9 @@ def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
     opts, ds, k = run.opts, sr.ds, run.opts.k
     t0 = time.perf_counter()
     configs = [measure_config(milvus_config(m.client, k, {}, "FLAT", sr.n_single), ds, k)]
-    bm25_ms = milvus_bm25(m.client, run.terms[: sr.n_single + 1], k)
+    bm25 = {"limit": k, "output_fields": ["chunk_id"], "search_params": {"metric_type": "BM25"}, "anns_field": "sparse"}
+    terms = run.terms[: sr.n_single + 1]  # single-query BM25 latency (the raw sparse call); the first is a warm-up
+    bm25_ms = call_ms(lambda text: m.client.search(COLLECTION, [text], **bm25), terms[1:], terms[:1])
     run.per_row["milvus_flat_query"] = (sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
     for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
         build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
