@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize
 from bench.context import BenchContext
 from bench.harness import Target, call_ms, measure
@@ -92,34 +90,29 @@ class _Path:
 
 
 class Floor:
-    """Query embedding + exact NumPy top-k + in-memory BM25 (bm25s) over the corpus: the least
-    a lookup must do (no L0, no fusion, no post-processing, no store round trip). Each query's
-    lexical terms are computed up front (untimed), as the lookup's L0 step makes them."""
+    """Query embedding + exact NumPy top-k + in-memory BM25 over the corpus (``InMemoryStore``, the
+    floor the stores are compared with): the least a lookup must do (no L0, no fusion, no
+    post-processing, no store round trip). Each query's lexical terms are computed up front
+    (untimed), as the lookup's L0 step makes them."""
 
     def __init__(self, ctx: BenchContext, queries: list[str]):
-        import bm25s
-
         from rag_core.l0 import L0Index
         from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
-        from rag_core.text import lexical_string
+        from rag_core.stores.memory import InMemoryStore
 
         settings, corpus = ctx.kb_settings, ctx.corpus
         transform = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars).transform
         self.terms = {q: transform(q).lexical_terms for q in queries}
-        self.X, self.k, self.embedder = corpus.vectors, settings.top_k, ctx.embedder
-        self.bm25 = bm25s.BM25()
-        self.bm25.index([lexical_string(c.embed_text).split() for c in corpus.chunks], show_progress=False)
+        self.k, self.embedder, self.store = settings.top_k, ctx.embedder, InMemoryStore()
+        self.store.upsert(corpus.chunks, corpus.vectors)
 
     def __call__(self, query: str) -> float:
         """Runs the floor for ``query``; returns the embedding's share in ms."""
         t0 = time.perf_counter()
         q = self.embedder.embed_query(query)
         embed_ms = (time.perf_counter() - t0) * 1000
-        scores = self.X @ q
-        top = np.argpartition(-scores, self.k - 1)[: self.k]
-        top[np.argsort(-scores[top])]
-        if self.terms[query]:
-            self.bm25.retrieve([self.terms[query]], k=self.k, show_progress=False, n_threads=0)
+        self.store.search(q, self.k)
+        self.store.search_lexical(self.terms[query], q, self.k)  # nothing without terms
         return embed_ms
 
 
