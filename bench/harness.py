@@ -1,12 +1,12 @@
 """The benchmarks' one measuring harness: :class:`Target` is one thing to time, :func:`measure`
 times targets interleaved input by input (so all see the same machine load), :class:`Goal` is one
-performance target of the report as data (:func:`evaluate` gives the report's rows)."""
+performance target of the report as data (:meth:`Goal.row` gives its row of the report)."""
 
 from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -221,10 +221,6 @@ class Goal:
         if self.borderline:
             row["limit_value"] = self.limit_value
         return row
-
-
-def evaluate(goals: Iterable[Goal], results: Results) -> list[dict[str, Any]]:
-    return [g.row(results) for g in goals if g.when(results)]
 
 
 def section(results: Results, *path: str) -> dict[str, Any]:
