@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -88,18 +87,7 @@ def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:
     return chunk_documents(docs, settings, IngestReport(str(knowledge_dir)))[1]
 
 
-# --- budget and progress -----------------------------------------------------------------------
-
-
-@dataclass
-class Budget:
-    """Wall-clock budget of the whole run; benchmarks ask it before optional expensive steps."""
-
-    seconds: float
-    started: float = field(default_factory=time.perf_counter)
-
-    def remaining(self) -> float:
-        return self.seconds - (time.perf_counter() - self.started)
+# --- progress and the command line ------------------------------------------------------------------
 
 
 def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kw: Any):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, Budget, Scratch, chunk_dir, log, make_settings, warm_embedder
+from bench.common import RUNBOOKS, Scratch, chunk_dir, log, make_settings, warm_embedder
 from bench.queries import benchmark_queries
 from bench.scale import BaseData
 from rag_core.settings import RagSettings
@@ -23,7 +23,7 @@ PG_TABLE = "knowledge_chunks"
 @dataclass
 class BenchContext:
     scratch: Scratch
-    budget: Budget
+    deadline: float | None = None  # time.perf_counter() by which the run's time budget ends
     quick: bool = False
     show_progress: bool = True
     knowledge_dir: Path = RUNBOOKS

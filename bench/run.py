@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log, parse_command_line
+from bench.common import RESULTS_DIR, Scratch, environment, load_average, log, parse_command_line
 from bench.context import BenchContext
 from bench.harness import error_text
 
@@ -52,7 +52,7 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
         milvus_max_size=args.milvus_max_size,
         keep_milvus_size=keep if memory_next else None,
         overlap_pg_build=not args.no_overlap,
-        budget=ctx.budget,
+        deadline=ctx.deadline,
         reserve_s=(75 if memory_next else 10),
         show_progress=ctx.show_progress,
         workdir=ctx.scratch.root,
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     ctx = BenchContext(
         Scratch(),
-        Budget(budget_s),
+        started + budget_s,
         quick=args.quick,
         show_progress=not args.no_progress,
         query_limit=16 if args.quick else None,

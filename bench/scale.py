@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, guarded, log, progress, ratio, server_memory
+from bench.common import guarded, log, progress, ratio, server_memory
 from bench.harness import Stats, Target, call_ms, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
@@ -55,7 +55,7 @@ class ScaleOptions:
     single_queries_large: int = 8  # Milvus Lite at >= 50k rows: each query can take ~1 s
     keep_milvus_size: int | None = TARGET_SIZE  # kept (FLAT, released) for the memory benchmark
     overlap_pg_build: bool = True
-    budget: Budget | None = None
+    deadline: float | None = None  # time.perf_counter() by which the run's time budget ends
     reserve_s: float = 0.0
     show_progress: bool = True
     workdir: Path | None = None
@@ -579,9 +579,9 @@ class ScaleRun:
 
     def fits(self, what: str, n: int, seconds: float | None) -> bool:
         """Whether an estimated ``seconds`` fits the budget left (recording a skip when not)."""
-        if seconds is None or self.opts.budget is None:
+        if seconds is None or self.opts.deadline is None:
             return True
-        left = self.opts.budget.remaining() - self.opts.reserve_s
+        left = self.opts.deadline - time.perf_counter() - self.opts.reserve_s
         if seconds <= left:
             return True
         budget = f"{max(0.0, left):.0f} s left in the run's time budget"
