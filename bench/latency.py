@@ -20,8 +20,21 @@ from rag_core.traces.recorder import MemoryRecorder
 TARGET_OVERHEAD = 0.20
 SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second model
 TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
-STAGES = ("e2e", "l0", "embed", "ensemble", "documents", "search", "store", "fusion", "postprocess", "pack")
-STAGES += ("assemble", "trace_handoff", "pipeline_overhead")
+STAGES = {  # each figure of a lookup (ms), in the report's table order: its label there
+    "e2e": "end to end (`lookup` call)",
+    "l0": "L0 hints (query transform)",
+    "embed": "query embedding",
+    "ensemble": "second model (query + chunks on first sight)",
+    "documents": "document similarity (title + centroid)",
+    "search": "L1 retrieval (attempts, store calls + fusion)",
+    "store": "&nbsp;&nbsp;store calls (wall time: the longest L1 attempt)",
+    "fusion": "&nbsp;&nbsp;RRF fusion + attempt logic",
+    "postprocess": "post-processing + rerank",
+    "pack": "context packing",
+    "assemble": "result assembly (relevance, session, trace object)",
+    "trace_handoff": "trace hand-off (row build + recorder)",
+    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model, store search and document vectors)",
+}
 # The overhead profile: rag_core functions outside the embedding and the store calls, without the
 # wrappers whose cumulative time includes them.
 WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retrieve", "search_once", "one_round")

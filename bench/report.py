@@ -19,26 +19,10 @@ from bench.engine import BM25_P50_MAX_MS, LOOKUP_VS_FLOOR_MAX, LOOKUP_VS_PG_MAX,
 from bench.evaluation import TARGET_CASES_PER_S
 from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, ok, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
-from bench.latency import SINGLE_MODEL, TARGET_OVERHEAD
+from bench.latency import SINGLE_MODEL, STAGES, TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
 from rag_core.fileio import write_text_atomic
 from rag_core.markdown import md_table
-
-STAGE_LABELS = {  # the latency benchmark's ``STAGES``, in table order
-    "e2e": "end to end (`lookup` call)",
-    "l0": "L0 hints (query transform)",
-    "embed": "query embedding",
-    "ensemble": "second model (query + chunks on first sight)",
-    "documents": "document similarity (title + centroid)",
-    "search": "L1 retrieval (attempts, store calls + fusion)",
-    "store": "&nbsp;&nbsp;store calls (wall time: the longest L1 attempt)",
-    "fusion": "&nbsp;&nbsp;RRF fusion + attempt logic",
-    "postprocess": "post-processing + rerank",
-    "pack": "context packing",
-    "assemble": "result assembly (relevance, session, trace object)",
-    "trace_handoff": "trace hand-off (row build + recorder)",
-    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model, store search and document vectors)",
-}
 
 # --- templates and tables ----------------------------------------------------------------------------
 
@@ -293,9 +277,7 @@ def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if ok(every.get(p))]
     shown = every[paths[0]]["stages_ms"] if paths else {}
     columns = [(p, k) for p in paths for k in ("p50", "p95", "p99")]
-    rows = [
-        [STAGE_LABELS[s], *(_f(every[p]["stages_ms"][s][k], 2) for p, k in columns)] for s in STAGE_LABELS if s in shown
-    ]
+    rows = [[STAGES[s], *(_f(every[p]["stages_ms"][s][k], 2) for p, k in columns)] for s in STAGES if s in shown]
     table = md_table(["stage", *(f"{p} {k} ms" for p, k in columns)], rows)
     notes = [_fill(_PATH_NOTE, every[p] | {"name": p}) for p in paths]
     notes += [f"**{p}**: failed: {d.get('error')}" for p, d in every.items() if not ok(d)]
