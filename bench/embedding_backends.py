@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import make_settings, parse_command_line, ratio, timed, warm_embedder  # noqa: E402
+from bench.common import guarded, log, make_settings, parse_command_line, ratio, timed, warm_embedder  # noqa: E402
 from bench.harness import call_ms, error_text  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
@@ -88,10 +88,8 @@ def lookup_memory(settings: Any) -> dict[str, Any]:
 
     extra = {"embedding_backend": settings.embedding_backend, "pg_table": settings.pg_table}
     queries = [f"pod crash looping in namespace {i}" for i in range(20)]
-    try:
-        return memory.measure(settings.data_dir, settings.collection, settings.knowledge_dir, queries, 20, extra)
-    except RuntimeError as exc:
-        return {"error": str(exc)[-300:]}
+    child = partial(memory.measure, settings.data_dir, settings.collection, settings.knowledge_dir, queries, 20, extra)
+    return guarded(f"lookup process ({settings.embedding_backend})", child, 300)
 
 
 SPEED_CHUNKS = 240  # chunk texts embedded per backend in the suite's speed run (bounded time)
@@ -170,10 +168,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rag-embed-bench-") as tmp:
         scratch = args.scratch or Path(tmp)
         for backend in args.backends.split(","):
-            print(f"[embedding_backends] {backend} ...", file=sys.stderr, flush=True)
+            log(f"embedding_backends: {backend} ...")
             r = run_backend(backend, scratch, args.sidecar)
             results.append(r)
-            print(json.dumps(r)[:2000], file=sys.stderr, flush=True)
+            log(json.dumps(r)[:2000])
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.sidecar:
