@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.common import guarded, log, ratio, summarize
 from bench.context import BenchContext
-from bench.latency import build_tool, open_store
+from bench.latency import build_tool
 from rag_core.traces.recorder import MemoryRecorder
 
 
@@ -54,7 +54,7 @@ def run(
 
     def rows(path: str) -> list[dict[str, Any]]:
         log(f"concurrency: {path} path, threads {threads}, {lookups} lookups each")
-        tool = build_tool(ctx.kb_settings, open_store(ctx, path), ctx.embedder, MemoryRecorder())
+        tool = build_tool(ctx.kb_settings, ctx.store(path), ctx.embedder, MemoryRecorder())
         for q in ctx.queries[:8]:
             tool.lookup(q)
         out = [measure(tool, ctx.queries, t, lookups) for t in threads]

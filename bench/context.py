@@ -66,9 +66,14 @@ class BenchContext:
         ingest(settings, self.embedder, [MilvusStore.from_settings(settings)], progress=False)
         return settings
 
-    def pg_store(self):
-        """A PgVectorStore on the suite's embedded PostgreSQL holding the ingested corpus (its
-        vectors from the kb data dir's embedding cache: no second embedding)."""
+    def store(self, path: str) -> Any:
+        """A store holding the ingested corpus, for a lookup path: ``milvus`` (the kb data dir's) or
+        ``pgvector`` (the suite's embedded PostgreSQL, filled from the kb data dir's embedding cache
+        on first use: no second embedding)."""
+        if path == "milvus":
+            from rag_core.stores.milvus import MilvusStore
+
+            return MilvusStore.from_settings(self.kb_settings)
         from rag_core.stores.pgvector import PgVectorStore
 
         store = PgVectorStore(self.scratch.pg_dsn(), PG_TABLE)

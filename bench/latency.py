@@ -53,15 +53,6 @@ def build_tool(settings, store, embedder, recorder=None, single_model=False):
     return LookupKnowledgeTool(quiet, store=store, embedder=embedder, recorder=recorder)
 
 
-def open_store(ctx: BenchContext, path: str):
-    """The store of a lookup path on the suite's ingested corpus: ``milvus`` or ``pgvector``."""
-    if path == "milvus":
-        from rag_core.stores.milvus import MilvusStore
-
-        return MilvusStore.from_settings(ctx.kb_settings)
-    return ctx.pg_store()
-
-
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
     """One lookup's figures (ms): the traced stages, ``store``, and derived: ``fusion`` = search - store,
     ``assemble`` = ``latency_ms`` - the stages, ``trace_handoff`` = end to end - ``latency_ms``,
@@ -88,7 +79,7 @@ class _Path:
 
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
-        self.store = open_store(ctx, path.removesuffix(SINGLE_MODEL))
+        self.store = ctx.store(path.removesuffix(SINGLE_MODEL))
         self.recorder = MemoryRecorder()
         single = path.endswith(SINGLE_MODEL)
         self.tool = build_tool(ctx.kb_settings, self.store, ctx.embedder, self.recorder, single)
