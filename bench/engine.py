@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RUNBOOKS, guarded, ratio
+from bench.common import RUNBOOKS, guarded, make_settings, ratio
 from bench.context import BenchContext
 from bench.harness import call_ms
 
@@ -51,7 +51,6 @@ def flush_effect(ctx: BenchContext, repeats: int = 30) -> dict[str, Any]:
 def serving(ctx: BenchContext) -> dict[str, Any]:
     """Ingest while serving: 8 lookup threads here, `rag ingest` in another process."""
     from bench import serving as serving_run
-    from bench.common import make_settings
     from rag_core.stores import milvus_server
 
     work = ctx.scratch.dir("engine-serving")
