@@ -194,8 +194,8 @@ class Goal:
     key path; a missing or failed section is "not run" with its error) and returns a
     :class:`Reading` or a :class:`Missing`; the goal is met when ``value op limit_value`` and
     ``also`` hold. ``show`` formats the value for the ratio column. ``borderline``: whether a
-    value near the limit is flagged as able to go either way on a rerun. ``when``: whether the row
-    appears at all."""
+    value near the limit is flagged as able to go either way on a rerun. ``when``: a key path; the
+    row appears only when the results section there is present (the default: the whole results)."""
 
     id: str
     target: str
@@ -206,7 +206,7 @@ class Goal:
     read: Callable[[dict[str, Any]], Reading | Missing]
     show: Callable[[float], str]
     borderline: bool = True
-    when: Callable[[Results], bool] = lambda _r: True
+    when: tuple[str, ...] = ()
 
     def row(self, results: Results) -> dict[str, Any]:
         """The report's row: ``id, target, limit, measured, ratio, met`` (+ ``value``, ``limit_value``)."""
