@@ -9,6 +9,7 @@ rerank without its second model) and the ``floor`` (:class:`Floor`, issue 14: ``
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize
@@ -194,9 +195,12 @@ def run(
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
     out["store_means"] = STORE_MS_MEANS
     runners: dict[str, _Path] = {}  # the paths opened (by ``measure``), closed here after the profiles
+
+    def opened(path: str) -> _Path:
+        return runners.setdefault(path, _Path(ctx, path))
+
     targets: list[Target[Any, tuple[str, str], Any]] = [
-        Target(p, _Path.lookup, open=lambda p=p: runners.setdefault(p, _Path(ctx, p)), after=_Path.handed_over)
-        for p in paths
+        Target(p, _Path.lookup, open=partial(opened, p), after=_Path.handed_over) for p in paths
     ]
     targets.append(Target("floor", lambda fl, x: fl(x[1]), open=lambda: Floor(ctx, queries), after=lambda _f, e: e))
     bar = progress(total=rounds * len(queries) * len(targets), enabled=ctx.show_progress, desc="latency", unit="call")

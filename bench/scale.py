@@ -639,7 +639,7 @@ class ScaleRun:
         """Wait for the load, measure (``entry``: the store's results entry), close; a failed load
         or measurement becomes the store's error entry."""
 
-        def measured() -> dict[str, Any]:
+        def measured() -> Any:
             handle, sr.res["setup"][name] = fut.result()
             try:
                 return entry(self, sr, handle)
