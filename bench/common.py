@@ -1,6 +1,6 @@
 """Plumbing shared by the benchmarks: settings, corpora, scratch dirs, the embedded PostgreSQL,
-statistics, child processes, server memory, the store figure of a lookup, cProfile summaries, the
-run's time budget and metadata."""
+statistics, a failing part's error entry, child processes, server memory, the store figure of a
+lookup, cProfile summaries and the run's metadata."""
 
 from __future__ import annotations
 
