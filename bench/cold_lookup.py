@@ -42,7 +42,7 @@ def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:
     """Milliseconds per lookup of one warmed-up tool over ``queries``."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-    tool = LookupKnowledgeTool(ctx.get_kb_settings().model_copy(update={"trace_enabled": False}))
+    tool = LookupKnowledgeTool(ctx.kb_settings.model_copy(update={"trace_enabled": False}))
     target = Target("warm", lambda t, q: t.lookup(q), open=lambda: tool, close=lambda t: t.close())
     return measure([target], queries, warmup=queries)["warm"].ms
 
@@ -50,7 +50,7 @@ def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:
 def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
     """``processes`` fresh lookups (default 3, 2 with --quick), then the warm p50 on the same queries."""
     n = processes or (2 if ctx.quick else 3)
-    env = rebuild_env(ctx.get_kb_settings()) | {"RAG_TRACE_ENABLED": "false"}
+    env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
     queries = ctx.queries[:n]
     log(f"cold lookup: {n} fresh `rag lookup` processes")
     cold = [cold_seconds(env, q) for q in queries]

@@ -1,6 +1,6 @@
 """Plumbing shared by the benchmarks: settings, corpora, scratch dirs, the embedded PostgreSQL,
-statistics, child processes, server memory, the store figure of a lookup, cProfile summaries, the
-run's time budget and metadata."""
+statistics, a failing part's error entry, child processes, server memory, the store figure of a
+lookup, cProfile summaries and the run's metadata."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,9 +68,14 @@ def warm_embedder(settings: RagSettings) -> tuple[Any, float]:
     return embedder, round(time.perf_counter() - t0, 2)
 
 
-def error_entry(exc: BaseException, limit: int = 500) -> dict[str, str]:
-    """A failed benchmark's (or part's) results entry: ``{"error": "Type: message"}``."""
-    return {"error": error_text(exc, limit)}
+def guarded(what: str, fn: Callable[[], T], limit: int = 500) -> T | dict[str, str]:
+    """``fn()``; when it raises, logged as ``what`` failing, the failed part's results entry
+    ``{"error": "Type: message"}`` (``limit`` characters): one part failing must not lose the others."""
+    try:
+        return fn()
+    except Exception as exc:
+        log(f"{what} failed: {exc}")
+        return {"error": error_text(exc, limit)}
 
 
 def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:
@@ -83,18 +87,7 @@ def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:
     return chunk_documents(docs, settings, IngestReport(str(knowledge_dir)))[1]
 
 
-# --- budget and progress -----------------------------------------------------------------------
-
-
-@dataclass
-class Budget:
-    """Wall-clock budget of the whole run; benchmarks ask it before optional expensive steps."""
-
-    seconds: float
-    started: float = field(default_factory=time.perf_counter)
-
-    def remaining(self) -> float:
-        return self.seconds - (time.perf_counter() - self.started)
+# --- progress and the command line ------------------------------------------------------------------
 
 
 def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kw: Any):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
-from bench.common import error_entry, log, ratio, summarize
+from bench.common import guarded, log, ratio, summarize
 from bench.context import BenchContext
-from bench.latency import build_tool, open_store
+from bench.latency import build_tool
 from rag_core.traces.recorder import MemoryRecorder
 
 
@@ -50,20 +51,17 @@ def run(
     lookups: int | None = None,
 ) -> dict[str, Any]:
     lookups = lookups or (16 if ctx.quick else 48)
-    out: dict[str, Any] = {"threads": list(threads), "lookups_per_config": lookups, "paths": {}}
-    for path in paths:
+
+    def rows(path: str) -> list[dict[str, Any]]:
         log(f"concurrency: {path} path, threads {threads}, {lookups} lookups each")
-        try:
-            tool = build_tool(ctx.get_kb_settings(), open_store(ctx, path), ctx.embedder, MemoryRecorder())
-            for q in ctx.queries[:8]:
-                tool.lookup(q)
-            rows = [measure(tool, ctx.queries, t, lookups) for t in threads]
-            base = rows[0]["lookups_per_s"]
-            for r in rows:
-                r["speedup_vs_1"] = ratio(r["lookups_per_s"], base, 2)
-            tool.close()
-            out["paths"][path] = rows
-        except Exception as exc:
-            log(f"concurrency: {path} failed: {exc}")
-            out["paths"][path] = error_entry(exc)
-    return out
+        tool = build_tool(ctx.kb_settings, ctx.store(path), ctx.embedder, MemoryRecorder())
+        for q in ctx.queries[:8]:
+            tool.lookup(q)
+        out = [measure(tool, ctx.queries, t, lookups) for t in threads]
+        for r in out:
+            r["speedup_vs_1"] = ratio(r["lookups_per_s"], out[0]["lookups_per_s"], 2)
+        tool.close()
+        return out
+
+    by_path = {path: guarded(f"concurrency: {path}", partial(rows, path)) for path in paths}
+    return {"threads": list(threads), "lookups_per_config": lookups, "paths": by_path}

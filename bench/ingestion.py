@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import log, make_settings, profile_top, ratio, timed
-from bench.context import BenchContext, Corpus
+from bench.context import BenchContext
+from bench.scale import BaseData
 
 TARGET_RATIO = 0.85
 TARGET_REINGEST = 0.05
@@ -33,7 +34,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     # raw encode: one call over every text, the backend's own batching, no pipeline around it
     log(f"ingestion: raw encode of {len(texts)} chunk texts")
     vectors, raw_before = timed(lambda: embedder.embed_passages(texts))
-    ctx.corpus = Corpus(chunks, np.asarray(vectors, dtype=np.float32))
+    ctx.corpus = BaseData(np.asarray(vectors, dtype=np.float32), chunks)
 
     log("ingestion: full ingest into a fresh Milvus Lite")
     store = MilvusStore.from_settings(settings)

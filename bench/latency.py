@@ -9,21 +9,32 @@ rerank without its second model) and the ``floor`` (:class:`Floor`, issue 14: ``
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from functools import partial
 from typing import Any
-
-import numpy as np
 
 from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize
 from bench.context import BenchContext
-from bench.harness import Target, measure
+from bench.harness import Target, call_ms, measure
 from rag_core.traces.recorder import MemoryRecorder
 
 TARGET_OVERHEAD = 0.20
 SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second model
 TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
-STAGES = ("e2e", "l0", "embed", "ensemble", "documents", "search", "store", "fusion", "postprocess", "pack")
-STAGES += ("assemble", "trace_handoff", "pipeline_overhead")
+STAGES = {  # each figure of a lookup (ms), in the report's table order: its label there
+    "e2e": "end to end (`lookup` call)",
+    "l0": "L0 hints (query transform)",
+    "embed": "query embedding",
+    "ensemble": "second model (query + chunks on first sight)",
+    "documents": "document similarity (title + centroid)",
+    "search": "L1 retrieval (attempts, store calls + fusion)",
+    "store": "&nbsp;&nbsp;store calls (wall time: the longest L1 attempt)",
+    "fusion": "&nbsp;&nbsp;RRF fusion + attempt logic",
+    "postprocess": "post-processing + rerank",
+    "pack": "context packing",
+    "assemble": "result assembly (relevance, session, trace object)",
+    "trace_handoff": "trace hand-off (row build + recorder)",
+    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model, store search and document vectors)",
+}
 # The overhead profile: rag_core functions outside the embedding and the store calls, without the
 # wrappers whose cumulative time includes them.
 WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retrieve", "search_once", "one_round")
@@ -40,15 +51,6 @@ def build_tool(settings, store, embedder, recorder=None, single_model=False):
         update["ensemble_backend"] = "none"
     quiet = settings.model_copy(update=update)
     return LookupKnowledgeTool(quiet, store=store, embedder=embedder, recorder=recorder)
-
-
-def open_store(ctx: BenchContext, path: str):
-    """The store of a lookup path on the suite's ingested corpus: ``milvus`` or ``pgvector``."""
-    if path == "milvus":
-        from rag_core.stores.milvus import MilvusStore
-
-        return MilvusStore.from_settings(ctx.get_kb_settings())
-    return ctx.pg_store()
 
 
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
@@ -77,10 +79,10 @@ class _Path:
 
     def __init__(self, ctx: BenchContext, path: str):
         self.path = path
-        self.store = open_store(ctx, path.removesuffix(SINGLE_MODEL))
+        self.store = ctx.store(path.removesuffix(SINGLE_MODEL))
         self.recorder = MemoryRecorder()
         single = path.endswith(SINGLE_MODEL)
-        self.tool = build_tool(ctx.get_kb_settings(), self.store, ctx.embedder, self.recorder, single)
+        self.tool = build_tool(ctx.kb_settings, self.store, ctx.embedder, self.recorder, single)
 
     def lookup(self, x: tuple[str, str]) -> Any:
         return self.tool.lookup(x[1], session_id=f"bench-{self.path}-{x[0]}")
@@ -92,34 +94,29 @@ class _Path:
 
 
 class Floor:
-    """Query embedding + exact NumPy top-k + in-memory BM25 (bm25s) over the corpus: the least
-    a lookup must do (no L0, no fusion, no post-processing, no store round trip). Each query's
-    lexical terms are computed up front (untimed), as the lookup's L0 step makes them."""
+    """Query embedding + exact NumPy top-k + in-memory BM25 over the corpus (``InMemoryStore``, the
+    floor the stores are compared with): the least a lookup must do (no L0, no fusion, no
+    post-processing, no store round trip). Each query's lexical terms are computed up front
+    (untimed), as the lookup's L0 step makes them."""
 
     def __init__(self, ctx: BenchContext, queries: list[str]):
-        import bm25s
-
         from rag_core.l0 import L0Index
         from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
-        from rag_core.text import lexical_string
+        from rag_core.stores.memory import InMemoryStore
 
-        settings, corpus = ctx.get_kb_settings(), ctx.get_corpus()
+        settings, corpus = ctx.kb_settings, ctx.corpus
         transform = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars).transform
         self.terms = {q: transform(q).lexical_terms for q in queries}
-        self.X, self.k, self.embedder = np.asarray(corpus.vectors, dtype=np.float32), settings.top_k, ctx.embedder
-        self.bm25 = bm25s.BM25()
-        self.bm25.index([lexical_string(t).split() for t in corpus.texts], show_progress=False)
+        self.k, self.embedder, self.store = settings.top_k, ctx.embedder, InMemoryStore()
+        self.store.upsert(corpus.chunks, corpus.vectors)
 
     def __call__(self, query: str) -> float:
         """Runs the floor for ``query``; returns the embedding's share in ms."""
         t0 = time.perf_counter()
         q = self.embedder.embed_query(query)
         embed_ms = (time.perf_counter() - t0) * 1000
-        scores = self.X @ q
-        top = np.argpartition(-scores, self.k - 1)[: self.k]
-        top[np.argsort(-scores[top])]
-        if self.terms[query]:
-            self.bm25.retrieve([self.terms[query]], k=self.k, show_progress=False, n_threads=0)
+        self.store.search(q, self.k)
+        self.store.search_lexical(self.terms[query], q, self.k)  # nothing without terms
         return embed_ms
 
 
@@ -177,12 +174,10 @@ def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
 
     default = torch.get_num_threads()
     out: dict[str, Any] = {}
-    embed = Target("embed", lambda _h, q: ctx.embedder.embed_query(q))
     try:
         for threads in dict.fromkeys((default, 1)):
             torch.set_num_threads(threads)
-            t = measure([embed], ctx.queries, warmup=ctx.queries[:3])["embed"]
-            out[f"torch_threads_{threads}"] = t.stats.to_dict()
+            out[f"torch_threads_{threads}"] = call_ms(ctx.embedder.embed_query, ctx.queries, ctx.queries[:3])
     finally:
         torch.set_num_threads(default)
     out["default_threads"] = default
@@ -199,13 +194,13 @@ def run(
     queries = ctx.queries
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
     out["store_means"] = STORE_MS_MEANS
-    runners: dict[str, _Path] = {}
+    runners: dict[str, _Path] = {}  # the paths opened (by ``measure``), closed here after the profiles
 
-    def opener(path: str) -> Callable[[], _Path]:
-        return lambda: runners.setdefault(path, _Path(ctx, path))
+    def opened(path: str) -> _Path:
+        return runners.setdefault(path, _Path(ctx, path))
 
     targets: list[Target[Any, tuple[str, str], Any]] = [
-        Target(path, _Path.lookup, open=opener(path), after=_Path.handed_over) for path in paths
+        Target(p, _Path.lookup, open=partial(opened, p), after=_Path.handed_over) for p in paths
     ]
     targets.append(Target("floor", lambda fl, x: fl(x[1]), open=lambda: Floor(ctx, queries), after=lambda _f, e: e))
     bar = progress(total=rounds * len(queries) * len(targets), enabled=ctx.show_progress, desc="latency", unit="call")

@@ -13,11 +13,12 @@ import json
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.common import child_json, error_entry, log, make_settings, server_memory
+from bench.common import child_json, guarded, log, make_settings, server_memory, timed
 from bench.context import BenchContext
 
 CHILD_TIMEOUT_S = 900
@@ -52,18 +53,14 @@ def _child(spec: dict[str, Any]) -> None:
     kb, data = Path(spec["knowledge_dir"]), Path(spec["data_dir"])
     tool = LookupKnowledgeTool(make_settings(data, kb, collection=spec["collection"], **spec["settings"]))
     mark("after_import")
-    t0 = time.perf_counter()
-    tool.embedder.embed_query("warm-up")
-    load_model_s = time.perf_counter() - t0
+    load_model_s = timed(lambda: tool.embedder.embed_query("warm-up"))[1]
     mark("after_model_load")
-    t0 = time.perf_counter()
-    rows = tool.store.count()
-    open_collection_s = time.perf_counter() - t0
+    rows, open_collection_s = timed(tool.store.count)
     mark("after_collection_load")
     queries, lookups = spec["queries"], spec["lookups"]
     lookup = harness.Target("lookup", lambda _h, q: tool.lookup(q, session_id="bench-memory"))
-    timed = harness.measure([lookup], [queries[i % len(queries)] for i in range(lookups)])["lookup"]
-    if failed := [r.message for r in timed.results if r.status != "ok"]:
+    looked = harness.measure([lookup], [queries[i % len(queries)] for i in range(lookups)])["lookup"]
+    if failed := [r.message for r in looked.results if r.status != "ok"]:
         raise SystemExit(f"lookup failed: {failed[0]}")
     mark("after_lookups")
     stop.set()
@@ -75,7 +72,7 @@ def _child(spec: dict[str, Any]) -> None:
         "lookups": lookups,
         "model_load_s": round(load_model_s, 2),
         "open_collection_s": round(open_collection_s, 2),
-        "lookup_ms": timed.stats.to_dict(),
+        "lookup_ms": looked.stats.to_dict(),
         "rss_mb": marks,
         "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
         "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
@@ -110,13 +107,11 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     """The child on the runbook collection and on the scale benchmark's kept ``collection``, and the
     difference (``collection_cost_mb``)."""
     lookups = lookups or (5 if ctx.quick else 8)
-    kb = ctx.get_kb_settings()
+    kb = ctx.kb_settings
     out: dict[str, Any] = {"lookups": lookups}
     log("memory: baseline child on the runbook collection")
-    try:
-        out["baseline"] = measure(kb.data_dir, kb.collection, ctx.knowledge_dir, ctx.queries, lookups)
-    except Exception as exc:
-        out["baseline"] = error_entry(exc, 800)
+    baseline = partial(measure, kb.data_dir, kb.collection, ctx.knowledge_dir, ctx.queries, lookups)
+    out["baseline"] = guarded("memory: baseline", baseline, 800)
     if not collection:
         out["large"] = {"error": "no large Milvus collection was kept by the scale benchmark"}
         return out
@@ -124,10 +119,8 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
     shutil.copy(kb.l0_index_path, data_dir / "l0_index.json")
     log(f"memory: child on the {collection['rows']:,}-chunk collection")
     try:
-        out["large"] = measure(data_dir, collection["collection"], ctx.knowledge_dir, ctx.queries, lookups)
-        out["large"]["index"] = collection.get("index")
-    except Exception as exc:
-        out["large"] = error_entry(exc, 800)
+        large = partial(measure, data_dir, collection["collection"], ctx.knowledge_dir, ctx.queries, lookups)
+        out["large"] = guarded("memory: large", lambda: large() | {"index": collection.get("index")}, 800)
     finally:
         from rag_core.stores.milvus_server import stop_server
 

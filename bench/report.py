@@ -13,32 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.cold_lookup import COLD_GOAL_S
-from bench.common import RESULTS_DIR
+from bench.common import RESULTS_DIR, ratio
 from bench.embed_throughput import summary_lines
-from bench.engine import GOALS as ENGINE_GOALS
+from bench.engine import BM25_P50_MAX_MS, LOOKUP_VS_FLOOR_MAX, LOOKUP_VS_PG_MAX, SCALE_VS_NUMPY_MAX
 from bench.evaluation import TARGET_CASES_PER_S
-from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, evaluate, ok, section
+from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, ok, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
-from bench.latency import SINGLE_MODEL, TARGET_OVERHEAD
+from bench.latency import SINGLE_MODEL, STAGES, TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
 from rag_core.fileio import write_text_atomic
 from rag_core.markdown import md_table
-
-STAGE_LABELS = {  # the latency benchmark's ``STAGES``, in table order
-    "e2e": "end to end (`lookup` call)",
-    "l0": "L0 hints (query transform)",
-    "embed": "query embedding",
-    "ensemble": "second model (query + chunks on first sight)",
-    "documents": "document similarity (title + centroid)",
-    "search": "L1 retrieval (attempts, store calls + fusion)",
-    "store": "&nbsp;&nbsp;store calls (wall time: the longest L1 attempt)",
-    "fusion": "&nbsp;&nbsp;RRF fusion + attempt logic",
-    "postprocess": "post-processing + rerank",
-    "pack": "context packing",
-    "assemble": "result assembly (relevance, session, trace object)",
-    "trace_handoff": "trace hand-off (row build + recorder)",
-    "pipeline_overhead": "**pipeline overhead** (all but embedding, second model, store search and document vectors)",
-}
 
 # --- templates and tables ----------------------------------------------------------------------------
 
@@ -110,9 +94,12 @@ def _profile(rows: list[dict[str, Any]] | None, caption: str) -> list[str]:
 # --- targets: a table of goals -----------------------------------------------------------------------------
 
 
-def _read(template: str, value: str) -> Callable[[dict[str, Any]], Reading]:
-    """A goal's reading: ``template`` filled on its section, compared value at ``value`` (a dotted key path)."""
-    return lambda d: Reading(_fill(template, d), reduce(lambda v, k: v[k], value.split("."), _V(d)).v)
+def _read(
+    template: str, value: str, also: Callable[[dict[str, Any]], bool] = lambda _d: True
+) -> Callable[[dict[str, Any]], Reading]:
+    """A goal's reading: ``template`` filled on its section, compared value at ``value`` (a dotted key
+    path), ``also``: the goal's further condition on the section."""
+    return lambda d: Reading(_fill(template, d), reduce(lambda v, k: v[k], value.split("."), _V(d)).v, also(d))
 
 
 _OVERHEAD = (
@@ -136,6 +123,35 @@ def _search_100k(store: str, limit: float, label: str) -> Goal:
     return Goal(f"search_100k_{store}", target, f"<= {limit:g}x", "<=", limit, ("scale", "targets"), read, as_times)
 
 
+def _flat_100k(
+    read: Callable[[dict[str, Any], dict[str, Any]], Reading],
+) -> Callable[[dict[str, Any]], Reading | Missing]:
+    """A goal's reader: ``read(flat, numpy_best)`` on the scale benchmark's Milvus FLAT row and
+    NumPy's best row at 100k chunks; Missing when either is absent."""
+
+    def on(size: dict[str, Any]) -> Reading | Missing:
+        milvus = size["stores"].get("milvus") or {}
+        flat = next((c for c in milvus.get("configs", []) if c["config"] == "FLAT"), None)
+        numpy_best = (size["stores"].get("numpy") or {}).get("best")
+        if flat is None or numpy_best is None:
+            return Missing(milvus.get("error", "not run"))
+        return read(flat, numpy_best)
+
+    return on
+
+
+@_flat_100k
+def _flat_vs_numpy(flat: dict[str, Any], numpy_best: dict[str, Any]) -> Reading:
+    flat_p50, numpy_p50 = flat["single_ms"]["p50"], numpy_best["single_ms"]["p50"]
+    measured = f"Milvus {flat_p50} ms vs NumPy {numpy_p50} ms, recall@10 {flat['recall@10']}"
+    return Reading(measured, ratio(flat_p50, numpy_p50, 2), also=flat["recall@10"] >= 0.99)
+
+
+_SERVING_GOAL = (
+    "{lookups} lookups ({lookups_during_ingest} during ingest), p50 {latency_ms[p50]} ms, p95 {latency_ms[p95]} ms, "
+    "{failures} failed, traces {traces}"
+)
+_100K = ("scale", "sizes", "100000")
 _OH, _RAW, _RE = (f"{100 * x:.0f} %" for x in (TARGET_OVERHEAD, TARGET_RATIO, TARGET_REINGEST))
 _CASES = f"{TARGET_CASES_PER_S:,.0f}"
 GOALS: tuple[Goal, ...] = (
@@ -157,13 +173,34 @@ GOALS: tuple[Goal, ...] = (
          "<=", COLD_GOAL_S, ("cold_lookup",),
          _read("fresh `rag lookup` p50 {cold_s[p50]:2} s over {cold_s[n]} processes beside warm in-process p50 "
                "{warm_ms[p50]:1} ms ({cold_over_warm_p50:1}x)", "cold_s.p50"), lambda v: f"{v:.2f} s"),
-    *ENGINE_GOALS,
+    # issue 14 (bench/engine.py)
+    *(Goal(f"engine_lookup_vs_{other}", f"Runbook lookup p50, Milvus path vs {label}", f"<= {limit}x", "<=", limit,
+           ("latency", "vs_floor"), _read(f"Milvus {{milvus[p50]}} ms, {other} {{{other}[p50]}} ms",
+                                          f"milvus_vs_{other}_p50"),
+           as_times, False, ("latency", "vs_floor", "milvus"))
+      for other, limit, label in (("pgvector", LOOKUP_VS_PG_MAX, "pgvector path (warm, after ingest in-process)"),
+                                  ("floor", LOOKUP_VS_FLOOR_MAX, "floor (embedding + exact NumPy + BM25 in memory)"))),
+    Goal("engine_100k_search", "100k chunks: Milvus FLAT search p50 vs exact NumPy",
+         f"<= {SCALE_VS_NUMPY_MAX}x, recall@10 >= 0.99", "<=", SCALE_VS_NUMPY_MAX, _100K, _flat_vs_numpy, as_times,
+         when=_100K),
+    # recall is at most 1: >= 1.0 is = 1.0
+    Goal("engine_100k_filtered", "100k chunks: filtered recall@10 (one category)", "= 1.0", ">=", 1.0, _100K,
+         _flat_100k(lambda flat, _: Reading(_fill("filtered p50 {filtered_single_ms[p50]} ms", flat),
+                                            flat["filtered_recall@10"])),
+         lambda v: f"{v:.3f}", borderline=False, when=_100K),
+    Goal("engine_100k_bm25", "100k chunks: BM25 search p50", f"<= {BM25_P50_MAX_MS} ms", "<=", BM25_P50_MAX_MS,
+         (*_100K, "stores", "milvus"), _read("BM25 p50 {bm25_ms[p50]} ms", "bm25_ms.p50"), lambda v: f"{v:.2f} ms",
+         when=_100K),
+    Goal("engine_ingest_while_serving", "8-thread lookups while another process runs `rag ingest`", "0 failures",
+         "<=", 0, ("engine", "serving"), _read(_SERVING_GOAL, "failures", lambda sv: sv["traces_equal_lookups"] and
+                                               sv["hits_outside_old_and_new_index"] == 0),
+         lambda v: f"{v:g} failed", borderline=False, when=("engine", "serving", "latency_ms")),
 )  # fmt: skip
 
 
 def evaluate_targets(r: Results) -> list[dict[str, Any]]:
     """One row per target (``GOALS``): what was measured (side-by-side figures), the ratio, met or not."""
-    return evaluate(GOALS, r)
+    return [g.row(r) for g in GOALS if section(r, *g.when)]
 
 
 def borderline(r: dict[str, Any], margin: float = 0.15) -> list[dict[str, Any]]:
@@ -235,9 +272,7 @@ def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if ok(every.get(p))]
     shown = every[paths[0]]["stages_ms"] if paths else {}
     columns = [(p, k) for p in paths for k in ("p50", "p95", "p99")]
-    rows = [
-        [STAGE_LABELS[s], *(_f(every[p]["stages_ms"][s][k], 2) for p, k in columns)] for s in STAGE_LABELS if s in shown
-    ]
+    rows = [[STAGES[s], *(_f(every[p]["stages_ms"][s][k], 2) for p, k in columns)] for s in STAGES if s in shown]
     table = md_table(["stage", *(f"{p} {k} ms" for p, k in columns)], rows)
     notes = [_fill(_PATH_NOTE, every[p] | {"name": p}) for p in paths]
     notes += [f"**{p}**: failed: {d.get('error')}" for p, d in every.items() if not ok(d)]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.common import RESULTS_DIR, Budget, Scratch, environment, load_average, log, parse_command_line
+from bench.common import RESULTS_DIR, Scratch, environment, load_average, log, parse_command_line
 from bench.context import BenchContext
 from bench.harness import error_text
 
@@ -45,7 +45,6 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
     from bench import scale
 
     args, sizes, memory_next = st.args, st.sizes, "memory" in st.selected
-    corpus = ctx.get_corpus()
     keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
     opts = scale.ScaleOptions(
         sizes=sizes,
@@ -53,14 +52,14 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
         milvus_max_size=args.milvus_max_size,
         keep_milvus_size=keep if memory_next else None,
         overlap_pg_build=not args.no_overlap,
-        budget=ctx.budget,
+        deadline=ctx.deadline,
         reserve_s=(75 if memory_next else 10),
         show_progress=ctx.show_progress,
         workdir=ctx.scratch.root,
         pg_dsn=ctx.scratch.pg_dsn,
         single_queries=10 if ctx.quick else 20,
     )
-    out = scale.run(scale.BaseData.from_corpus(corpus.chunks, corpus.vectors), ctx.query_vectors, opts)
+    out = scale.run(ctx.corpus, ctx.query_vectors, opts)
     st.memory_collection = out.get("memory_collection")
     return out
 
@@ -126,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     ctx = BenchContext(
         Scratch(),
-        Budget(budget_s),
+        started + budget_s,
         quick=args.quick,
         show_progress=not args.no_progress,
         query_limit=16 if args.quick else None,
@@ -163,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         from rag_core.stores.milvus_server import stop_server
 
-        if ctx.kb_settings is not None:  # the suite's runbook data dir
+        if "kb_settings" in vars(ctx):  # the suite's runbook data dir, when one was made
             stop_server(ctx.kb_settings.data_dir)
         if state.memory_collection and results.get("scale", {}).get("workdir"):
             shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Budget, error_entry, log, progress, ratio, server_memory
-from bench.harness import Stats, Target, measure, section
+from bench.common import guarded, log, progress, ratio, server_memory
+from bench.harness import Stats, Target, call_ms, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
 
@@ -55,7 +55,7 @@ class ScaleOptions:
     single_queries_large: int = 8  # Milvus Lite at >= 50k rows: each query can take ~1 s
     keep_milvus_size: int | None = TARGET_SIZE  # kept (FLAT, released) for the memory benchmark
     overlap_pg_build: bool = True
-    budget: Budget | None = None
+    deadline: float | None = None  # time.perf_counter() by which the run's time budget ends
     reserve_s: float = 0.0
     show_progress: bool = True
     workdir: Path | None = None
@@ -68,10 +68,6 @@ class BaseData:
 
     vectors: np.ndarray
     chunks: list[Chunk]
-
-    @classmethod
-    def from_corpus(cls, chunks: Sequence[Chunk], vectors: np.ndarray) -> BaseData:
-        return cls(np.asarray(vectors, dtype=np.float32), list(chunks))
 
     @classmethod
     def synthetic(cls, n: int = 300, dim: int = 384, seed: int = 0) -> BaseData:
@@ -271,11 +267,6 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
         return out
 
 
-def call_ms(fn: Callable[[Any], Any], inputs: Sequence[Any], warmup: Sequence[Any]) -> dict[str, Any]:
-    """Latency (ms: p50, p95, ...) of ``fn`` called once per input, after the untimed ``warmup`` calls."""
-    return measure([Target("call", lambda _h, x: fn(x))], inputs, warmup=warmup)["call"].stats.to_dict()
-
-
 # --- NumPy --------------------------------------------------------------------------------------------
 
 
@@ -358,10 +349,6 @@ def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> fl
     return time.perf_counter() - t0
 
 
-def _hit_row(hit: dict[str, Any]) -> int:
-    return int(str(hit["entity"].get("chunk_id", hit.get("id")))[1:])
-
-
 def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_single: int) -> SearchConfig:
     """Raw pymilvus dense search (chunk ids only) with ``params``; one query = a batch of one."""
     sp = {"metric_type": "COSINE", "params": params}
@@ -371,7 +358,7 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
         res = client.search(
             COLLECTION, data, filter=where, limit=k, output_fields=["chunk_id"], search_params=sp, anns_field="vector"
         )
-        return [[_hit_row(h) for h in hits] for hits in res]
+        return [[int(str(h["entity"].get("chunk_id", h.get("id")))[1:]) for h in hits] for hits in res]
 
     return SearchConfig(name, lambda q, f: batch(q[None, :], f)[0], batch, single_queries=n_single)
 
@@ -386,18 +373,6 @@ def bm25_terms(base: BaseData, n: int) -> list[str]:
         words = list(dict.fromkeys(text.split())) or ["pod"]
         terms.append(" ".join(rng.choice(words, size=min(3, len(words)), replace=False)))
     return terms
-
-
-def milvus_bm25(client: Any, terms: Sequence[str], k: int) -> dict[str, Any]:
-    """Single-query BM25 search latency (the raw sparse call) on ``terms``; the first is a warm-up."""
-
-    def search(text: str) -> Any:
-        sp = {"metric_type": "BM25"}
-        return client.search(
-            COLLECTION, [text], limit=k, output_fields=["chunk_id"], search_params=sp, anns_field="sparse"
-        )
-
-    return call_ms(search, terms[1:], terms[:1])
 
 
 @dataclass(frozen=True)
@@ -442,7 +417,9 @@ def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
     opts, ds, k = run.opts, sr.ds, run.opts.k
     t0 = time.perf_counter()
     configs = [measure_config(milvus_config(m.client, k, {}, "FLAT", sr.n_single), ds, k)]
-    bm25_ms = milvus_bm25(m.client, run.terms[: sr.n_single + 1], k)
+    bm25 = {"limit": k, "output_fields": ["chunk_id"], "search_params": {"metric_type": "BM25"}, "anns_field": "sparse"}
+    terms = run.terms[: sr.n_single + 1]  # single-query BM25 latency (the raw sparse call); the first is a warm-up
+    bm25_ms = call_ms(lambda text: m.client.search(COLLECTION, [text], **bm25), terms[1:], terms[:1])
     run.per_row["milvus_flat_query"] = (sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
     for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
         build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
@@ -602,9 +579,9 @@ class ScaleRun:
 
     def fits(self, what: str, n: int, seconds: float | None) -> bool:
         """Whether an estimated ``seconds`` fits the budget left (recording a skip when not)."""
-        if seconds is None or self.opts.budget is None:
+        if seconds is None or self.opts.deadline is None:
             return True
-        left = self.opts.budget.remaining() - self.opts.reserve_s
+        left = self.opts.deadline - time.perf_counter() - self.opts.reserve_s
         if seconds <= left:
             return True
         budget = f"{max(0.0, left):.0f} s left in the run's time budget"
@@ -643,7 +620,7 @@ class ScaleRun:
         res |= {"stores": {}, "rare_rows": int(len(ds.rare_rows))}
         sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
         want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
-        res["stores"]["numpy"] = self._guard(sr, "numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
+        res["stores"]["numpy"] = guarded(f"scale {n:,}: numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
         with ThreadPoolExecutor(2, thread_name_prefix="store-load") as pool:
             pg = pool.submit(pg_load, self, sr) if want_pg else None
             if pg is not None and not self.opts.overlap_pg_build:
@@ -660,25 +637,16 @@ class ScaleRun:
 
     def _finish(self, sr: SizeRun, name: str, fut: Loaded, entry: Step, close: Step) -> None:
         """Wait for the load, measure (``entry``: the store's results entry), close; a failed load
-        becomes the store's error entry."""
-        try:
-            handle, setup = fut.result()
-        except Exception as exc:
-            log(f"scale {sr.n:,}: {name} load failed: {exc}")
-            sr.res["stores"][name] = error_entry(exc)
-            return
-        sr.res["setup"][name] = setup
-        try:
-            sr.res["stores"][name] = self._guard(sr, name, lambda: entry(self, sr, handle))
-        finally:
-            close(self, sr, handle)
+        or measurement becomes the store's error entry."""
 
-    def _guard(self, sr: SizeRun, name: str, entry: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        try:
-            return entry()
-        except Exception as exc:  # one store failing must not lose the others
-            log(f"scale {sr.n:,}: {name} failed: {exc}")
-            return error_entry(exc)
+        def measured() -> Any:
+            handle, sr.res["setup"][name] = fut.result()
+            try:
+                return entry(self, sr, handle)
+            finally:
+                close(self, sr, handle)
+
+        sr.res["stores"][name] = guarded(f"scale {sr.n:,}: {name}", measured)
 
 
 def _vs_numpy(stores: dict[str, Any]) -> None:

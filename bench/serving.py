@@ -58,11 +58,9 @@ class ServingRun:
         }
 
 
-def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path, Path, dict[str, str]]:
-    """Copy ``corpus`` to ``work/kb`` (old state) and ``work/new`` (new state).
-
-    Returns (kb, new, changes): ``changes`` names the added / changed / deleted doc ids.
-    """
+def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path, Path, str]:
+    """Copy ``corpus`` to ``work/kb`` (old state) and ``work/new`` (new state: every ``hold_every``-th
+    document added, one changed, one deleted). Returns (kb, new, the doc id of one added document)."""
     kb, new = work / "kb", work / "new"
     shutil.copytree(corpus, new)
     docs = sorted(p for p in new.rglob("*.md") if p.name != "_index.md")
@@ -74,8 +72,7 @@ def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path,
     note = "\n\n## Ingest-while-serving note\n\nA paragraph added by the benchmark.\n"
     changed.write_text(changed.read_text(encoding="utf-8") + note, encoding="utf-8")
     deleted.unlink()
-    changes = {"added": held[0], "changed": changed, "deleted": deleted}
-    return kb, new, {k: p.relative_to(new).as_posix() for k, p in changes.items()} | {"added_count": str(len(held))}
+    return kb, new, held[0].relative_to(new).as_posix()
 
 
 def cli_while(
@@ -116,7 +113,7 @@ def run(
     from rag_core.lookup.tool import LookupKnowledgeTool
     from rag_core.stores.milvus import MilvusStore
 
-    kb, new, changes = prepare_states(corpus, work)
+    kb, new, added = prepare_states(corpus, work)
     settings = settings.model_copy(update={"knowledge_dir": kb, "sidecar_enabled": False, "trace_enabled": True})
     # {chunk_id: text} of either state, as ingestion chunks it
     old_chunks, new_chunks = ({c.chunk_id: c.text for c in chunk_dir(root, settings)} for root in (kb, new))
@@ -168,10 +165,9 @@ def run(
     out.ingest_output, out.ingest_returncode, out.ingest_seconds = cli
     for i in range(after_lookups):
         one(queries[i % len(queries)], "serve-after")
-    title = Path(changes["added"]).stem
-    result = tool.lookup(title)  # a held-back document, by its alert name: only in the new index
+    result = tool.lookup(Path(added).stem)  # a held-back document, by its alert name: only in the new index
     out.lookups += 1
-    out.new_doc_found_after = changes["added"] in [b.doc_id for b in result.evidence_blocks]
+    out.new_doc_found_after = added in [b.doc_id for b in result.evidence_blocks]
     tool.close()
     out.traces = len(recorder.rows)
     return out
