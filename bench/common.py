@@ -116,10 +116,9 @@ def log(msg: str) -> None:
 
 
 def child_json(module: str, *args: str, fresh_rss: bool = False, timeout: float | None = None) -> dict[str, Any]:
-    """``python -m module *args`` from the project root; the JSON object on its last stdout line
-    (its stderr, progress included, goes to ours). ``fresh_rss``: started through ``sh -c`` that
-    cannot exec it in place, so the child does not inherit this process' ``ru_maxrss`` (Linux
-    keeps the high-water mark across fork + exec). RuntimeError when the child fails."""
+    """``python -m module *args`` from the project root (stderr to ours): the JSON object on its last
+    stdout line; RuntimeError when it fails. ``fresh_rss``: through ``sh -c`` (no exec in place), so the
+    child does not inherit this process' ``ru_maxrss`` (Linux keeps it across fork + exec)."""
     cmd = [sys.executable, "-m", module, *args]
     if fresh_rss:
         cmd = ["/bin/sh", "-c", shlex.join(cmd) + "; exit $?"]
@@ -235,9 +234,8 @@ def profile_top(
     exclude_functions: Sequence[str] = (),
     per: int = 1,
 ) -> list[dict[str, Any]]:
-    """Run ``fn`` under cProfile; the ``top`` functions by ``sort`` (optionally only those whose
-    file path contains one of ``include`` and none of ``exclude``, and whose name is not in
-    ``exclude_functions``), times in ms divided by ``per`` (e.g. per call)."""
+    """The ``top`` functions of ``fn`` under cProfile by ``sort`` (file path containing one of ``include``,
+    none of ``exclude``; name not in ``exclude_functions``), times in ms divided by ``per``."""
     with cProfile.Profile() as prof:
         fn()
     rows = [

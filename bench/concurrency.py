@@ -17,12 +17,14 @@ from bench.context import BenchContext
 from bench.latency import build_tool
 from rag_core.traces.recorder import MemoryRecorder
 
+PATHS, THREADS = ("milvus", "pgvector"), (1, 2, 4, 8)
 
-def measure(tool, queries: list[str], threads: int, lookups: int) -> dict[str, Any]:
-    work = [queries[i % len(queries)] for i in range(lookups)]
 
-    def one(i_q: tuple[int, str]) -> float:
-        i, q = i_q
+def measure(tool: Any, queries: list[str], threads: int, lookups: int) -> dict[str, Any]:
+    """``lookups`` lookups (``queries`` in turn) on ``threads`` threads: lookups/s, latency (ms), CPU s per wall s."""
+
+    def one(i: int) -> float:
+        q = queries[i % len(queries)]
         t0 = time.perf_counter()
         result = tool.lookup(q, session_id=f"bench-conc-{i % 16}")
         if result.status != "ok":
@@ -31,7 +33,7 @@ def measure(tool, queries: list[str], threads: int, lookups: int) -> dict[str, A
 
     cpu0, t0 = time.process_time(), time.perf_counter()
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bench") as pool:
-        latencies = list(pool.map(one, enumerate(work)))
+        latencies = list(pool.map(one, range(lookups)))
     wall = time.perf_counter() - t0
     cpu = time.process_time() - cpu0
     return {
@@ -44,24 +46,20 @@ def measure(tool, queries: list[str], threads: int, lookups: int) -> dict[str, A
     }
 
 
-def run(
-    ctx: BenchContext,
-    paths: tuple[str, ...] = ("milvus", "pgvector"),
-    threads: tuple[int, ...] = (1, 2, 4, 8),
-    lookups: int | None = None,
-) -> dict[str, Any]:
-    lookups = lookups or (16 if ctx.quick else 48)
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """:func:`measure` per path and thread count (``THREADS``), on one tool per path."""
+    lookups = 16 if ctx.quick else 48
 
     def rows(path: str) -> list[dict[str, Any]]:
-        log(f"concurrency: {path} path, threads {threads}, {lookups} lookups each")
+        log(f"concurrency: {path} path, threads {THREADS}, {lookups} lookups each")
         tool = build_tool(ctx.kb_settings, ctx.store(path), ctx.embedder, MemoryRecorder())
         for q in ctx.queries[:8]:
             tool.lookup(q)
-        out = [measure(tool, ctx.queries, t, lookups) for t in threads]
+        out = [measure(tool, ctx.queries, t, lookups) for t in THREADS]
         for r in out:
             r["speedup_vs_1"] = ratio(r["lookups_per_s"], out[0]["lookups_per_s"], 2)
         tool.close()
         return out
 
-    by_path = {path: guarded(f"concurrency: {path}", partial(rows, path)) for path in paths}
-    return {"threads": list(threads), "lookups_per_config": lookups, "paths": by_path}
+    by_path = {path: guarded(f"concurrency: {path}", partial(rows, path)) for path in PATHS}
+    return {"threads": list(THREADS), "lookups_per_config": lookups, "paths": by_path}

@@ -34,9 +34,8 @@ class BenchContext:
     @cached_property
     def embedder(self) -> Any:
         """The configured backend (RAG_EMBEDDING_BACKEND, else the default), loaded up front."""
-        embedder, self.notes["model_load_s"] = warm_embedder(
-            make_settings(self.scratch.dir("model"), self.knowledge_dir)
-        )
+        settings = make_settings(self.scratch.dir("model"), self.knowledge_dir)
+        embedder, self.notes["model_load_s"] = warm_embedder(settings)
         log(f"embedding model loaded in {self.notes['model_load_s']} s")
         return embedder
 

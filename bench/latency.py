@@ -19,6 +19,7 @@ from rag_core.traces.recorder import MemoryRecorder
 
 TARGET_OVERHEAD = 0.20
 SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second model
+PATHS = ("milvus", f"milvus{SINGLE_MODEL}", "pgvector")  # the lookup paths, in the report's order
 TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
 STAGES = {  # each figure of a lookup (ms), in the report's table order: its label there
     "e2e": "end to end (`lookup` call)",
@@ -49,8 +50,7 @@ def build_tool(settings, store, embedder, recorder=None, single_model=False):
     update = {"sidecar_enabled": False, "trace_enabled": recorder is not None}
     if single_model:
         update["ensemble_backend"] = "none"
-    quiet = settings.model_copy(update=update)
-    return LookupKnowledgeTool(quiet, store=store, embedder=embedder, recorder=recorder)
+    return LookupKnowledgeTool(settings.model_copy(update=update), store=store, embedder=embedder, recorder=recorder)
 
 
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
@@ -184,14 +184,9 @@ def embedding_threads(ctx: BenchContext) -> dict[str, Any]:
     return out
 
 
-def run(
-    ctx: BenchContext,
-    paths: tuple[str, ...] = ("milvus", f"milvus{SINGLE_MODEL}", "pgvector"),
-    rounds: int | None = None,
-) -> dict[str, Any]:
+def run(ctx: BenchContext, paths: tuple[str, ...] = PATHS) -> dict[str, Any]:
     """The paths' lookups and the floor are interleaved (query by query), so they see the same machine load."""
-    rounds = rounds or (1 if ctx.quick else 3)
-    queries = ctx.queries
+    rounds, queries = (1 if ctx.quick else 3), ctx.queries
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
     out["store_means"] = STORE_MS_MEANS
     runners: dict[str, _Path] = {}  # the paths opened (by ``measure``), closed here after the profiles

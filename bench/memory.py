@@ -103,10 +103,10 @@ def measure(
     return out
 
 
-def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | None = None) -> dict[str, Any]:
+def run(ctx: BenchContext, collection: dict[str, Any] | None) -> dict[str, Any]:
     """The child on the runbook collection and on the scale benchmark's kept ``collection``, and the
     difference (``collection_cost_mb``)."""
-    lookups = lookups or (5 if ctx.quick else 8)
+    lookups = 5 if ctx.quick else 8
     kb = ctx.kb_settings
     out: dict[str, Any] = {"lookups": lookups}
     log("memory: baseline child on the runbook collection")
@@ -125,7 +125,7 @@ def run(ctx: BenchContext, collection: dict[str, Any] | None, lookups: int | Non
         from rag_core.stores.milvus_server import stop_server
 
         stop_server(data_dir)
-    base, large = out.get("baseline", {}), out["large"]
+    base, large = out["baseline"], out["large"]
     if harness.ok(base) and harness.ok(large):
         out["collection_cost_mb"] = {
             "peak_ru_maxrss": round(large["peak_rss_mb_ru_maxrss"] - base["peak_rss_mb_ru_maxrss"], 1),

@@ -19,7 +19,7 @@ from bench.engine import BM25_P50_MAX_MS, LOOKUP_VS_FLOOR_MAX, LOOKUP_VS_PG_MAX,
 from bench.evaluation import TARGET_CASES_PER_S
 from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, ok, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
-from bench.latency import SINGLE_MODEL, STAGES, TARGET_OVERHEAD
+from bench.latency import PATHS, STAGES, TARGET_OVERHEAD
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
 from rag_core.fileio import write_text_atomic
 from rag_core.markdown import md_table
@@ -269,7 +269,7 @@ _PATH_NOTE = (
 
 def _latency(lat: dict[str, Any], _r: Results) -> list[str]:
     every = lat["paths"]
-    paths = [p for p in ("milvus", f"milvus{SINGLE_MODEL}", "pgvector") if ok(every.get(p))]
+    paths = [p for p in PATHS if ok(every.get(p))]
     shown = every[paths[0]]["stages_ms"] if paths else {}
     columns = [(p, k) for p in paths for k in ("p50", "p95", "p99")]
     rows = [[STAGES[s], *(_f(every[p]["stages_ms"][s][k], 2) for p, k in columns)] for s in STAGES if s in shown]
@@ -544,8 +544,7 @@ _SERVING = (
 
 
 def _engine(eng: dict[str, Any] | None, r: Results) -> list[str]:
-    """Issue 14: lookup p50 Milvus vs pgvector vs floor (the latency benchmark's ``vs_floor``), the
-    flush effect, ingest while serving."""
+    """Issue 14: lookup p50 per path (the latency benchmark's ``vs_floor``), flush effect, ingest while serving."""
     lk, out = section(r, "latency", "vs_floor"), []
     if "milvus" in lk:
         rows = [
@@ -603,9 +602,8 @@ def _caveats(_m: Any, r: Results) -> list[str]:
 @dataclass(frozen=True)
 class _Section:
     """One ``##`` section: ``body(results[key], results)`` gives its blocks when the section is ready
-    (``results[key]`` has no error and holds one of ``need``, or any key without ``need``; or
-    ``ready(results)`` when given); otherwise a "Not run or failed" line, or nothing when
-    ``optional``. ``markdown`` adds ``chart`` (the chart's file name or None) to the results it passes."""
+    (no error and one of ``need`` present, or ``ready(results)``), else "Not run or failed" (nothing
+    when ``optional``). The results passed carry ``chart``: the chart's file name or None."""
 
     key: str
     title: str

@@ -1,14 +1,11 @@
 """Store search at scale (ms, queries/s, recall@10): Milvus (the embedded server of a scratch data
 dir), pgvector and an exact NumPy top-k over the same vectors, filled by the stores' ``bulk_load``.
 
-Vectors: the real chunk embeddings, scaled up to each size by perturbed copies (``sigma`` per
-dimension, renormalised) keeping their source chunk's payload; 3 % of the rows get the category
-``bench_rare`` for the filtered searches. Per size and configuration: single-query latency, batched
-throughput (all queries in one call) and tie-tolerant recall@10 against NumPy (a hit counts when its
-score is >= the exact 10th-best minus 1e-5), unfiltered and filtered: Milvus FLAT (and IVF_FLAT where
-asked; the embedded engine has no HNSW), pgvector HNSW at several ``hnsw.ef_search`` and an exact
-scan; a store's best = fastest p50 with recall@10 >= 0.95. Then the product store calls. Steps whose
-estimate does not fit the run's budget are skipped, with the reason recorded.
+Vectors: the real chunk embeddings scaled up by perturbed copies (:func:`synthesize`); 3 % of the
+rows get the category ``bench_rare`` for the filtered searches. Per size and configuration
+(:func:`measure_config`): Milvus FLAT (IVF_FLAT where asked; the embedded engine has no HNSW),
+pgvector HNSW at several ``hnsw.ef_search`` and an exact scan, then the product store calls. Steps
+whose estimate does not fit the run's budget are skipped, with the reason recorded.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import guarded, log, progress, ratio, server_memory
+from bench.common import guarded, log, progress, ratio, server_memory, timed
 from bench.harness import Stats, Target, call_ms, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
@@ -97,6 +94,8 @@ class Dataset:
 def synthesize(
     base: BaseData, n: int, sigma: float, rare_fraction: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` rows: the base vectors, then random base rows + N(0, sigma^2) per dimension, renormalised;
+    (vectors (n, dim), each row's base row, the rare mask)."""
     rng = np.random.default_rng(seed)
     nb, dim = base.vectors.shape
     source = np.concatenate([np.arange(min(nb, n)), rng.integers(0, nb, max(0, n - nb))])
@@ -118,7 +117,8 @@ def topk(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def recall_at_k(found: Sequence[Sequence[int]] | np.ndarray, ds: Dataset, filtered: bool, k: int) -> float:
-    """Tie-tolerant recall@k of ``found`` ids per query against the exact result."""
+    """Tie-tolerant recall@k of ``found`` ids per query: a hit counts when its score is >= the exact
+    k-th best minus 1e-5."""
     kth = ds.gt_f_kth if filtered else ds.gt_kth
     total = 0.0
     for qi, ids in enumerate(found):
@@ -201,10 +201,7 @@ class ConfigRow:
 
 def _both(fn: Callable[[np.ndarray, bool], Any]) -> list[Target[None, np.ndarray, Any]]:
     """The unfiltered and the filtered call as two targets (timed interleaved, query by query)."""
-    return [
-        Target("all", lambda _h, q: fn(q, False)),
-        Target("filtered", lambda _h, q: fn(q, True)),
-    ]
+    return [Target("all", lambda _h, q: fn(q, False)), Target("filtered", lambda _h, q: fn(q, True))]
 
 
 def measure_config(cfg: SearchConfig, ds: Dataset, k: int) -> ConfigRow:
@@ -219,17 +216,9 @@ def measure_config(cfg: SearchConfig, ds: Dataset, k: int) -> ConfigRow:
         found, found_f = single["all"].results, single["filtered"].results
     else:
         found, found_f = batch["all"].results[0], batch["filtered"].results[0]
-    return ConfigRow(
-        cfg.name,
-        nq,
-        single["all"].stats,
-        single["filtered"].stats,
-        recall_at_k(found, ds, False, k),
-        recall_at_k(found_f, ds, True, k),
-        batch_s=batch["all"].seconds if batch else None,
-        filtered_batch_s=batch["filtered"].seconds if batch else None,
-        extra=cfg.extra,
-    )
+    recalls = recall_at_k(found, ds, False, k), recall_at_k(found_f, ds, True, k)
+    batch_s = (batch["all"].seconds, batch["filtered"].seconds) if batch else (None, None)
+    return ConfigRow(cfg.name, nq, single["all"].stats, single["filtered"].stats, *recalls, *batch_s, cfg.extra)
 
 
 def best_config(configs: Sequence[ConfigRow]) -> ConfigRow | None:
@@ -614,9 +603,8 @@ class ScaleRun:
         same time unless --no-overlap (each in a thread; the servers work in their own processes); then
         pgvector's searches, then Milvus's, once both loads are done (nothing is timed while a load runs)."""
         log(f"scale: {n:,} vectors")
-        t0 = time.perf_counter()
-        ds = build_dataset(self.base, self.Q, n, self.opts)
-        res: dict[str, Any] = {"rows": n, "setup": {"generate_and_exact_gt_s": round(time.perf_counter() - t0, 2)}}
+        ds, generate_s = timed(lambda: build_dataset(self.base, self.Q, n, self.opts))
+        res: dict[str, Any] = {"rows": n, "setup": {"generate_and_exact_gt_s": round(generate_s, 2)}}
         res |= {"stores": {}, "rare_rows": int(len(ds.rare_rows))}
         sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
         want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)

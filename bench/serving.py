@@ -1,11 +1,10 @@
 """Ingest while the agent serves: ``threads`` lookup threads here while another process runs `rag ingest`.
 
-A scratch copy of the runbook corpus in two states (old: a share of the documents held back; new:
-them added, one changed, one deleted): the old state is ingested, a ``LookupKnowledgeTool`` opened
-on the data dir's Milvus server, the files switched to the new state and `rag ingest` started.
-Checks (the integration test asserts them, the benchmark reports them): no lookup fails and the
-ingest exits 0; every candidate is a chunk of the old or the new index (same id and text); traces
-= lookups; after the ingest, lookups see the new index.
+A scratch copy of the runbook corpus in its old state (some documents held back) is ingested and
+served; the files switch to the new state (those added, one changed, one deleted) and `rag ingest`
+runs. Checks (the integration test asserts them, the benchmark reports them): no lookup fails, the
+ingest exits 0, every candidate is a chunk of the old or new index (same id and text), traces =
+lookups, and after the ingest lookups see the new index.
 """
 
 from __future__ import annotations
