@@ -321,8 +321,8 @@ def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit
             embedder.embed_passages(texts[i : i + MIN_STEP])
         return round(time.perf_counter() - t0, 2)
 
-    raw_s = [raw()]
-    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_s[0]:.1f} s")
+    raw_before = raw()
+    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_before:.1f} s")
     stores = make_stores(settings)
     cache, identity = EmbeddingCache.under(data), embedder.identity()
     cached = cache.count(identity)
@@ -342,11 +342,9 @@ def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit
         for store in stores:
             store.close()
     ingest_s = round(time.perf_counter() - t0, 2)
-    raw_s.append(raw())
-    cached_after = cache.count(identity)
+    raw_mean = (raw_before + raw()) / 2  # before and after the ingest
     # interrupted: the part done is the vectors the run added to the cache (chunks and titles)
-    ingest_chunks = cached_after - cached if interrupted else report.chunks_total or n_chunks
-    raw_mean = sum(raw_s) / len(raw_s)
+    ingest_chunks = cache.count(identity) - cached if interrupted else report.chunks_total or n_chunks
     raw_rate = round(len(texts) / raw_mean, 2) if raw_mean else None
     ingest_rate = round(ingest_chunks / ingest_s, 2)
     return {
