@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.common import load_average, log, ratio, summarize
 from bench.context import BenchContext
-from bench.harness import Target, measure
+from bench.harness import call_ms
 from bench.serving import RAG_CLI, rebuild_env
 
 COLD_GOAL_S = 2.0
@@ -38,13 +38,15 @@ def cold_seconds(env: dict[str, str], query: str) -> float:
     return seconds
 
 
-def warm_ms(ctx: BenchContext, queries: list[str]) -> list[float]:
-    """Milliseconds per lookup of one warmed-up tool over ``queries``."""
+def warm_ms(ctx: BenchContext, queries: list[str]) -> dict[str, Any]:
+    """Latency (ms: p50, p95, ...) of one tool's lookups over ``queries``, after a warm-up pass."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
     tool = LookupKnowledgeTool(ctx.kb_settings.model_copy(update={"trace_enabled": False}))
-    target = Target("warm", lambda t, q: t.lookup(q), open=lambda: tool, close=lambda t: t.close())
-    return measure([target], queries, warmup=queries)["warm"].ms
+    try:
+        return call_ms(tool.lookup, queries, warmup=queries)
+    finally:
+        tool.close()
 
 
 def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
@@ -53,9 +55,8 @@ def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
     env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
     queries = ctx.queries[:n]
     log(f"cold lookup: {n} fresh `rag lookup` processes")
-    cold = [cold_seconds(env, q) for q in queries]
-    warm = warm_ms(ctx, queries)
-    cold_s, warm_s = summarize(cold), summarize(warm)
+    cold_s = summarize([cold_seconds(env, q) for q in queries])
+    warm_s = warm_ms(ctx, queries)
     out = {
         "queries": queries,
         "cold_s": cold_s,

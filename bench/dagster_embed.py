@@ -15,7 +15,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -23,7 +22,7 @@ from unittest.mock import patch
 import dagster as dg
 import numpy as np
 
-from bench.common import RUNBOOKS, load_average, log, parse_command_line, ratio
+from bench.common import RUNBOOKS, load_average, log, parse_command_line, ratio, timed
 from rag_core.markdown import md_table
 
 JOB = "bench_chunk_embeddings"
@@ -68,9 +67,7 @@ def _run(data_dir: Path, shards: int, executor: str, workers: int, instance: dg.
         reconstructable_args=(str(data_dir), shards, executor, workers),
         reconstructor_working_directory=str(Path(__file__).resolve().parent.parent),
     )
-    start = time.perf_counter()
-    result = dg.execute_job(recon, instance, raise_on_error=False)
-    wall = time.perf_counter() - start
+    result, wall = timed(lambda: dg.execute_job(recon, instance, raise_on_error=False))
     if not result.success:
         raise RuntimeError(f"{executor} run failed: {[e.message for e in result.all_events if e.is_failure][:3]}")
     stored = data_dir / "dagster" / "chunk_embeddings.json"

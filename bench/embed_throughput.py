@@ -11,7 +11,6 @@ message when ``../shared/corpora`` is absent.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 import time
@@ -34,6 +33,7 @@ from bench.common import (
     warm_embedder,
 )
 from bench.harness import Stats, Target, Timing, measure
+from bench.kb_scale import DIM, FastFakeEmbedder
 
 STEP = 256  # rag_core.ingest.embed.MIN_STEP: chunks per embed_passages call of the ingest
 CONCURRENCY = (1, 2, 4, 8)
@@ -215,10 +215,11 @@ def run_runtimes(
 # --- OpenAI-compatible endpoint ---------------------------------------------------------------------
 
 
-def _fake_server(delay_s: float, per_text_s: float, slots: int, dim: int) -> ThreadingHTTPServer:
+def _fake_server(delay_s: float, per_text_s: float, slots: int) -> ThreadingHTTPServer:
     """A local ``POST /v1/embeddings`` answering after ``delay_s + per_text_s * inputs``, at most
-    ``slots`` requests at once (the others queue), deterministic unit vectors of ``dim``."""
+    ``slots`` requests at once (the others queue), the ``DIM``-d vectors of ``FastFakeEmbedder``."""
     gate = threading.Semaphore(slots)
+    fake = FastFakeEmbedder()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -228,11 +229,8 @@ def _fake_server(delay_s: float, per_text_s: float, slots: int, dim: int) -> Thr
             texts = body["input"]
             with gate:
                 time.sleep(delay_s + per_text_s * len(texts))
-            data = []
-            for i, text in enumerate(texts):
-                seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little")
-                vec = np.random.default_rng(seed).normal(size=dim)
-                data.append({"index": i, "embedding": (vec / np.linalg.norm(vec)).round(6).tolist()})
+            vectors = fake.embed_queries(texts).astype(float).round(6).tolist()
+            data = [{"index": i, "embedding": vec} for i, vec in enumerate(vectors)]
             payload = json.dumps({"object": "list", "data": data}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -253,12 +251,11 @@ def run_endpoint(texts: list[str], delay_ms: float, per_text_ms: float, slots: i
     """chunks/s of ``OpenAIEmbedder.embed_passages`` at each concurrency, same texts and server."""
     from rag_core.embedding.openai_compat import OpenAIEmbedder
 
-    dim = 384
-    server = _fake_server(delay_ms / 1000, per_text_ms / 1000, slots, dim)
+    server = _fake_server(delay_ms / 1000, per_text_ms / 1000, slots)
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
 
     def client(c: int) -> Callable[[], Any]:
-        return lambda: OpenAIEmbedder(url, "fake", dimension=dim, batch_size=batch, concurrency=c)
+        return lambda: OpenAIEmbedder(url, "fake", dimension=DIM, batch_size=batch, concurrency=c)
 
     targets = [
         Target(str(c), lambda cl, t: cl.embed_passages(t), client(c), lambda cl: cl.close()) for c in CONCURRENCY

@@ -515,7 +515,6 @@ def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -
     new = L0Index.build(index_docs)
     build_s = time.perf_counter() - t0
     old = LinearL0Index(new.entries.values())
-    old._linear_choices()
     targets: list[Target[None, str, Any]] = [
         Target("indexed", lambda _h, q: new.analyze_query(q)),
         Target("linear", lambda _h, q: old.analyze_query(q)),

@@ -1,8 +1,8 @@
 """The L0 lookup as it was before issue 23: every query scores every document (a Python loop
 over all entries, and one rapidfuzz ``cdist`` over every fuzzy choice).
 
-Kept verbatim (only the loop, the fuzzy pass and the category pass; the index's build is
-shared) as the reference the indexed ``L0Index.analyze_query`` must equal
+Kept verbatim (only the loop, the fuzzy pass and the category pass; the index's build, its
+fuzzy choices and ``_unique`` are shared) as the reference the indexed ``L0Index.analyze_query`` must equal
 (``tests/test_l0_indexed.py``) and as the "before" column of ``bench/kb_scale.py``.
 """
 
@@ -23,9 +23,11 @@ from rag_core.l0 import (
     MAX_MATCHES,
     NAME_COVERAGE,
     DocMatch,
+    L0Entry,
     L0Hints,
     L0Index,
     _form,
+    _unique,
     compact,
 )
 from rag_core.text import normalize, tokenize
@@ -33,6 +35,13 @@ from rag_core.text import normalize, tokenize
 
 class LinearL0Index(L0Index):
     """``L0Index`` answering by a linear scan over every entry (the pre-issue-23 code)."""
+
+    def __init__(self, entries: Iterable[L0Entry]) -> None:
+        super().__init__(entries)
+        # The index's fuzzy choices in the pre-issue-23 (scan) order: (compact name, doc id, display name).
+        per_name = zip(self._fuzzy_sorted, self._fuzzy_docs, strict=True)
+        ranked = sorted((order, c, d, name) for c, docs in per_name for order, d, name in docs)
+        self._linear_choices = [(c, d, name) for _order, c, d, name in ranked]
 
     def analyze_query(self, query: str, alert_names: Iterable[str] = (), metric_names: Iterable[str] = ()) -> L0Hints:
         alerts, metrics = _unique(alert_names), _unique(metric_names)
@@ -108,7 +117,7 @@ class LinearL0Index(L0Index):
         return sorted(c for c in named if not any(c != o and compact(c) in compact(o) for o in named))
 
     def _linear_fuzzy(self, text: str, q_compact: str) -> tuple[dict[str, float], dict[str, str]]:
-        fuzzy_choices = self._linear_choices()
+        fuzzy_choices = self._linear_choices
         if not fuzzy_choices:
             return {}, {}
         words = _ASCII_WORD.findall(normalize(text))
@@ -145,21 +154,6 @@ class LinearL0Index(L0Index):
                 corrections[span] = name
         return best, corrections
 
-    def _linear_choices(self) -> list[tuple[str, str, str]]:
-        """The fuzzy choices in the pre-issue-23 order: (compact name, doc id, display name)."""
-        cached: list[tuple[str, str, str]] | None = getattr(self, "_linear_fuzzy_choices", None)
-        if cached is None:
-            fuzzy: dict[tuple[str, str], str] = {}
-            for d, e in self.entries.items():
-                for form, name in zip(self._names[d], e.names, strict=True):
-                    if len(form[0]) >= FUZZY_MIN_LEN and form[0].isascii():
-                        key = (form[0], d)
-                        if key not in fuzzy or " " in fuzzy[key]:
-                            fuzzy[key] = name
-            cached = [(c, d, name) for (c, d), name in fuzzy.items()]
-            self._linear_fuzzy_choices = cached
-        return cached
-
 
 def _linear_term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
     c, toks = _form(term)
@@ -168,12 +162,3 @@ def _linear_term_in(term: str, q_tokens: set[str], q_compact: str) -> bool:
     if len(c) >= 2 and not c.isascii() and c in q_compact:
         return True
     return bool(toks) and toks <= q_tokens
-
-
-def _unique(items: Iterable[str]) -> list[str]:
-    seen: dict[str, None] = {}
-    for item in items:
-        item = item.strip()
-        if item and item.lower() not in {s.lower() for s in seen}:
-            seen[item] = None
-    return list(seen)

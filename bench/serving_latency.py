@@ -149,13 +149,12 @@ def run(rounds: int = 3, n_queries: int = 24, clients: tuple[int, ...] = CLIENTS
         return {}
     with tempfile.TemporaryDirectory(prefix="rag-serving-latency-") as tmp:
         data = Path(tmp)
-        settings = make_settings(data, ensemble_backend="none", sidecar_enabled=False)
+        settings = make_settings(data, ensemble_backend="none", sidecar_enabled=False, trace_enabled=True)
         embedder = make_embedder(settings)
         store = make_main_store(settings)
-        ingest(settings, embedder, [store], progress=False)
-        traced = settings.model_copy(update={"trace_enabled": True})
-        recorder = CountingRecorder.from_settings(traced)
-        tool = LookupKnowledgeTool(traced, embedder=embedder, store=store, recorder=recorder)
+        ingest(settings, embedder, [store], progress=False)  # ingest writes no traces
+        recorder = CountingRecorder.from_settings(settings)
+        tool = LookupKnowledgeTool(settings, embedder=embedder, store=store, recorder=recorder)
         server, thread, base = _serve(tool)
         try:
             queries = benchmark_queries(n_queries)
