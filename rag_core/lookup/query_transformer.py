@@ -104,8 +104,8 @@ class QueryTransformSummary(BaseModel):
     ``original_chars`` (length of the query as given), ``rewritten`` (first 200 characters) and
     ``views`` (first 100 each), the filter decision (``category_filter``, ``filter_reason``,
     ``proposed_filter``; see :class:`TransformedQuery`), the L0 hints that drove it, the acronyms
-    expanded and the pasted
-    query's summary (None for a plain question). Defaults let rows of older versions read back."""
+    expanded and the pasted query's summary (None for a plain question). Defaults let rows of
+    older versions read back."""
 
     model_config = ConfigDict(extra="ignore")
 
