@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rag_core.lookup.document_similarity import DocumentSimilarity, centroid, centroid_similarities
-from rag_core.models import Chunk
+from rag_core.lookup.retriever import Candidate, RetrievalOutcome
+from rag_core.models import Chunk, StoreHit
 from rag_core.stores.base import StoreError
 from rag_core.stores.memory import InMemoryStore
 
@@ -95,3 +96,13 @@ def test_without_centroids_every_document_is_scored_by_its_title_alone(caplog):
     assert partial == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6)
     # No store (it failed earlier in this lookup): not asked, titles alone.
     assert similarity.similarities(None, _unit(1, 0, 0), {"a.md": "A"}) == pytest.approx({"a.md": 1.0})
+
+
+def test_the_document_stage_sets_each_candidates_document_similarity_when_the_query_has_a_vector():
+    store = _store({"a.md": [_unit(1, 0, 0)], "b.md": [_unit(0, 1, 0)]})
+    similarity = DocumentSimilarity(_Titles({"A": _unit(1, 0, 0), "B": _unit(0, 0, 1)}))  # type: ignore[arg-type]
+    hits = [StoreHit(f"{d}#0", d, t, t, "k8s", "text", 0.5, "cosine", 0.5) for d, t in (("a.md", "A"), ("b.md", "B"))]
+    candidates = [Candidate(hit=h, rrf=0.01, channels={"dense"}) for h in hits]
+    got = similarity.annotate(RetrievalOutcome(candidates, [], None, query_vector=_unit(1, 0, 0)), store)
+    assert [c.document_similarity for c in got] == pytest.approx([2.0, 0.0], abs=1e-6)
+    assert similarity.annotate(RetrievalOutcome(candidates, [], None), store) == candidates  # no query vector

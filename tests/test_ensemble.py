@@ -70,6 +70,16 @@ def test_ensemble_similarity_gives_nothing_rather_than_failing_the_lookup(caplog
     assert "ensemble similarity skipped: RuntimeError: model crashed" in caplog.text
 
 
+def test_the_ensemble_stage_sets_each_candidates_similarity_and_leaves_them_unchanged_on_failure():
+    tq = KnowledgeQueryTransformer(None).transform("pods are evicted")
+    a, b = _cand("a.md", 0.9, "alpha"), _cand("b.md", 0.9, "beta")
+    model = _SecondModel({tq.rewritten: _unit(1, 0)}, {"a.md\n\nalpha": _unit(1, 0), "b.md\n\nbeta": _unit(0, 1)})
+    got = EnsembleSimilarity(model).annotate(tq, [a, b])  # type: ignore[arg-type]
+    assert [c.ensemble_similarity for c in got] == pytest.approx([1.0, 0.0], abs=1e-6)
+    assert [c.hit for c in got] == [a.hit, b.hit]
+    assert EnsembleSimilarity(_SecondModel({}, {}, fail=True)).annotate(tq, [a]) == [a]  # type: ignore[arg-type]
+
+
 def _with_second(cands: list[Candidate], second: dict[str, float]) -> list[Candidate]:
     """The candidates with the second model's cosine (by chunk id) set."""
     return [replace(c, ensemble_similarity=second[c.hit.chunk_id]) for c in cands]

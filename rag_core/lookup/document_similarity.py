@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from rag_core.embedding.base import Embedder, Vector
 from rag_core.ingest.embed_cache import EmbeddingCache
 from rag_core.ingest.title_similarity import TitleSimilarity
+from rag_core.lookup.retriever import Candidate, RetrievalOutcome
 from rag_core.stores.base import VectorStore
 
 log = logging.getLogger(__name__)
@@ -67,8 +69,9 @@ def centroid_similarities(store: VectorStore, query_vector: Vector, doc_ids: Seq
 
 
 class DocumentSimilarity:
-    """``similarities(store, query_vector, titles)`` -> doc id -> title cosine + centroid cosine,
-    in [-2, 2]. ``titles`` maps the candidate doc ids to their titles. Thread-safe; never raises."""
+    """The document-similarity stage: ``annotate(outcome, store)`` -> the retrieved candidates with
+    ``document_similarity`` set (``similarities``: doc id -> title cosine + centroid cosine, in
+    [-2, 2]). Thread-safe; never raises."""
 
     def __init__(self, embedder: Embedder, disk: EmbeddingCache | None = None) -> None:
         self._titles = TitleSimilarity(embedder, disk=disk)
@@ -82,3 +85,12 @@ class DocumentSimilarity:
         if not all(doc_id in centroids for doc_id in by_title):
             return by_title
         return {doc_id: cosine + centroids[doc_id] for doc_id, cosine in by_title.items()}
+
+    def annotate(self, outcome: RetrievalOutcome, store: VectorStore | None) -> list[Candidate]:
+        """``outcome``'s candidates, each with ``document_similarity`` set when known (None when
+        the outcome has no query vector). ``store`` None: titles alone (see ``similarities``)."""
+        if outcome.query_vector is None or not outcome.candidates:
+            return outcome.candidates
+        titles = {c.hit.doc_id: c.hit.title for c in outcome.candidates}
+        found = self.similarities(store, outcome.query_vector, titles)
+        return [replace(c, document_similarity=found.get(c.hit.doc_id)) for c in outcome.candidates]

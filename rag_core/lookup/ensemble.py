@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from rag_core.embedding.base import Embedder
 from rag_core.ingest.passage_vectors import PassageVectors
@@ -33,12 +34,19 @@ ENSEMBLE_LABEL = "ensemble: "
 
 
 class EnsembleSimilarity:
-    """``similarities(tq, candidates)`` -> chunk id -> cosine in [-1, 1] under ``embedder`` (the
-    second model). Thread-safe; never raises (a failure is logged and gives ``{}``)."""
+    """The ensemble stage: ``annotate(tq, candidates)`` -> the candidates with
+    ``ensemble_similarity`` set (``similarities``: chunk id -> cosine in [-1, 1] under
+    ``embedder``, the second model). Thread-safe; never raises (a failure is logged and gives
+    ``{}``, so the candidates come back unchanged)."""
 
     def __init__(self, embedder: Embedder, max_chunks: int = CACHE_CHUNKS) -> None:
         self.embedder = embedder
         self._vectors = PassageVectors(embedder, max_chunks, ENSEMBLE_LABEL)
+
+    def annotate(self, tq: TransformedQuery, candidates: list[Candidate]) -> list[Candidate]:
+        """``candidates`` with ``ensemble_similarity`` set; unchanged when the signal failed."""
+        found = self.similarities(tq, candidates)
+        return [replace(c, ensemble_similarity=found.get(c.hit.chunk_id)) for c in candidates] if found else candidates
 
     def similarities(self, tq: TransformedQuery, candidates: Sequence[Candidate]) -> dict[str, float]:
         if not candidates:

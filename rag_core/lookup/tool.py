@@ -125,9 +125,12 @@ class LookupKnowledgeTool(LookupComponents):
             )
         outcome, sidecar_status = self._retrieve(tq, timings)
         with timed(timings, "documents_ms"):
-            candidates = self._with_document_similarity(outcome)
+            # A store that failed a channel of this lookup is not asked again (it may be hanging).
+            store = None if any(a.error for a in outcome.attempts) else self.store
+            candidates = self.documents.annotate(outcome, store)
         with timed(timings, "ensemble_ms"):
-            candidates = self._with_ensemble_similarity(tq, candidates)
+            if self.ensemble is not None and candidates:
+                candidates = self.ensemble.annotate(tq, candidates)
         with timed(timings, "postprocess_ms"):
             blocks, rerank = KnowledgeEvidencePostProcessor(
                 self.l0,
@@ -172,22 +175,6 @@ class LookupKnowledgeTool(LookupComponents):
         if not outcome.error:  # a damaged or vanished index is an error in the trace, never "found nothing"
             outcome = replace(outcome, error=self.guard.problem(outcome, self.store, self.data_dir_vanished))
         return outcome, self.sidecar_search.status(pending)
-
-    def _with_document_similarity(self, outcome: RetrievalOutcome) -> list[Candidate]:
-        """The candidates with ``document_similarity`` (title + centroid cosine) set, when known."""
-        if outcome.query_vector is None or not outcome.candidates:
-            return outcome.candidates
-        # A store that failed a channel of this lookup is not asked again (it may be hanging).
-        store = None if any(a.error for a in outcome.attempts) else self.store
-        titles = {c.hit.doc_id: c.hit.title for c in outcome.candidates}
-        found = self.documents.similarities(store, outcome.query_vector, titles)
-        return [replace(c, document_similarity=found.get(c.hit.doc_id)) for c in outcome.candidates]
-
-    def _with_ensemble_similarity(self, tq: TransformedQuery, candidates: list[Candidate]) -> list[Candidate]:
-        """The candidates with ``ensemble_similarity`` (the second model's cosine) set, when on."""
-        ensemble = self.ensemble if candidates else None
-        found = ensemble.similarities(tq, candidates) if ensemble is not None else {}
-        return [replace(c, ensemble_similarity=found.get(c.hit.chunk_id)) for c in candidates] if found else candidates
 
     def _empty_result(
         self, query: str, session_id: str | None, message: str, status: Status = "ok", error: str | None = None
