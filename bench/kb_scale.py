@@ -1,5 +1,5 @@
-"""Knowledge-base scale (issue 23): ingest cost, peak memory and L0 lookup cost at 1k / 10k
-(``--docs 100000``: 100k) documents generated from the real corpora; seconds, ms, MB.
+"""Knowledge-base scale (issue 23): ingest cost, peak memory, L0 lookup and knowledge-sensor cost at
+1k / 10k (``--docs 100000``: 100k) documents generated from the real corpora; seconds, ms, MB.
 
 Document ``i`` recombines sections of a runbook of ``../shared/corpora`` (English, Chinese) under a
 varied name, folder and frontmatter, from the seed and ``i`` only (the 1k set is the first 1k of
@@ -18,8 +18,8 @@ what was written. Then on both: ``LookupKnowledgeTool.lookup`` per store on the 
 interleaved (end to end, store, centroid ms, server memory), and ``bench.scale`` on the corpus' own
 vectors (also at 100k rows).
 
-L0: ``L0Index.analyze_query`` vs the pre-issue-23 linear scan (``bench/l0_linear.py``) on the same
-queries at the real corpora, 1k, 10k (100k) documents, interleaved, p50/p95 ms; every answer compared.
+L0 and sensor: ``L0Index.analyze_query`` on the same queries at the real corpora, 1k, 10k (100k)
+documents, p50/p95 ms; the knowledge sensor's change detection per generated size, ms median.
 """
 
 from __future__ import annotations
@@ -34,11 +34,13 @@ import resource
 import shutil
 import signal
 import sqlite3
+import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import partial
@@ -47,7 +49,18 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import CORPORA, RUNBOOKS, SHARED, child_json, load_average, log, make_settings, ratio, summarize
+from bench.common import (
+    CORPORA,
+    RUNBOOKS,
+    SHARED,
+    child_json,
+    load_average,
+    log,
+    make_settings,
+    ratio,
+    summarize,
+    timed,
+)
 from rag_core.embedding.base import ModelIdentity
 from rag_core.ingest.title_similarity import TITLE_LABEL
 from rag_core.markdown import md_table_lines
@@ -148,6 +161,12 @@ def doc_path(i: int, sources: Sequence[Source], seed: int = SEED) -> str:
     """Relative path of document ``i``."""
     _rng, base, service, _env, team = _draws(i, sources, seed)
     return f"{team}/{base.category}/{service}-{base.name}-{i:06d}.md"
+
+
+def rewrite(root: Path, docs: Iterable[int], sources: Sequence[Source], changed: bool = True) -> None:
+    """Write documents ``docs`` under ``root`` again, with (``changed``) or without the edited section."""
+    for i in docs:
+        (root / doc_path(i, sources)).write_text(render(i, sources, changed=changed), encoding="utf-8")
 
 
 # --- the fake embedder and the thin store ---------------------------------------------------------
@@ -504,32 +523,51 @@ def l0_queries(sources: Sequence[Source], n_docs: int = 1000, count: int = 40, s
     return out
 
 
-def l0_compare(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -> dict[str, Any]:
-    """Indexed vs linear ``analyze_query`` on one document set, interleaved query by query
-    (``harness.measure``): ms p50/p95, build seconds, and whether every answer was equal."""
+def l0_lookup(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -> dict[str, Any]:
+    """``L0Index.analyze_query`` on one document set: build seconds, ms p50/p95 over ``rounds`` x ``queries``."""
     from bench.harness import Target, measure
-    from bench.l0_linear import LinearL0Index
     from rag_core.l0 import L0Index
 
-    t0 = time.perf_counter()
-    new = L0Index.build(index_docs)
-    build_s = time.perf_counter() - t0
-    old = LinearL0Index(new.entries.values())
-    targets: list[Target[None, str, Any]] = [
-        Target("indexed", lambda _h, q: new.analyze_query(q)),
-        Target("linear", lambda _h, q: old.analyze_query(q)),
-    ]
-    inputs = [q for _ in range(rounds) for q in queries]
-    t = measure(targets, inputs, warmup=queries[:3])  # warm-up: the tokenizer's caches
-    pairs = zip(t["indexed"].results, t["linear"].results, inputs, strict=True)
-    mismatches = [q for a, b, q in pairs if a.to_dict() != b.to_dict()]
-    return {
-        "documents": len(new),
-        "build_s": round(build_s, 3),
-        **{f"{k}_ms": {"p50": t[k].stats.p50, "p95": t[k].stats.p95} for k in ("linear", "indexed")},
-        "equal": not mismatches,
-        "mismatched_queries": sorted(set(mismatches))[:5],
-    }
+    index, build_s = timed(lambda: L0Index.build(index_docs))
+    target = Target("indexed", lambda _h, q: index.analyze_query(q))
+    stats = measure([target], [q for _ in range(rounds) for q in queries], warmup=queries[:3])["indexed"].stats
+    return {"documents": len(index), "build_s": round(build_s, 3), "indexed_ms": {"p50": stats.p50, "p95": stats.p95}}
+
+
+def sensor_ticks(root: Path, data_dir: Path, rounds: int, sources: Sequence[Source]) -> dict[str, Any]:
+    """The knowledge sensor's change detection on ``root`` (ms, medians): ``rag_assets.fingerprint``
+    with no state (first tick), unchanged, after one edit (and the files it hashed), then
+    ``knowledge_change_sensor`` evaluated after another edit. The edited documents are restored."""
+    import dagster as dg
+
+    from rag_assets.definitions import defs
+    from rag_assets.defs.resources import RagSettingsResource
+    from rag_assets.fingerprint import fingerprint
+    from rag_assets.layout import AssetFiles
+
+    state, n = AssetFiles.under(data_dir).sensor_state, len(list(root.rglob("*.md")))
+    sensor = defs.resolve_sensor_def("knowledge_change_sensor")
+    rag = RagSettingsResource(knowledge_dir=str(root), data_dir=str(data_dir))
+    times: dict[str, list[float]] = defaultdict(list)
+
+    def ms(key: str, fn: Any, *args: Any) -> Any:
+        result, seconds = timed(lambda: fn(*args))
+        times[key].append(seconds * 1000)
+        return result
+
+    pairs = [((r * 7919) % n, (r * 7919 + 1) % n) for r in range(rounds)]
+    for one, other in pairs:
+        state.unlink(missing_ok=True)
+        now = ms("first", fingerprint, root, None, state).fingerprint
+        ms("unchanged", fingerprint, root, now, state)
+        rewrite(root, [one], sources)
+        tick = ms("edit", fingerprint, root, now, state)
+        times["hashed"].append(tick.hashed)
+        rewrite(root, [other], sources)
+        context = dg.build_sensor_context(cursor=tick.fingerprint.cursor(), resources={"rag": rag}, definitions=defs)
+        ms("sensor_tick", sensor.evaluate_tick, context)
+    rewrite(root, [i for pair in pairs for i in pair], sources, changed=False)
+    return {"files": n, **{k: round(statistics.median(v), 1) for k, v in times.items()}}
 
 
 # --- the run ---------------------------------------------------------------------------------------
@@ -551,12 +589,11 @@ class Options:
     ingest_minutes: float = _flag(20.0, "stop a real-model ingest after this long (0: never)")
     product_only: bool = _flag(False, "only the default-model product runs")
     whole_max: int = _flag(10_000, "largest size also ingested in one batch (default 10000)")
-    no_l0: bool = _flag(False, "skip the L0 lookup comparison")
+    no_l0: bool = _flag(False, "skip the L0 lookup timing")
     rounds: int = 3  # over the L0 queries and the lookups
     raw_sample: int = 512  # chunks of the raw encode beside a real-model ingest of generated documents
     reingest_docs: int = 10_000  # size of the re-ingest and resume runs (at most ``docs``)
     large: tuple[int, ...] = (100_000,)  # rows of the large store runs
-    workdir: Path | None = None  # where the scratch dir goes (default: the system's temp dir)
 
 
 def run(o: Options = Options()) -> dict[str, Any]:
@@ -568,13 +605,13 @@ def run(o: Options = Options()) -> dict[str, Any]:
     from rag_core.ingest.documents import scan_documents
 
     out: dict[str, Any] = {"docs": o.docs, "batch_docs": o.batch_docs, "sources": len(sources)}
-    out |= {"load_average_start": load_average(), "l0": [], "first": {}}
+    out |= {"load_average_start": load_average(), "l0": [], "first": {}, "sensor": {}}
     queries, fake = l0_queries(sources), not o.product_only
     if fake and not o.no_l0:
         real = [doc for root in CORPORA.values() for doc in scan_documents(root)[0]]
         log(f"kb_scale: L0 on the real corpora ({len(real)} documents)")
-        out["l0"].append({"kb": "real corpora", **l0_compare(real, queries, o.rounds)})
-    scratch = Path(tempfile.mkdtemp(prefix="kb-scale-", dir=o.workdir))
+        out["l0"].append({"kb": "real corpora", **l0_lookup(real, queries, o.rounds)})
+    scratch = Path(tempfile.mkdtemp(prefix="kb-scale-"))
     try:
         kb, made, again = scratch / "kb", 0, min(o.reingest_docs, o.docs)
         for size in sorted({1000, min(o.docs, 10_000), o.docs}) if fake else ():
@@ -583,7 +620,9 @@ def run(o: Options = Options()) -> dict[str, Any]:
             made = size
             log(f"kb_scale: generated {size} documents ({time.perf_counter() - t0:.1f} s)")
             if not o.no_l0:
-                out["l0"].append({"kb": f"{size} docs", **l0_compare(scan_documents(kb)[0], queries, o.rounds)})
+                out["l0"].append({"kb": f"{size} docs", **l0_lookup(scan_documents(kb)[0], queries, o.rounds)})
+            log(f"kb_scale: knowledge sensor ticks on {size} documents")
+            out["sensor"][str(size)] = sensor_ticks(kb, scratch / "sensor", o.rounds, sources)
             # streamed, and the whole tree in one batch (the memory profile before streaming)
             modes = {"streamed": o.batch_docs, **({"one_batch": 0} if size <= o.whole_max else {})}
             first = out["first"][str(size)] = {}
@@ -607,16 +646,11 @@ def run(o: Options = Options()) -> dict[str, Any]:
 def _reingests(kb: Path, data: Path, docs: int, batch_docs: int, sources: Sequence[Source]) -> dict[str, Any]:
     """Into the first ingest's ``data``: unchanged, then 1 % changed (the changed documents are
     written back afterwards, so larger sizes stay deterministic)."""
-
-    def rewrite(changed: bool) -> None:
-        for i in range(0, docs, 100):  # 1 % of the documents
-            (kb / doc_path(i, sources)).write_text(render(i, sources, changed=changed), encoding="utf-8")
-
     log(f"kb_scale: re-ingests of {docs} documents")
     runs = {"unchanged": in_child("ingest", kb, data, batch_docs)}
-    rewrite(changed=True)
+    rewrite(kb, range(0, docs, 100), sources)  # 1 % of the documents
     runs["changed_1pct"] = in_child("ingest", kb, data, batch_docs)
-    rewrite(changed=False)
+    rewrite(kb, range(0, docs, 100), sources, changed=False)
     return runs
 
 
@@ -724,11 +758,16 @@ def print_tables(out: dict[str, Any]) -> str:
         base = out["l0"][0]["indexed_ms"]["p50"]
         lines += _table(
             f"L0 lookup (analyze_query), {len(out['l0'])} sizes, same queries; ms",
-            ["knowledge base", "docs", "build s", "linear p50/p95", "indexed p50/p95", "speed-up p50",
-             "indexed p50 vs real corpora", "equal"],
-            [[r["kb"], r["documents"], r["build_s"], _pp(r["linear_ms"]), _pp(r["indexed_ms"]),
-              _x(r["linear_ms"]["p50"], r["indexed_ms"]["p50"]), _x(r["indexed_ms"]["p50"], base), r["equal"]]
+            ["knowledge base", "docs", "build s", "indexed p50/p95", "indexed p50 vs real corpora"],
+            [[r["kb"], r["documents"], r["build_s"], _pp(r["indexed_ms"]), _x(r["indexed_ms"]["p50"], base)]
              for r in out["l0"]],
+        )  # fmt: skip
+    if out.get("sensor"):
+        lines += _table(
+            "Knowledge sensor: change detection per tick (rag_assets.fingerprint; ms, median)",
+            ["files", "unchanged", "one edit", "files read", "sensor tick", "first tick"],
+            [[r["files"], r["unchanged"], r["edit"], f"{r['hashed']:g}", r["sensor_tick"], r["first"]]
+             for r in out["sensor"].values()],
         )  # fmt: skip
     if first := out["first"]:
         rss = {k: {m: r["peak_rss_mb"] for m, r in runs.items()} for k, runs in first.items()}

@@ -1,6 +1,6 @@
 """The indexed L0 lookup answers exactly as the scan over every document did (issue 23).
 
-Oracle: ``bench/l0_linear.py``, the pre-issue-23 loop kept verbatim. Queries are drawn from the
+Oracle: ``tests/l0_linear.py``, the pre-issue-23 loop kept verbatim. Queries are drawn from the
 real corpora's own titles, H1s, file stems, keywords, entities and categories (with a letter
 dropped, lower-cased and joined, or mixed with symptom words), not from golden files.
 """
@@ -11,8 +11,8 @@ import random
 from pathlib import Path
 
 import pytest
+from l0_linear import LinearL0Index
 
-from bench.l0_linear import LinearL0Index
 from rag_core.ingest.documents import scan_documents
 from rag_core.l0 import L0Index
 

@@ -3,7 +3,7 @@ over all entries, and one rapidfuzz ``cdist`` over every fuzzy choice).
 
 Kept verbatim (only the loop, the fuzzy pass and the category pass; the index's build, its
 fuzzy choices and ``_unique`` are shared) as the reference the indexed ``L0Index.analyze_query`` must equal
-(``tests/test_l0_indexed.py``) and as the "before" column of ``bench/kb_scale.py``.
+(``tests/test_l0_indexed.py``).
 """
 
 from __future__ import annotations
