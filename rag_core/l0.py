@@ -51,7 +51,7 @@ found with one ``searchsorted`` and counted in one ``bincount``). It runs at ``F
 first, whose trigram bound prunes more, and only after a hit looks for the names within
 ``FUZZY_MARGIN`` of the best.
 
-The hints equal those of a scan over every document (``bench/l0_linear.py``, tested on the real
+The hints equal those of a scan over every document (``tests/l0_linear.py``, tested on the real
 corpora, and on a generated index large enough for the trigram filter).
 """
 
