@@ -8,8 +8,8 @@ stat digest with the cursor's; only when it moved does it load the per-file stat
 (``<data_dir>/sensor/knowledge_files.json``: doc id -> size, mtime ns, sha256 of the bytes) and
 hash the files that are new or whose size or mtime changed. The content digest is computed from
 the per-file hashes, so a tick never re-reads the unchanged files: at 100k files, an edit costs
-one read, not 100k (``bench/kb_scale.py``, its sensor table). A ``touch`` or a checkout that rewrites identical
-bytes costs one read and no ingest run.
+one read, not 100k (``bench/kb_scale.py``, its sensor table). A ``touch`` or a checkout that
+rewrites identical bytes costs one read and no ingest run.
 
 The Dagster cursor holds the two digests only (a cursor is stored with every tick; 100k entries
 do not belong there). A lost or foreign state file costs one full hash, never a wrong answer:
