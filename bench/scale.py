@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import closing, suppress
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.common import guarded, log, progress, ratio, server_memory, timed
-from bench.harness import Stats, Target, call_ms, measure, section
+from bench.harness import Target, call_ms, measure, section
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
 
@@ -149,88 +149,61 @@ def build_dataset(base: BaseData, Q: np.ndarray, n: int, opts: ScaleOptions) -> 
 
 # --- one configuration, measured through the harness -------------------------------------------------
 
-Ids = Sequence[int] | np.ndarray  # row ids of one query's hits, best first
+Search = Callable[[np.ndarray, bool], Any]  # (query vector(s), filtered) -> row ids of the top k, best first
 
 
-@dataclass(frozen=True)
-class SearchConfig:
-    """One store configuration to measure. ``search(q, filtered)``: row ids of the top k for one
-    query vector (dim,), within the rare category when ``filtered``; ``batch(Q, filtered)``: the
-    same for all queries (nq, dim) in one call."""
-
-    name: str
-    search: Callable[[np.ndarray, bool], Ids]
-    batch: Callable[[np.ndarray, bool], Sequence[Ids] | np.ndarray] | None = None  # None: no batch call
-    warmup: int = 1  # queries run untimed first
-    single_queries: int | None = None  # timed one per call (None: all)
-    extra: dict[str, Any] = field(default_factory=dict)  # written with the row
-
-
-@dataclass(frozen=True)
-class ConfigRow:
-    """Measured figures of one configuration: single-query latency (ms), the batch call's seconds
-    (all ``queries`` in one call) and tie-tolerant recall@k, unfiltered and filtered."""
-
-    config: str
-    queries: int
-    single_ms: Stats
-    filtered_single_ms: Stats
-    recall: float | None
-    filtered_recall: float | None
-    batch_s: float | None = None
-    filtered_batch_s: float | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def _qps(self, seconds: float | None) -> float | None:
-        return round(self.queries / seconds, 1) if seconds else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The results.json row (``single_ms``, ``batch_qps``, ``recall@10``, ``filtered_*``, extras)."""
-        return {
-            "config": self.config,
-            "single_ms": self.single_ms.to_dict(),
-            "batch_qps": self._qps(self.batch_s),
-            "batch_s": round(self.batch_s, 4) if self.batch_s else None,
-            "recall@10": self.recall,
-            "filtered_single_ms": self.filtered_single_ms.to_dict(),
-            "filtered_batch_qps": self._qps(self.filtered_batch_s),
-            "filtered_recall@10": self.filtered_recall,
-            **self.extra,
-        }
-
-
-def _both(fn: Callable[[np.ndarray, bool], Any]) -> list[Target[None, np.ndarray, Any]]:
-    """The unfiltered and the filtered call as two targets (timed interleaved, query by query)."""
-    return [Target("all", lambda _h, q: fn(q, False)), Target("filtered", lambda _h, q: fn(q, True))]
-
-
-def measure_config(cfg: SearchConfig, ds: Dataset, k: int) -> ConfigRow:
-    """Time ``cfg`` (single calls, then the batch call) and score its recall@k against the exact result."""
+def measure_config(
+    name: str,
+    search: Search,
+    ds: Dataset,
+    k: int,
+    batch: Search | None = None,
+    warmup: int = 1,
+    single_queries: int | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Time one store configuration and score its tie-tolerant recall@k: ``search(q, filtered)`` one
+    query at a time (the first ``single_queries``, after ``warmup`` untimed), then ``batch(Q, filtered)``
+    (all queries in one call) when given. The results.json row (``single_ms``, ``batch_qps``,
+    ``recall@10``, ``filtered_*``, ``extra``)."""
     nq = len(ds.Q)
-    n = nq if cfg.single_queries is None else min(cfg.single_queries, nq)
-    single = measure(_both(cfg.search), list(ds.Q[:n]), warmup=list(ds.Q[: cfg.warmup]))
-    batch = measure(_both(cfg.batch), [ds.Q]) if cfg.batch is not None else None
+    n = nq if single_queries is None else min(single_queries, nq)
+
+    def both(fn: Search) -> list[Target[None, np.ndarray, Any]]:  # timed interleaved, query by query
+        return [Target("all", lambda _h, q: fn(q, False)), Target("filtered", lambda _h, q: fn(q, True))]
+
+    single = measure(both(search), list(ds.Q[:n]), warmup=list(ds.Q[:warmup]))
+    timed_batch = measure(both(batch), [ds.Q]) if batch is not None else None
     # Recall over every query: from the single calls when they covered them all, else from the
     # batch call; a store without a batch call is scored on the queries it was timed on.
-    if batch is None or n == nq:
-        found, found_f = single["all"].results, single["filtered"].results
+    if timed_batch is None or n == nq:
+        found = {key: t.results for key, t in single.items()}
     else:
-        found, found_f = batch["all"].results[0], batch["filtered"].results[0]
-    recalls = recall_at_k(found, ds, False, k), recall_at_k(found_f, ds, True, k)
-    batch_s = (batch["all"].seconds, batch["filtered"].seconds) if batch else (None, None)
-    return ConfigRow(cfg.name, nq, single["all"].stats, single["filtered"].stats, *recalls, *batch_s, cfg.extra)
+        found = {key: t.results[0] for key, t in timed_batch.items()}
+    seconds = {key: t.seconds for key, t in (timed_batch or {}).items() if t.seconds}
+    qps = {key: round(nq / s, 1) for key, s in seconds.items()}
+    return {
+        "config": name,
+        "single_ms": single["all"].stats.to_dict(),
+        "batch_qps": qps.get("all"),
+        "batch_s": round(seconds["all"], 4) if "all" in seconds else None,
+        "recall@10": recall_at_k(found["all"], ds, False, k),
+        "filtered_single_ms": single["filtered"].stats.to_dict(),
+        "filtered_batch_qps": qps.get("filtered"),
+        "filtered_recall@10": recall_at_k(found["filtered"], ds, True, k),
+        **extra,
+    }
 
 
-def best_config(configs: Sequence[ConfigRow]) -> ConfigRow | None:
+def best_config(configs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """Fastest (single-query p50) configuration with recall@10 >= MIN_RECALL."""
-    ok = [c for c in configs if c.recall is not None and c.recall >= MIN_RECALL and c.single_ms.p50 is not None]
-    return min(ok, key=lambda c: c.single_ms.p50 or 0.0) if ok else None
+    ok = [c for c in configs if (c["recall@10"] or 0) >= MIN_RECALL and c["single_ms"]["p50"] is not None]
+    return min(ok, key=lambda c: c["single_ms"]["p50"], default=None)
 
 
-def store_entry(configs: Sequence[ConfigRow], **more: Any) -> dict[str, Any]:
+def store_entry(configs: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
     """A store's results entry: every configuration, the best one, and ``more``."""
-    best = best_config(configs)
-    return {"configs": [c.to_dict() for c in configs], "best": best.to_dict() if best else None, **more}
+    return {"configs": configs, "best": best_config(configs), **more}
 
 
 def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str] = ()) -> dict[str, Any]:
@@ -246,7 +219,7 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
         return [int(h.chunk_id[1:]) for h in hits]
 
     with closing(store):
-        out = measure_config(SearchConfig("store.search", search, single_queries=n), ds, k).to_dict()
+        out = measure_config("store.search", search, ds, k, single_queries=n)
         out["centroid_ms"] = call_ms(store.document_vectors, docs[2::2], docs[:1])
         if terms:
             pairs = list(zip(terms, ds.Q, strict=False))[:n]
@@ -259,29 +232,24 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
 # --- NumPy --------------------------------------------------------------------------------------------
 
 
-def numpy_exact(ds: Dataset, k: int, name: str = "exact matrix product") -> ConfigRow:
-    """Exact top-k by a matrix product; filtered = the category's rows as their own matrix
-    (gathered once, not timed)."""
-    X, rows = ds.X, ds.rare_rows
-    Xr = X[rows]
-
-    def search(q: np.ndarray, filtered: bool) -> np.ndarray:
-        return rows[topk(Xr @ q, k)] if filtered else topk(X @ q, k)
-
-    def batch(Q: np.ndarray, filtered: bool) -> np.ndarray:
-        return rows[topk(Q @ Xr.T, k)] if filtered else topk(Q @ X.T, k)
-
-    return measure_config(SearchConfig(name, search, batch, warmup=2), ds, k)
-
-
-def numpy_configs(ds: Dataset, k: int) -> list[ConfigRow]:
-    """Exact top-k with the BLAS library's default threads and with one thread: on a busy 2-core
+def numpy_configs(ds: Dataset, k: int) -> list[dict[str, Any]]:
+    """Exact top-k by a matrix product, filtered = the category's rows as their own matrix (gathered
+    once, not timed); with the BLAS library's default threads and with one thread: on a busy 2-core
     machine multi-threaded BLAS can be much slower (spinning threads), so both are measured."""
     from threadpoolctl import threadpool_limits
 
-    configs = [numpy_exact(ds, k, "exact matrix product (BLAS default threads)")]
+    X, rows = ds.X, ds.rare_rows
+    Xr = X[rows]
+
+    def search(Q: np.ndarray, filtered: bool) -> np.ndarray:  # one query (dim,) or all (nq, dim)
+        return rows[topk(Q @ Xr.T, k)] if filtered else topk(Q @ X.T, k)
+
+    def exact(threads: str) -> dict[str, Any]:
+        return measure_config(f"exact matrix product ({threads})", search, ds, k, search, warmup=2)
+
+    configs = [exact("BLAS default threads")]
     with threadpool_limits(1):
-        configs.append(numpy_exact(ds, k, "exact matrix product (1 BLAS thread)"))
+        configs.append(exact("1 BLAS thread"))
     return configs
 
 
@@ -338,8 +306,8 @@ def milvus_set_index(client: Any, index_type: str, params: dict[str, Any]) -> fl
     return time.perf_counter() - t0
 
 
-def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_single: int) -> SearchConfig:
-    """Raw pymilvus dense search (chunk ids only) with ``params``; one query = a batch of one."""
+def milvus_measure(client: Any, ds: Dataset, k: int, name: str, n_single: int, **params: Any) -> dict[str, Any]:
+    """Raw pymilvus dense search (chunk ids only) with search ``params``; one query = a batch of one."""
     sp = {"metric_type": "COSINE", "params": params}
 
     def batch(Q: np.ndarray, filtered: bool) -> list[list[int]]:
@@ -349,7 +317,7 @@ def milvus_config(client: Any, k: int, params: dict[str, Any], name: str, n_sing
         )
         return [[int(str(h["entity"].get("chunk_id", h.get("id")))[1:]) for h in hits] for hits in res]
 
-    return SearchConfig(name, lambda q, f: batch(q[None, :], f)[0], batch, single_queries=n_single)
+    return measure_config(name, lambda q, f: batch(q[None, :], f)[0], ds, k, batch, single_queries=n_single)
 
 
 def bm25_terms(base: BaseData, n: int) -> list[str]:
@@ -400,42 +368,38 @@ def milvus_load(run: ScaleRun, sr: SizeRun) -> tuple[_Milvus, dict[str, Any]]:
 
 def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
     """FLAT and BM25 (raw calls), the ``milvus_ivf`` IVF_FLAT configurations ((nlist, nprobe)
-    pairs: one index build per nlist), then back on FLAT: the product calls and server memory."""
+    pairs: one index build per nlist), then back on FLAT: the product calls and server memory.
+    Then closes the client, and stops the server and deletes its data unless it is the collection kept."""
     from rag_core.stores.milvus import MilvusStore
+    from rag_core.stores.milvus_server import stop_server
 
     opts, ds, k = run.opts, sr.ds, run.opts.k
-    t0 = time.perf_counter()
-    configs = [measure_config(milvus_config(m.client, k, {}, "FLAT", sr.n_single), ds, k)]
-    bm25 = {"limit": k, "output_fields": ["chunk_id"], "search_params": {"metric_type": "BM25"}, "anns_field": "sparse"}
-    terms = run.terms[: sr.n_single + 1]  # single-query BM25 latency (the raw sparse call); the first is a warm-up
-    bm25_ms = call_ms(lambda text: m.client.search(COLLECTION, [text], **bm25), terms[1:], terms[:1])
-    run.per_row["milvus_flat_query"] = (sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
-    for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
-        build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
-        sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
-        for nprobe in [p for nl, p in opts.milvus_ivf if nl == nlist]:
-            cfg = milvus_config(m.client, k, {"nprobe": nprobe}, f"IVF_FLAT {nlist}/{nprobe}", sr.n_single)
-            configs.append(measure_config(cfg, ds, k))
-    if opts.milvus_ivf:  # back to the product's index for its own calls and the memory benchmark
-        milvus_set_index(m.client, "FLAT", {})
-    # the product calls (output fields incl. text) on the same collection
-    store_api = product_search(MilvusStore(m.uri, COLLECTION), ds, k, sr.n_single, run.terms) | {"index": "FLAT"}
-    entry = store_entry(configs, bm25_ms=bm25_ms, store_api=store_api, memory=server_memory(m.data_dir))
-    if opts.keep_milvus_size == sr.n:
-        kept = {"uri": m.uri, "data_dir": str(m.data_dir), "collection": COLLECTION, "rows": sr.n, "index": "FLAT"}
-        run.out["memory_collection"] = kept
-    return entry
-
-
-def milvus_close(run: ScaleRun, _sr: SizeRun, m: _Milvus) -> None:
-    """Close the client; stop the server and delete its data unless it is the collection kept."""
-    m.client.close()
-    kept = run.out["memory_collection"]
-    if kept is None or kept["uri"] != m.uri:
-        from rag_core.stores.milvus_server import stop_server
-
-        stop_server(m.data_dir)
-        shutil.rmtree(m.data_dir, ignore_errors=True)
+    try:
+        t0 = time.perf_counter()
+        configs = [milvus_measure(m.client, ds, k, "FLAT", sr.n_single)]
+        bm25 = dict(limit=k, output_fields=["chunk_id"], search_params={"metric_type": "BM25"}, anns_field="sparse")
+        terms = run.terms[: sr.n_single + 1]  # single-query BM25 latency (the raw sparse call); the first warms up
+        bm25_ms = call_ms(lambda text: m.client.search(COLLECTION, [text], **bm25), terms[1:], terms[:1])
+        run.per_row["milvus_flat_query"] = (sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
+        for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
+            build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
+            sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
+            for nprobe in [p for nl, p in opts.milvus_ivf if nl == nlist]:
+                name = f"IVF_FLAT {nlist}/{nprobe}"
+                configs.append(milvus_measure(m.client, ds, k, name, sr.n_single, nprobe=nprobe))
+        if opts.milvus_ivf:  # back to the product's index for its own calls and the memory benchmark
+            milvus_set_index(m.client, "FLAT", {})
+        # the product calls (output fields incl. text) on the same collection
+        store_api = product_search(MilvusStore(m.uri, COLLECTION), ds, k, sr.n_single, run.terms) | {"index": "FLAT"}
+        if opts.keep_milvus_size == sr.n:
+            kept = {"uri": m.uri, "data_dir": str(m.data_dir), "collection": COLLECTION, "rows": sr.n, "index": "FLAT"}
+            run.out["memory_collection"] = kept
+        return store_entry(configs, bm25_ms=bm25_ms, store_api=store_api, memory=server_memory(m.data_dir))
+    finally:
+        m.client.close()
+        if (run.out["memory_collection"] or {}).get("uri") != m.uri:
+            stop_server(m.data_dir)
+            shutil.rmtree(m.data_dir, ignore_errors=True)
 
 
 # --- pgvector ----------------------------------------------------------------------------------------
@@ -458,7 +422,7 @@ def pg_load(run: ScaleRun, sr: SizeRun) -> tuple[tuple[str, str], dict[str, Any]
     return (dsn, table), setup
 
 
-def pg_measure(dsn: str, table: str, ds: Dataset, k: int, ef: int | None) -> ConfigRow:
+def pg_measure(dsn: str, table: str, ds: Dataset, k: int, ef: int | None) -> dict[str, Any]:
     """One pgvector configuration on its own connection: HNSW (``hnsw.ef_search = ef``, relaxed-order
     iterative scans) or, with ``ef`` None, the exact scan (index scans off); batch = a psycopg pipeline."""
     import psycopg
@@ -491,35 +455,30 @@ def pg_measure(dsn: str, table: str, ds: Dataset, k: int, ef: int | None) -> Con
             return [ids(c) for c in curs]
 
         name = f"HNSW ef_search={ef}" if ef else "exact scan (no index)"
-        extra = {"plan_uses_hnsw": any("hnsw" in r[0] for r in plan)}
+        uses_hnsw = any("hnsw" in r[0] for r in plan)
         # warm-up 3: psycopg's statement preparation, the index pages
-        cfg = SearchConfig(name, lambda q, f: ids(send(q, f)), batch, warmup=3, extra=extra)
-        return measure_config(cfg, ds, k)
+        return measure_config(name, lambda q, f: ids(send(q, f)), ds, k, batch, 3, plan_uses_hnsw=uses_hnsw)
 
 
 def pg_entry(run: ScaleRun, sr: SizeRun, pg: tuple[str, str]) -> dict[str, Any]:
-    """HNSW at each ``pg_ef``, the exact scan, the best HNSW, the product calls and server memory."""
+    """HNSW at each ``pg_ef``, the exact scan, the best HNSW, the product calls and server memory;
+    then drops the table."""
     from rag_core.stores.pgvector import PgVectorStore
 
     opts, (dsn, table) = run.opts, pg
     sr.res["setup"]["pgvector"]["overlapped_with_milvus_insert"] = opts.overlap_pg_build and sr.milvus_loaded
-    sweep = progress(opts.pg_ef, enabled=opts.show_progress, desc=f"pgvector {sr.n:,}")
-    configs = [pg_measure(dsn, table, sr.ds, opts.k, ef) for ef in sweep]
-    configs.append(pg_measure(dsn, table, sr.ds, opts.k, None))  # the exact scan
-    best_hnsw = best_config([c for c in configs if c.config.startswith("HNSW")])
-    return store_entry(
-        configs,
-        best_hnsw=best_hnsw.to_dict() if best_hnsw else None,
-        store_api=product_search(PgVectorStore(dsn, table), sr.ds, opts.k, min(len(run.Q), 20), run.terms),
-        memory=server_memory(pg_dsn=dsn),
-    )
-
-
-def pg_drop(_run: ScaleRun, _sr: SizeRun, pg: tuple[str, str]) -> None:
-    from rag_core.stores.pgvector import PgVectorStore
-
-    with closing(PgVectorStore(*pg)) as store, suppress(Exception):  # a leftover table must not fail the run
-        store.drop()
+    try:
+        sweep = progress(opts.pg_ef, enabled=opts.show_progress, desc=f"pgvector {sr.n:,}")
+        configs = [pg_measure(dsn, table, sr.ds, opts.k, ef) for ef in (*sweep, None)]  # None: the exact scan
+        return store_entry(
+            configs,
+            best_hnsw=best_config([c for c in configs if c["config"].startswith("HNSW")]),
+            store_api=product_search(PgVectorStore(dsn, table), sr.ds, opts.k, min(len(run.Q), 20), run.terms),
+            memory=server_memory(pg_dsn=dsn),
+        )
+    finally:
+        with closing(PgVectorStore(dsn, table)) as store, suppress(Exception):  # a leftover table must not fail
+            store.drop()
 
 
 # --- the run: sizes x stores -------------------------------------------------------------------------
@@ -535,10 +494,6 @@ class SizeRun:
     res: dict[str, Any]
     n_single: int
     milvus_loaded: bool = False
-
-
-Loaded = Future[tuple[Any, dict[str, Any]]]  # a store's load: (handle, setup figures)
-Step = Callable[["ScaleRun", SizeRun, Any], Any]  # a store's step on its loaded handle
 
 
 class ScaleRun:
@@ -616,23 +571,20 @@ class ScaleRun:
             milvus = pool.submit(milvus_load, self, sr) if want_milvus else None
             sr.milvus_loaded = milvus is not None and milvus.exception() is None
             if pg is not None:
-                self._finish(sr, "pgvector", pg, pg_entry, pg_drop)
+                self._finish(sr, "pgvector", pg, pg_entry)
         if milvus is not None:
-            self._finish(sr, "milvus", milvus, milvus_entry, milvus_close)
+            self._finish(sr, "milvus", milvus, milvus_entry)
         _vs_numpy(res["stores"])
         _bm25_vs_milvus(res["stores"])
         self.out["sizes"][str(n)] = res
 
-    def _finish(self, sr: SizeRun, name: str, fut: Loaded, entry: Step, close: Step) -> None:
-        """Wait for the load, measure (``entry``: the store's results entry), close; a failed load
-        or measurement becomes the store's error entry."""
+    def _finish(self, sr: SizeRun, name: str, load: Future[Any], entry: Callable[..., dict[str, Any]]) -> None:
+        """Wait for the load ((handle, setup figures)), then ``entry``: the store's results entry (it
+        closes the store); a failed load or measurement becomes the store's error entry."""
 
         def measured() -> Any:
-            handle, sr.res["setup"][name] = fut.result()
-            try:
-                return entry(self, sr, handle)
-            finally:
-                close(self, sr, handle)
+            handle, sr.res["setup"][name] = load.result()
+            return entry(self, sr, handle)
 
         sr.res["stores"][name] = guarded(f"scale {sr.n:,}: {name}", measured)
 
