@@ -39,9 +39,6 @@ def make_settings(data_dir: Path, knowledge_dir: Path = RUNBOOKS, **kw: Any) -> 
     return RagSettings(data_dir=data_dir, knowledge_dir=knowledge_dir, _env_file=None, **kw)
 
 
-# --- statistics ------------------------------------------------------------------------------
-
-
 def summarize(values: Sequence[float], digits: int = 3) -> dict[str, float | int | None]:
     """n, p50, p95, p99, mean, min, max of ``values`` (linear-interpolated percentiles; ``Stats``)."""
     return Stats.of(values, digits).to_dict()
@@ -87,9 +84,6 @@ def chunk_dir(knowledge_dir: Path, settings: RagSettings) -> list[Any]:
     return chunk_documents(docs, settings, IngestReport(str(knowledge_dir)))[1]
 
 
-# --- progress and the command line ------------------------------------------------------------------
-
-
 def progress(iterable: Iterable | None = None, *, enabled: bool = True, **kw: Any):
     """A tqdm bar on stderr (disabled when ``enabled`` is false)."""
     from tqdm.auto import tqdm
@@ -110,9 +104,6 @@ def parse_command_line(
 
 def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- child processes and server memory ---------------------------------------------------------------
 
 
 def child_json(module: str, *args: str, fresh_rss: bool = False, timeout: float | None = None) -> dict[str, Any]:
@@ -164,9 +155,6 @@ def server_memory(milvus_data_dir: Path | None = None, pg_dsn: str | None = None
                 postmaster = None
         out["pg_pss_mb"] = mib(postmaster, True)
     return out
-
-
-# --- scratch space and the embedded PostgreSQL ---------------------------------------------------
 
 
 class Scratch:
@@ -221,9 +209,6 @@ def store_ms(result: Any) -> float:
     return max((a.duration_ms for a in result.retrieval_trace.attempts), default=0.0)
 
 
-# --- profiling -------------------------------------------------------------------------------------
-
-
 def profile_top(
     fn: Callable[[], Any],
     *,
@@ -259,9 +244,6 @@ def _short(file: str) -> str:
         if marker in file:
             return file.split(marker, 1)[1]
     return file
-
-
-# --- run metadata ------------------------------------------------------------------------------------
 
 
 def load_average() -> list[float] | None:

