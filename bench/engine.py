@@ -18,7 +18,6 @@ from bench.harness import call_ms
 
 LOOKUP_VS_PG_MAX = 1.2
 LOOKUP_VS_FLOOR_MAX = 1.5
-SCALE_VS_NUMPY_MAX = 5.0
 BM25_P50_MAX_MS = 20.0
 
 
