@@ -30,6 +30,7 @@ class BenchContext:
     query_limit: int | None = None
     pg_ready: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+    memory_collection: dict[str, Any] | None = None  # the Milvus collection scale keeps for memory
 
     @cached_property
     def embedder(self) -> Any:

