@@ -2,8 +2,9 @@
 
 Each lookup is timed around ``LookupKnowledgeTool.lookup``; stages come from the trace row it hands
 its recorder, ``store`` is the longest L1 attempt (``common.STORE_MS_MEANS``); the derived stages
-are in :func:`_sample`. Interleaved query by query with the paths: ``milvus-single-model`` (the
-rerank without its second model) and the ``floor`` (:class:`Floor`, issue 14: ``vs_floor``).
+are in :func:`_sample`. Interleaved query by query with the Milvus path's ``VARIANTS``
+(``milvus-single-model``, ``milvus-learned``: issue 25's rerank cost, ``rerank_cost``) and the
+``floor`` (:class:`Floor`, issue 14: ``vs_floor``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from bench.harness import Target, call_ms, measure
 from rag_core.traces.recorder import MemoryRecorder
 
 TARGET_OVERHEAD = 0.20
-SINGLE_MODEL = "-single-model"  # path suffix: the rerank without its second model
-PATHS = ("milvus", f"milvus{SINGLE_MODEL}", "pgvector")  # the lookup paths, in the report's order
+TARGET_RERANK_COST = 1.1  # issue 25: the learned ranker's post-processing p50 over the hand weights'
+VARIANTS = {  # path suffix -> the settings it changes on the Milvus path
+    "-single-model": {"ensemble_backend": "none"},  # the rerank without its second model
+    "-learned": {"rerank_model": "auto"},  # the shipped learned ranker instead of the hand weights
+}
+PATHS = ("milvus", *(f"milvus{v}" for v in VARIANTS), "pgvector")  # the lookup paths, in the report's order
 TRACED = ("l0", "embed", "ensemble", "documents", "search", "postprocess", "pack")  # stage_ms, without "_ms"
 STAGES = {  # each figure of a lookup (ms), in the report's table order: its label there
     "e2e": "end to end (`lookup` call)",
@@ -41,14 +46,12 @@ WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retriev
 PROFILED = dict(include=("rag_core",), exclude=("rag_core/embedding/", "rag_core/stores/"), exclude_functions=WRAPPERS)
 
 
-def build_tool(settings, store, embedder, recorder=None, single_model=False):
-    """A LookupKnowledgeTool on ``store`` (no sidecar) handing trace rows to ``recorder``;
-    ``single_model`` turns the rerank's second model off."""
+def build_tool(settings, store, embedder, recorder=None, **update):
+    """A LookupKnowledgeTool on ``store`` (no sidecar) handing trace rows to ``recorder``, with the
+    settings ``update`` (e.g. a ``VARIANTS`` entry)."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
-    update = {"sidecar_enabled": False, "trace_enabled": recorder is not None}
-    if single_model:
-        update["ensemble_backend"] = "none"
+    update |= {"sidecar_enabled": False, "trace_enabled": recorder is not None}
     return LookupKnowledgeTool(settings.model_copy(update=update), store=store, embedder=embedder, recorder=recorder)
 
 
@@ -77,11 +80,10 @@ class _Path:
     """One path's tool and capturing recorder; as a harness target, input = (session suffix, query)."""
 
     def __init__(self, ctx: BenchContext, path: str):
-        self.path = path
-        self.store = ctx.store(path.removesuffix(SINGLE_MODEL))
-        self.recorder = MemoryRecorder()
-        single = path.endswith(SINGLE_MODEL)
-        self.tool = build_tool(ctx.kb_settings, self.store, ctx.embedder, self.recorder, single)
+        store, dash, variant = path.partition("-")
+        self.path, self.store, self.recorder = path, ctx.store(store), MemoryRecorder()
+        update = VARIANTS.get(dash + variant, {})
+        self.tool = build_tool(ctx.kb_settings, self.store, ctx.embedder, self.recorder, **update)
 
     def lookup(self, x: tuple[str, str]) -> Any:
         return self.tool.lookup(x[1], session_id=f"bench-{self.path}-{x[0]}")
@@ -128,6 +130,15 @@ def vs_floor(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     for a, b in (("milvus", "pgvector"), ("milvus", "floor"), ("pgvector", "floor")):
         out[f"{a}_vs_{b}_p50"] = ratio(out[a]["p50"], out[b]["p50"], 2)
     return out
+
+
+def rerank_cost(hand: list[dict[str, Any]], learned: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 25: post-processing (the rerank) and end-to-end p50 (ms), hand weights vs the learned
+    ranker, on the interleaved Milvus lookups, and their ratios (learned over hand)."""
+    stats = {k: {"hand": summarize([x[k] for x in hand]), "learned": summarize([x[k] for x in learned])}
+             for k in ("postprocess", "e2e")}  # fmt: skip
+    ratios = {f"{k}_learned_vs_hand_p50": ratio(v["learned"]["p50"], v["hand"]["p50"], 2) for k, v in stats.items()}
+    return {f"{k}_ms": v for k, v in stats.items()} | ratios
 
 
 def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds: int) -> dict[str, Any]:
@@ -215,5 +226,7 @@ def run(ctx: BenchContext, paths: tuple[str, ...] = PATHS) -> dict[str, Any]:
         runner.tool.close()
     if {"milvus", "pgvector", "floor"} <= samples.keys():
         out["vs_floor"] = vs_floor(samples)
+    if {"milvus", "milvus-learned"} <= samples.keys():
+        out["rerank_cost"] = rerank_cost(samples["milvus"], samples["milvus-learned"])
     out["query_embedding_threads"] = embedding_threads(ctx)
     return out

@@ -19,7 +19,7 @@ from bench.engine import BM25_P50_MAX_MS, LOOKUP_VS_FLOOR_MAX, LOOKUP_VS_PG_MAX
 from bench.evaluation import TARGET_CASES_PER_S
 from bench.harness import Goal, Missing, Reading, Results, as_percent, as_times, ok, section
 from bench.ingestion import TARGET_RATIO, TARGET_REINGEST
-from bench.latency import PATHS, STAGES, TARGET_OVERHEAD
+from bench.latency import PATHS, STAGES, TARGET_OVERHEAD, TARGET_RERANK_COST
 from bench.scale import MIN_RECALL, TARGET_MILVUS_VS_NUMPY, TARGET_PG_VS_NUMPY
 from rag_core.fileio import write_text_atomic
 from rag_core.markdown import md_table
@@ -141,6 +141,11 @@ GOALS: tuple[Goal, ...] = (
       for p in ("milvus", "pgvector")),
     _search_100k("pgvector", TARGET_PG_VS_NUMPY, "pgvector HNSW"),
     _search_100k("milvus", TARGET_MILVUS_VS_NUMPY, "Milvus (embedded server)"),
+    Goal("rerank_cost", "Rerank p50, the learned ranker vs the hand weights (issue 25, Milvus path, interleaved)",
+         f"<= {TARGET_RERANK_COST}x", "<=", TARGET_RERANK_COST, ("latency", "rerank_cost"),
+         _read("post-processing p50 {postprocess_ms[learned][p50]:2} ms vs {postprocess_ms[hand][p50]:2} ms; lookup "
+               "p50 {e2e_ms[learned][p50]:1} ms vs {e2e_ms[hand][p50]:1} ms", "postprocess_learned_vs_hand_p50"),
+         as_times),
     Goal("ingest_vs_raw", f"Ingestion >= {_RAW} of raw embedding throughput", f">= {_RAW}", ">=", TARGET_RATIO,
          ("ingestion",), _read("ingest {ingest_chunks_per_s:1} chunks/s vs raw encode {raw_encode_chunks_per_s:1} "
                                "chunks/s ({chunks_embedded} chunks)", "ingest_vs_raw"), as_percent),

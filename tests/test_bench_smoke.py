@@ -193,6 +193,7 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
         "overhead_pgvector",
         "search_100k_pgvector",
         "search_100k_milvus",
+        "rerank_cost",
         "ingest_vs_raw",
         "reingest",
         "evaluation",
@@ -225,6 +226,15 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
     assert rows["engine_lookup_vs_floor"]["met"] is False and rows["engine_lookup_vs_floor"]["ratio"] == "2.00x"
     assert "limit_value" not in rows["engine_lookup_vs_floor"]  # not flagged as borderline
     assert "engine_100k_filtered" not in rows and "engine_ingest_while_serving" not in rows
+
+    from bench.latency import rerank_cost
+
+    assert rows["rerank_cost"]["met"] is None  # the learned path did not run
+    hand = [{"postprocess": ms, "e2e": 10 * ms} for ms in (1.0, 2.0, 3.0)]
+    results["latency"]["rerank_cost"] = rerank_cost(hand, [x | {"postprocess": 1.2 * x["postprocess"]} for x in hand])
+    row = {t["id"]: t for t in report.evaluate_targets(results)}["rerank_cost"]
+    assert row["met"] is False and row["ratio"] == "1.20x"  # 2.4 ms vs 2.0 ms: over the 1.1x limit
+    assert "post-processing p50 2.40 ms vs 2.00 ms; lookup p50 20.0 ms vs 20.0 ms" in row["measured"]
 
 
 # --- the store share of a real lookup (bench/latency.py, bench/common.store_ms) ---------------------------
