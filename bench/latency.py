@@ -222,11 +222,12 @@ def run(ctx: BenchContext, paths: tuple[str, ...] = PATHS) -> dict[str, Any]:
         else:
             samples[path] = [_sample(ms, row, store) for ms, (row, store) in zip(t.ms, t.notes, strict=True)]
             out["paths"][path] = _summary(runners[path], samples[path], queries, rounds)
+    if {"milvus", "milvus-learned"} <= samples.keys():
+        out["rerank_cost"] = rerank_cost(samples["milvus"], samples["milvus-learned"])
+        out["rerank_cost"]["ranker"] = runners["milvus-learned"].tool.ranker.name  # "hand": none for these models
     for runner in runners.values():
         runner.tool.close()
     if {"milvus", "pgvector", "floor"} <= samples.keys():
         out["vs_floor"] = vs_floor(samples)
-    if {"milvus", "milvus-learned"} <= samples.keys():
-        out["rerank_cost"] = rerank_cost(samples["milvus"], samples["milvus-learned"])
     out["query_embedding_threads"] = embedding_threads(ctx)
     return out

@@ -128,6 +128,16 @@ def _filtered_100k(milvus: dict[str, Any]) -> Reading:
     return Reading(_fill("filtered p50 {filtered_single_ms[p50]} ms", flat), flat["filtered_recall@10"])
 
 
+def _rerank_cost(rc: dict[str, Any]) -> Reading | Missing:
+    """The learned ranker's post-processing p50 over the hand weights'; Missing when ``auto`` found
+    no learned ranker for the embedding models in use (both paths ran the hand weights)."""
+    if rc.get("ranker") == "hand":
+        return Missing("RAG_RERANK_MODEL=auto has no learned ranker for these embedding models")
+    template = "{ranker}: post-processing p50 {postprocess_ms[learned][p50]:2} ms vs hand "
+    template += "{postprocess_ms[hand][p50]:2} ms; lookup p50 {e2e_ms[learned][p50]:1} ms vs {e2e_ms[hand][p50]:1} ms"
+    return Reading(_fill(template, rc), rc["postprocess_learned_vs_hand_p50"])
+
+
 _SERVING_GOAL = (
     "{lookups} lookups ({lookups_during_ingest} during ingest), p50 {latency_ms[p50]} ms, p95 {latency_ms[p95]} ms, "
     "{failures} failed, traces {traces}"
@@ -143,9 +153,7 @@ GOALS: tuple[Goal, ...] = (
     _search_100k("milvus", TARGET_MILVUS_VS_NUMPY, "Milvus (embedded server)"),
     Goal("rerank_cost", "Rerank p50, the learned ranker vs the hand weights (issue 25, Milvus path, interleaved)",
          f"<= {TARGET_RERANK_COST}x", "<=", TARGET_RERANK_COST, ("latency", "rerank_cost"),
-         _read("post-processing p50 {postprocess_ms[learned][p50]:2} ms vs {postprocess_ms[hand][p50]:2} ms; lookup "
-               "p50 {e2e_ms[learned][p50]:1} ms vs {e2e_ms[hand][p50]:1} ms", "postprocess_learned_vs_hand_p50"),
-         as_times),
+         _rerank_cost, as_times),
     Goal("ingest_vs_raw", f"Ingestion >= {_RAW} of raw embedding throughput", f">= {_RAW}", ">=", TARGET_RATIO,
          ("ingestion",), _read("ingest {ingest_chunks_per_s:1} chunks/s vs raw encode {raw_encode_chunks_per_s:1} "
                                "chunks/s ({chunks_embedded} chunks)", "ingest_vs_raw"), as_percent),

