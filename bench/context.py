@@ -17,8 +17,6 @@ from bench.queries import benchmark_queries
 from bench.scale import BaseData
 from rag_core.settings import RagSettings
 
-PG_TABLE = "knowledge_chunks"
-
 
 @dataclass
 class BenchContext:
@@ -76,7 +74,7 @@ class BenchContext:
             return MilvusStore.from_settings(self.kb_settings)
         from rag_core.stores.pgvector import PgVectorStore
 
-        store = PgVectorStore(self.scratch.pg_dsn(), PG_TABLE)
+        store = PgVectorStore(self.scratch.pg_dsn())  # the product's default table
         if not self.pg_ready:
             from rag_core.ingest.pipeline import ingest
 

@@ -33,10 +33,10 @@ def _scale(ctx: BenchContext, args: argparse.Namespace) -> dict[str, Any]:
     """Scale, keeping the 100k Milvus collection for memory (``ctx.memory_collection``) when it runs next."""
     from bench import scale
 
-    sizes, memory_next = args.sizes, "memory" in args.selected
-    keep = 100_000 if 100_000 in sizes else max((s for s in sizes if s <= 100_000), default=None)
+    memory_next = "memory" in args.selected
+    keep = max((s for s in args.sizes if s <= 100_000), default=None)  # the largest size up to 100k
     opts = scale.ScaleOptions(
-        sizes=sizes,
+        sizes=args.sizes,
         pg_max_size=args.pg_max_size,
         milvus_max_size=args.milvus_max_size,
         keep_milvus_size=keep if memory_next else None,
@@ -73,19 +73,15 @@ BENCHMARKS = tuple(RUNNERS)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(sorted({int(s.replace("_", "").strip()) for s in text.split(",") if s.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes must be comma-separated integers, got {text!r}") from None
+    sizes = tuple(sorted({int(s.replace("_", "")) for s in text.split(",") if s.strip()}))
     if not sizes or min(sizes) < 100:
-        raise argparse.ArgumentTypeError("--sizes must be integers >= 100")
+        raise argparse.ArgumentTypeError("--sizes must be comma-separated integers >= 100")
     return sizes
 
 
 def _names(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in BENCHMARKS]
-    if unknown:
+    if unknown := [n for n in names if n not in BENCHMARKS]:
         raise argparse.ArgumentTypeError(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
     return names
 

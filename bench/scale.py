@@ -66,17 +66,6 @@ class BaseData:
     vectors: np.ndarray
     chunks: list[Chunk]
 
-    @classmethod
-    def synthetic(cls, n: int = 300, dim: int = 384, seed: int = 0) -> BaseData:
-        v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
-        v /= np.linalg.norm(v, axis=1, keepdims=True)
-        chunks = [
-            Chunk(f"s{i}", f"synthetic/doc{i % 50}.md", f"Doc {i % 50}", f"Doc {i % 50} > Part",
-                  ("alpha", "beta", "gamma")[i % 3], f"synthetic chunk {i}", 0, 1, i, "")
-            for i in range(n)
-        ]  # fmt: skip
-        return cls(v, chunks)
-
 
 @dataclass
 class Dataset:
@@ -206,10 +195,10 @@ def store_entry(configs: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
     return {"configs": configs, "best": best_config(configs), **more}
 
 
-def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str] = ()) -> dict[str, Any]:
+def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]) -> dict[str, Any]:
     """The product calls on the first ``n`` queries, closing the store: ``store.search`` (latency,
     recall, unfiltered and filtered), ``document_vectors`` of the top hits' documents (``centroid_ms``)
-    and, with ``terms`` (words per query), ``search_lexical`` (``lexical_ms``; ``lexical_scores``: each
+    and ``search_lexical`` with ``terms`` (words per query; ``lexical_ms``, and ``lexical_scores``: each
     query's top-k BM25 scores, for ``_bm25_vs_milvus``)."""
     docs: list[list[str]] = []
 
@@ -221,11 +210,11 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
     with closing(store):
         out = measure_config("store.search", search, ds, k, single_queries=n)
         out["centroid_ms"] = call_ms(store.document_vectors, docs[2::2], docs[:1])
-        if terms:
-            pairs = list(zip(terms, ds.Q, strict=False))[:n]
-            out["lexical_ms"] = call_ms(lambda x: store.search_lexical(x[0].split(), x[1], k), pairs, pairs[:1])
-            lexical = (store.search_lexical(t.split(), q, k) for t, q in pairs)
-            out["lexical_scores"] = [[h.lexical_score or 0.0 for h in hits] for hits in lexical]
+        pairs = list(zip(terms, ds.Q, strict=False))[:n]
+        lexical = Target("lexical", lambda _h, x: store.search_lexical(x[0].split(), x[1], k))
+        timing = measure([lexical], pairs, warmup=pairs[:1])["lexical"]  # the timed calls' hits are the scores'
+        out["lexical_ms"] = timing.stats.to_dict()
+        out["lexical_scores"] = [[h.lexical_score or 0.0 for h in hits] for hits in timing.results]
         return out
 
 
@@ -244,12 +233,9 @@ def numpy_configs(ds: Dataset, k: int) -> list[dict[str, Any]]:
     def search(Q: np.ndarray, filtered: bool) -> np.ndarray:  # one query (dim,) or all (nq, dim)
         return rows[topk(Q @ Xr.T, k)] if filtered else topk(Q @ X.T, k)
 
-    def exact(threads: str) -> dict[str, Any]:
-        return measure_config(f"exact matrix product ({threads})", search, ds, k, search, warmup=2)
-
-    configs = [exact("BLAS default threads")]
+    configs = [measure_config("exact matrix product (BLAS default threads)", search, ds, k, search, warmup=2)]
     with threadpool_limits(1):
-        configs.append(exact("1 BLAS thread"))
+        configs.append(measure_config("exact matrix product (1 BLAS thread)", search, ds, k, search, warmup=2))
     return configs
 
 
@@ -332,23 +318,14 @@ def bm25_terms(base: BaseData, n: int) -> list[str]:
     return terms
 
 
-@dataclass(frozen=True)
-class _Milvus:
-    """A size's collection on its own embedded server; ``client``: a raw client for the index sweeps."""
-
-    uri: str
-    data_dir: Path
-    client: Any
-
-
 def _flat_calls(n_single: int, nq: int) -> float:
     """Search calls of a FLAT measurement in units of single queries (a batch ~ nq / 10 singles)."""
     return 2 * n_single + 2 * nq / 10
 
 
-def milvus_load(run: ScaleRun, sr: SizeRun) -> tuple[_Milvus, dict[str, Any]]:
+def milvus_load(run: ScaleRun, sr: SizeRun) -> tuple[tuple[str, Path, Any], dict[str, Any]]:
     """The product schema (FLAT) on a fresh embedded server, filled by ``MilvusStore.bulk_load``;
-    the collection and the setup seconds and rows/s."""
+    (uri, data dir, a raw client for the index sweeps) and the setup seconds and rows/s."""
     from pymilvus import MilvusClient
 
     from rag_core.stores.milvus import MilvusStore
@@ -362,11 +339,11 @@ def milvus_load(run: ScaleRun, sr: SizeRun) -> tuple[_Milvus, dict[str, Any]]:
     except Exception:
         stop_server(data_dir)
         raise
-    run.per_row["milvus_insert"] = (sr.n, setup["insert_s"] + setup["flush_s"])
-    return _Milvus(uri, data_dir, client), setup
+    run.per_row["milvus_insert"] = (setup["insert_s"] + setup["flush_s"]) / sr.n
+    return (uri, data_dir, client), setup
 
 
-def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
+def milvus_entry(run: ScaleRun, sr: SizeRun, m: tuple[str, Path, Any]) -> dict[str, Any]:
     """FLAT and BM25 (raw calls), the ``milvus_ivf`` IVF_FLAT configurations ((nlist, nprobe)
     pairs: one index build per nlist), then back on FLAT: the product calls and server memory.
     Then closes the client, and stops the server and deletes its data unless it is the collection kept."""
@@ -374,32 +351,33 @@ def milvus_entry(run: ScaleRun, sr: SizeRun, m: _Milvus) -> dict[str, Any]:
     from rag_core.stores.milvus_server import stop_server
 
     opts, ds, k = run.opts, sr.ds, run.opts.k
+    uri, data_dir, client = m
     try:
         t0 = time.perf_counter()
-        configs = [milvus_measure(m.client, ds, k, "FLAT", sr.n_single)]
+        configs = [milvus_measure(client, ds, k, "FLAT", sr.n_single)]
         bm25 = dict(limit=k, output_fields=["chunk_id"], search_params={"metric_type": "BM25"}, anns_field="sparse")
         terms = run.terms[: sr.n_single + 1]  # single-query BM25 latency (the raw sparse call); the first warms up
-        bm25_ms = call_ms(lambda text: m.client.search(COLLECTION, [text], **bm25), terms[1:], terms[:1])
-        run.per_row["milvus_flat_query"] = (sr.n, (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)))
+        bm25_ms = call_ms(lambda text: client.search(COLLECTION, [text], **bm25), terms[1:], terms[:1])
+        run.per_row["milvus_flat_query"] = (time.perf_counter() - t0) / _flat_calls(sr.n_single, len(run.Q)) / sr.n
         for nlist in dict.fromkeys(nl for nl, _ in opts.milvus_ivf):
-            build_s = milvus_set_index(m.client, "IVF_FLAT", {"nlist": nlist})
+            build_s = milvus_set_index(client, "IVF_FLAT", {"nlist": nlist})
             sr.res["setup"]["milvus"][f"ivf_nlist_{nlist}_build_s"] = round(build_s, 2)
             for nprobe in [p for nl, p in opts.milvus_ivf if nl == nlist]:
                 name = f"IVF_FLAT {nlist}/{nprobe}"
-                configs.append(milvus_measure(m.client, ds, k, name, sr.n_single, nprobe=nprobe))
+                configs.append(milvus_measure(client, ds, k, name, sr.n_single, nprobe=nprobe))
         if opts.milvus_ivf:  # back to the product's index for its own calls and the memory benchmark
-            milvus_set_index(m.client, "FLAT", {})
+            milvus_set_index(client, "FLAT", {})
         # the product calls (output fields incl. text) on the same collection
-        store_api = product_search(MilvusStore(m.uri, COLLECTION), ds, k, sr.n_single, run.terms) | {"index": "FLAT"}
+        store_api = product_search(MilvusStore(uri, COLLECTION), ds, k, sr.n_single, run.terms) | {"index": "FLAT"}
         if opts.keep_milvus_size == sr.n:
-            kept = {"uri": m.uri, "data_dir": str(m.data_dir), "collection": COLLECTION, "rows": sr.n, "index": "FLAT"}
+            kept = {"uri": uri, "data_dir": str(data_dir), "collection": COLLECTION, "rows": sr.n, "index": "FLAT"}
             run.out["memory_collection"] = kept
-        return store_entry(configs, bm25_ms=bm25_ms, store_api=store_api, memory=server_memory(m.data_dir))
+        return store_entry(configs, bm25_ms=bm25_ms, store_api=store_api, memory=server_memory(data_dir))
     finally:
-        m.client.close()
-        if (run.out["memory_collection"] or {}).get("uri") != m.uri:
-            stop_server(m.data_dir)
-            shutil.rmtree(m.data_dir, ignore_errors=True)
+        client.close()
+        if (run.out["memory_collection"] or {}).get("uri") != uri:
+            stop_server(data_dir)
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 # --- pgvector ----------------------------------------------------------------------------------------
@@ -418,7 +396,7 @@ def pg_load(run: ScaleRun, sr: SizeRun) -> tuple[tuple[str, str], dict[str, Any]
     with psycopg.connect(dsn) as conn:
         size = conn.execute("SELECT pg_relation_size(%s::regclass)", (f"{table}_embedding_hnsw",)).fetchone()
     setup["hnsw_index_mb"] = round((size[0] if size else 0) / 2**20, 1)
-    run.per_row |= {"pg_copy": (sr.n, setup["copy_s"]), "pg_build": (sr.n, setup["hnsw_build_s"])}
+    run.per_row |= {"pg_copy": setup["copy_s"] / sr.n, "pg_build": setup["hnsw_build_s"] / (sr.n * math.log(sr.n))}
     return (dsn, table), setup
 
 
@@ -505,68 +483,50 @@ class ScaleRun:
         self.base, self.Q, self.opts = base, Q, opts
         self.work = Path(tempfile.mkdtemp(prefix="rag-bench-scale-", dir=opts.workdir))
         self.work.chmod(0o755)  # PostgreSQL runs as another user
-        self.per_row: dict[str, tuple[int, float]] = {}  # step -> (rows, seconds) at the last size run
+        self.per_row: dict[str, float] = {}  # step -> seconds per row at the last size (per n log n: HNSW build)
         # the lexical calls: the product's one per query, Milvus BM25's single queries
         self.terms = bm25_terms(base, max(len(Q), opts.single_queries, opts.single_queries_large) + 1)
         self.out: dict[str, Any] = {"method": method(base, Q, opts), "sizes": {}, "skipped": []}
         self.out["memory_collection"] = None
 
-    def estimate(self, key: str, n: int, nlogn: bool = False) -> float | None:
-        """Seconds of step ``key`` at ``n`` rows, linear (or n log n) from the last size run."""
-        if key not in self.per_row:
-            return None
-        n0, s0 = self.per_row[key]
-        return s0 * n / n0 * (math.log(n) / math.log(n0) if nlogn and n0 > 1 else 1.0)
-
-    def skip(self, n: int, what: str, reason: str) -> None:
-        self.out["skipped"].append({"size": n, "what": what, "reason": reason})
-
-    def fits(self, what: str, n: int, seconds: float | None) -> bool:
-        """Whether an estimated ``seconds`` fits the budget left (recording a skip when not)."""
-        if seconds is None or self.opts.deadline is None:
-            return True
-        left = self.opts.deadline - time.perf_counter() - self.opts.reserve_s
-        if seconds <= left:
-            return True
-        budget = f"{max(0.0, left):.0f} s left in the run's time budget"
-        self.skip(n, what, f"estimated {seconds:.0f} s (from the smaller size) > {budget}")
-        log(f"scale {n:,}: skipping {what} (estimated {seconds:.0f} s, {max(0.0, left):.0f} s left)")
-        return False
-
-    def pg_wanted(self, sr: SizeRun) -> bool:
+    def wanted(self, n: int, store: str, cap: int, above: str, what: str, seconds: float | None) -> bool:
+        """Whether ``store`` runs at ``n`` rows: at most ``cap`` and its estimated ``seconds`` (None:
+        unknown) within the budget left; when not, the skip is recorded (``above``, or as ``what``)."""
         opts = self.opts
-        if sr.n > opts.pg_max_size:
-            self.skip(sr.n, "pgvector", f"above --pg-max-size {opts.pg_max_size:,} (HNSW build time)")
-            return False
-        if opts.pg_dsn is None:
-            return False
-        seconds = (self.estimate("pg_copy", sr.n) or 0) + (self.estimate("pg_build", sr.n, nlogn=True) or 0)
-        return self.fits("pgvector (COPY + HNSW build)", sr.n, seconds or None)
-
-    def milvus_wanted(self, sr: SizeRun) -> bool:
-        if sr.n > self.opts.milvus_max_size:
-            self.skip(sr.n, "milvus", f"above --milvus-max-size {self.opts.milvus_max_size:,}")
-            return False
-        seconds = self.estimate("milvus_insert", sr.n)
-        flat_q = self.estimate("milvus_flat_query", sr.n)
-        if seconds is not None and flat_q is not None:
-            seconds += flat_q * _flat_calls(sr.n_single, len(self.Q))
-        return self.fits("milvus (insert + FLAT searches)", sr.n, seconds)
+        left = math.inf if opts.deadline is None else opts.deadline - time.perf_counter() - opts.reserve_s
+        if n > cap:
+            what, reason = store, above
+        elif seconds is not None and seconds > left:
+            log(f"scale {n:,}: skipping {what} (estimated {seconds:.0f} s, {max(0.0, left):.0f} s left)")
+            reason = f"estimated {seconds:.0f} s (from the smaller size) > {max(0.0, left):.0f} s left in the run's "
+            reason += "time budget"
+        else:
+            return True
+        self.out["skipped"].append({"size": n, "what": what, "reason": reason})
+        return False
 
     def run_size(self, n: int) -> None:
         """Every store at ``n`` rows: NumPy first, alone; then pgvector's load and Milvus' insert, at the
         same time unless --no-overlap (each in a thread; the servers work in their own processes); then
         pgvector's searches, then Milvus's, once both loads are done (nothing is timed while a load runs)."""
         log(f"scale: {n:,} vectors")
-        ds, generate_s = timed(lambda: build_dataset(self.base, self.Q, n, self.opts))
+        opts, rate = self.opts, self.per_row.get
+        ds, generate_s = timed(lambda: build_dataset(self.base, self.Q, n, opts))
         res: dict[str, Any] = {"rows": n, "setup": {"generate_and_exact_gt_s": round(generate_s, 2)}}
         res |= {"stores": {}, "rare_rows": int(len(ds.rare_rows))}
-        sr = SizeRun(n, ds, res, self.opts.single_queries_large if n >= 50_000 else self.opts.single_queries)
-        want_pg, want_milvus = self.pg_wanted(sr), self.milvus_wanted(sr)
-        res["stores"]["numpy"] = guarded(f"scale {n:,}: numpy", lambda: store_entry(numpy_configs(ds, self.opts.k)))
+        sr = SizeRun(n, ds, res, opts.single_queries_large if n >= 50_000 else opts.single_queries)
+        pg_s = n * (rate("pg_copy", 0) + rate("pg_build", 0) * math.log(n)) if opts.pg_dsn else 0.0  # 0: unknown
+        above = f"above --pg-max-size {opts.pg_max_size:,} (HNSW build time)"
+        want_pg = self.wanted(n, "pgvector", opts.pg_max_size, above, "pgvector (COPY + HNSW build)", pg_s or None)
+        want_pg = want_pg and opts.pg_dsn is not None
+        flat_s = rate("milvus_flat_query", 0) * _flat_calls(sr.n_single, len(self.Q))
+        milvus_s = None if (insert := rate("milvus_insert")) is None else n * (insert + flat_s)
+        above = f"above --milvus-max-size {opts.milvus_max_size:,}"
+        want_milvus = self.wanted(n, "milvus", opts.milvus_max_size, above, "milvus (insert + FLAT searches)", milvus_s)
+        res["stores"]["numpy"] = guarded(f"scale {n:,}: numpy", lambda: store_entry(numpy_configs(ds, opts.k)))
         with ThreadPoolExecutor(2, thread_name_prefix="store-load") as pool:
             pg = pool.submit(pg_load, self, sr) if want_pg else None
-            if pg is not None and not self.opts.overlap_pg_build:
+            if pg is not None and not opts.overlap_pg_build:
                 wait([pg])
             milvus = pool.submit(milvus_load, self, sr) if want_milvus else None
             sr.milvus_loaded = milvus is not None and milvus.exception() is None
@@ -652,11 +612,9 @@ def run(base: BaseData, Q: np.ndarray, opts: ScaleOptions) -> dict[str, Any]:
 
 def targets(out: dict[str, Any]) -> dict[str, Any]:
     """The 100k targets: pgvector HNSW within 2x of exact NumPy, Milvus within 5x."""
-    res = out["sizes"].get(str(TARGET_SIZE))
     t: dict[str, Any] = {"size": TARGET_SIZE}
-    if res is None:
-        t["note"] = f"{TARGET_SIZE:,} was not run"
-        return t
+    if (res := out["sizes"].get(str(TARGET_SIZE))) is None:
+        return t | {"note": f"{TARGET_SIZE:,} was not run"}
     numpy_p50 = section(res, "stores", "numpy", "best", "single_ms").get("p50")
     for store, key, limit in (
         ("pgvector", "best_hnsw", TARGET_PG_VS_NUMPY),
@@ -668,7 +626,7 @@ def targets(out: dict[str, Any]) -> dict[str, Any]:
             note = s.get("error") or ("not run" if not s else f"no configuration reached recall@10 >= {MIN_RECALL}")
             entry |= {"met": False, "note": note}
             continue
-        r = ratio(best["single_ms"]["p50"], numpy_p50, 2)
-        entry |= {"config": best["config"], "p50_ms": best["single_ms"]["p50"], "recall@10": best["recall@10"]}
-        entry |= {"ratio_x": r, "met": r is not None and r <= limit}
+        p50, r = best["single_ms"]["p50"], ratio(best["single_ms"]["p50"], numpy_p50, 2)
+        entry |= {"config": best["config"], "p50_ms": p50, "recall@10": best["recall@10"], "ratio_x": r}
+        entry["met"] = r is not None and r <= limit
     return t

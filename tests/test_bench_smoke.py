@@ -8,6 +8,19 @@ import numpy as np
 import pytest
 
 from bench import evaluation, report, scale
+from rag_core.models import Chunk
+
+
+def _synthetic_base(n: int, dim: int, seed: int) -> scale.BaseData:
+    """``n`` random unit vectors (in 50 documents, 3 categories) as the scale benchmark's base rows."""
+    v = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    chunks = [
+        Chunk(f"s{i}", f"synthetic/doc{i % 50}.md", f"Doc {i % 50}", f"Doc {i % 50} > Part",
+              ("alpha", "beta", "gamma")[i % 3], f"synthetic chunk {i}", 0, 1, i, "")
+        for i in range(n)
+    ]  # fmt: skip
+    return scale.BaseData(v, chunks)
 
 
 def test_evaluation_benchmark_reports_throughput(tmp_path):
@@ -23,7 +36,7 @@ def test_evaluation_benchmark_reports_throughput(tmp_path):
 
 @pytest.mark.integration
 def test_scale_benchmark_tiny(tmp_path, pg_dsn):
-    base = scale.BaseData.synthetic(n=200, dim=32, seed=1)
+    base = _synthetic_base(n=200, dim=32, seed=1)
     rng = np.random.default_rng(2)
     queries = base.vectors[:6] + 0.05 * rng.standard_normal((6, 32)).astype(np.float32)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
@@ -150,7 +163,7 @@ def test_stats_are_linear_interpolated_percentiles():
 
 
 def test_measure_config_scores_recall_from_the_calls_that_cover_every_query():
-    base = scale.BaseData.synthetic(n=300, dim=16, seed=3)
+    base = _synthetic_base(n=300, dim=16, seed=3)
     opts = scale.ScaleOptions(sizes=(500,), k=10)
     ds = scale.build_dataset(base, base.vectors[:5], 500, opts)
     exact = {q.tobytes(): (gt, gt_f) for q, gt, gt_f in zip(ds.Q, ds.gt.tolist(), ds.gt_f.tolist(), strict=True)}
