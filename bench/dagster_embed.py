@@ -24,6 +24,7 @@ import numpy as np
 
 from bench.common import RUNBOOKS, load_average, log, parse_command_line, ratio, timed
 from rag_core.markdown import md_table
+from rag_core.settings import PROJECT_ROOT
 
 JOB = "bench_chunk_embeddings"
 
@@ -36,27 +37,17 @@ def _assets_and_resources(data_dir: str, **rag: Any) -> tuple[list[Any], dict[st
     return list(defs.assets), build_resources(RagSettingsResource(data_dir=data_dir, sidecar_enabled=False, **rag))
 
 
-def embed_job(data_dir: str, shards: int, executor: str, workers: int) -> dg.JobDefinition:
-    """``chunk_embeddings`` alone (its plan read back from ``data_dir``) with ``shards``
-    shards on the ``multiprocess`` executor (``workers`` step processes) or ``in_process``."""
+def embed_job(data_dir: str, shards: int, workers: int) -> dg.JobDefinition:
+    """``chunk_embeddings`` alone (its plan read back from ``data_dir``) in ``shards`` shards on the
+    multiprocess executor (``workers`` step processes), or on the in-process one when ``workers`` is 0."""
     assets, resources = _assets_and_resources(data_dir, embed_shards=shards)
-    executor_def = (
-        dg.multiprocess_executor.configured({"max_concurrent": workers})
-        if executor == "multiprocess"
-        else dg.in_process_executor
-    )
-    job = dg.define_asset_job(JOB, selection=dg.AssetSelection.assets("chunk_embeddings"), executor_def=executor_def)
+    executor = dg.multiprocess_executor.configured({"max_concurrent": workers}) if workers else dg.in_process_executor
+    job = dg.define_asset_job(JOB, selection=dg.AssetSelection.assets("chunk_embeddings"), executor_def=executor)
     return dg.Definitions(assets=assets, resources=resources, jobs=[job]).resolve_job_def(JOB)
 
 
-def _plan(data_dir: Path, instance: dg.DagsterInstance):
-    assets, resources = _assets_and_resources(str(data_dir))
-    selection = dg.AssetSelection.assets("knowledge_documents", "chunks", "ingest_plan")
-    result = dg.materialize(assets, selection=selection, resources=resources, instance=instance)
-    return result.output_for_node("ingest_plan")
-
-
-def _run(data_dir: Path, shards: int, executor: str, workers: int, instance: dg.DagsterInstance, plan) -> dict:
+def _run(data_dir: Path, shards: int, workers: int, instance: dg.DagsterInstance, plan: Any) -> dict[str, Any]:
+    """One timed ``embed_job`` run on an empty embedding cache: wall s, the plan's vectors, what it embedded."""
     from rag_assets.io_manager import load
     from rag_core.ingest.embed import ChunkEmbeddings
 
@@ -64,12 +55,12 @@ def _run(data_dir: Path, shards: int, executor: str, workers: int, instance: dg.
     recon = dg.build_reconstructable_job(
         __name__,
         "embed_job",
-        reconstructable_args=(str(data_dir), shards, executor, workers),
-        reconstructor_working_directory=str(Path(__file__).resolve().parent.parent),
+        reconstructable_args=(str(data_dir), shards, workers),
+        reconstructor_working_directory=str(PROJECT_ROOT),
     )
     result, wall = timed(lambda: dg.execute_job(recon, instance, raise_on_error=False))
     if not result.success:
-        raise RuntimeError(f"{executor} run failed: {[e.message for e in result.all_events if e.is_failure][:3]}")
+        raise RuntimeError(f"{shards}-shard run failed: {[e.message for e in result.all_events if e.is_failure][:3]}")
     stored = data_dir / "dagster" / "chunk_embeddings.json"
     embeddings = load(stored.read_bytes(), ChunkEmbeddings, str(stored))
     return {"wall_s": wall, "vectors": embeddings.vectors_for(plan.to_embed()), "embedded": embeddings.embedded}
@@ -85,22 +76,25 @@ def run(corpus: Path, shards: int, workers: int) -> dict[str, Any]:
     try:
         with patch.dict(os.environ, env), dg.DagsterInstance.get() as instance:
             log("planning (documents -> chunks -> plan)")
-            plan = _plan(data_dir, instance)
+            assets, resources = _assets_and_resources(str(data_dir))
+            selection = dg.AssetSelection.assets("knowledge_documents", "chunks", "ingest_plan")
+            result = dg.materialize(assets, selection=selection, resources=resources, instance=instance)
+            plan = result.output_for_node("ingest_plan")
             out: dict[str, Any] = {"chunks": len(plan.to_embed()), "shards": shards, "workers": workers}
             out["load_before"] = load_average()
             log(f"one process: {out['chunks']} chunks")
-            one = _run(data_dir, 1, "in_process", workers, instance, plan)
+            runs = {"one_process": _run(data_dir, 1, 0, instance, plan)}
             log(f"sharded: {shards} shards on {workers} workers")
-            sharded = _run(data_dir, shards, "multiprocess", workers, instance, plan)
+            runs["sharded"] = _run(data_dir, shards, workers, instance, plan)
             out["load_after"] = load_average()
+        for name, r in runs.items():
+            out[f"{name}_s"] = round(r["wall_s"], 1)
+            out[f"{name}_chunks_per_s"] = round(out["chunks"] / r["wall_s"], 2)
+        one, sharded = runs.values()
         a, b = one["vectors"], sharded["vectors"]
         cos = np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
         out |= {
-            "one_process_s": round(one["wall_s"], 1),
-            "sharded_s": round(sharded["wall_s"], 1),
             "speedup": ratio(one["wall_s"], sharded["wall_s"], 2),
-            "one_process_chunks_per_s": round(out["chunks"] / one["wall_s"], 2),
-            "sharded_chunks_per_s": round(out["chunks"] / sharded["wall_s"], 2),
             "embedded_equal": one["embedded"] == sharded["embedded"],
             "max_abs_diff": float(np.max(np.abs(a - b))) if a.size else 0.0,
             "min_cosine": float(np.min(cos)) if a.size else 1.0,

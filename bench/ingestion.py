@@ -13,6 +13,7 @@ import numpy as np
 from bench.common import log, make_settings, profile_top, ratio, timed
 from bench.context import BenchContext
 from bench.scale import BaseData
+from rag_core.ingest.embed import MIN_STEP
 
 TARGET_RATIO = 0.85
 TARGET_REINGEST = 0.05
@@ -42,10 +43,9 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 
     raw_after = stepped_s = None
     if not ctx.quick:
-        # Diagnostic: the pipeline embeds in steps of max(batch, 256) chunks (rag_core/ingest/
-        # pipeline.py _embed_missing); encode sorts by length only within one call.
+        # Diagnostic: the ingest embeds in steps of max(batch, MIN_STEP) chunks (embed.embed_plan)
         log("ingestion: encode in the pipeline's steps (diagnostic), then raw encode again")
-        step = max(batch, 256)
+        step = max(batch, MIN_STEP)
         _, stepped_s = timed(lambda: [embedder.embed_passages(texts[i : i + step]) for i in range(0, len(texts), step)])
         _, raw_after = timed(lambda: embedder.embed_passages(texts))
     raw_s = raw_before if raw_after is None else (raw_before + raw_after) / 2
