@@ -13,6 +13,7 @@ from typing import Any
 from bench.common import load_average, log, ratio, summarize, timed
 from bench.context import BenchContext
 from bench.harness import call_ms
+from bench.latency import build_tool
 from bench.serving import RAG_CLI, rebuild_env
 
 COLD_GOAL_S = 2.0
@@ -32,13 +33,11 @@ def cold_seconds(env: dict[str, str], query: str) -> float:
 def run(ctx: BenchContext) -> dict[str, Any]:
     """Fresh lookups (3, 2 with --quick), then the warm latency (ms) of one tool on the same queries
     after a warm-up pass."""
-    from rag_core.lookup.tool import LookupKnowledgeTool
-
     queries = ctx.queries[: 2 if ctx.quick else 3]
     env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
     log(f"cold lookup: {len(queries)} fresh `rag lookup` processes")
     cold_s = summarize([cold_seconds(env, q) for q in queries])
-    tool = LookupKnowledgeTool(ctx.kb_settings.model_copy(update={"trace_enabled": False}))
+    tool = build_tool(ctx.kb_settings, ctx.store("milvus"), ctx.embedder)  # untraced, as the cold runs
     try:
         warm_s = call_ms(tool.lookup, queries, warmup=queries)
     finally:

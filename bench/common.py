@@ -28,7 +28,6 @@ from rag_core.settings import PROJECT_ROOT, RagSettings
 SHARED = PROJECT_ROOT.parent / "shared"
 RUNBOOKS = SHARED / "corpora" / "prometheus-runbooks" / "content" / "runbooks"
 CORPORA = {"en": RUNBOOKS, "zh": SHARED / "corpora" / "kubesphere-runbooks-zh" / "content.zh" / "runbooks"}
-RUNBOOKS_GOLDEN = SHARED / "golden" / "runbooks-visible.yaml"
 RESULTS_DIR = PROJECT_ROOT / "bench" / "results"
 T = TypeVar("T")
 
@@ -164,6 +163,7 @@ class Scratch:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="rag-bench-"))
         os.chmod(self.root, 0o755)
+        self.pg_settings = make_settings(self.root / "pg")
         self._pg_dsn: str | None = None
         self._pg_lock = threading.Lock()
 
@@ -171,10 +171,6 @@ class Scratch:
         path = self.root / name
         path.mkdir(parents=True, exist_ok=True)
         return path
-
-    @property
-    def pg_settings(self) -> RagSettings:
-        return make_settings(self.root / "pg")
 
     def pg_dsn(self) -> str:
         """DSN of the suite's embedded PostgreSQL (started on first use)."""
@@ -240,10 +236,8 @@ def profile_top(
 
 
 def _short(file: str) -> str:
-    for marker in ("site-packages/", f"{PROJECT_ROOT}/", "lib/python3"):
-        if marker in file:
-            return file.split(marker, 1)[1]
-    return file
+    """``file`` below site-packages, the project root or the standard library."""
+    return next((file.split(m, 1)[1] for m in ("site-packages/", f"{PROJECT_ROOT}/", "lib/python3") if m in file), file)
 
 
 def load_average() -> list[float] | None:

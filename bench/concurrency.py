@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-from bench.common import guarded, log, ratio, summarize
+from bench.common import guarded, log, ratio, summarize, timed
 from bench.context import BenchContext
 from bench.latency import build_tool
 from rag_core.traces.recorder import MemoryRecorder
@@ -24,12 +24,10 @@ def measure(tool: Any, queries: list[str], threads: int, lookups: int) -> dict[s
     """``lookups`` lookups (``queries`` in turn) on ``threads`` threads: lookups/s, latency (ms), CPU s per wall s."""
 
     def one(i: int) -> float:
-        q = queries[i % len(queries)]
-        t0 = time.perf_counter()
-        result = tool.lookup(q, session_id=f"bench-conc-{i % 16}")
+        result, seconds = timed(lambda: tool.lookup(queries[i % len(queries)], session_id=f"bench-conc-{i % 16}"))
         if result.status != "ok":
             raise RuntimeError(result.message or "lookup failed")
-        return (time.perf_counter() - t0) * 1000
+        return seconds * 1000
 
     cpu0, t0 = time.process_time(), time.perf_counter()
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bench") as pool:
@@ -52,9 +50,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
 
     def rows(path: str) -> list[dict[str, Any]]:
         log(f"concurrency: {path} path, threads {THREADS}, {lookups} lookups each")
-        tool = build_tool(ctx.kb_settings, ctx.store(path), ctx.embedder, MemoryRecorder())
-        for q in ctx.queries[:8]:
-            tool.lookup(q)
+        tool = build_tool(ctx.kb_settings, ctx.store(path), ctx.embedder, MemoryRecorder(), warm=ctx.queries[:8])
         out = [measure(tool, ctx.queries, t, lookups) for t in THREADS]
         for r in out:
             r["speedup_vs_1"] = ratio(r["lookups_per_s"], out[0]["lookups_per_s"], 2)

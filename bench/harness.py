@@ -172,9 +172,6 @@ class Missing:
     met: bool | None = None
 
 
-_OPS: dict[str, Callable[[float, float], bool]] = {"<=": operator.le, ">=": operator.ge}
-
-
 def as_times(v: float) -> str:
     """``v`` as a ratio, ``1.23x``."""
     return f"{v:.2f}x"
@@ -210,12 +207,11 @@ class Goal:
         got = Missing(data.get("error", "not run")) if not data or "error" in data else self.read(data)
         if isinstance(got, Missing):
             return row | {"measured": got.note, "ratio": "–", "met": got.met}
-        met = got.value is not None and _OPS[self.op](got.value, self.limit_value) and got.also
-        row |= {"value": got.value, "measured": got.measured, "met": met}
-        row["ratio"] = "–" if got.value is None else self.show(got.value)
-        if self.borderline:
-            row["limit_value"] = self.limit_value
-        return row
+        compare = operator.le if self.op == "<=" else operator.ge
+        met = got.value is not None and compare(got.value, self.limit_value) and got.also
+        shown = "–" if got.value is None else self.show(got.value)
+        row |= {"value": got.value, "measured": got.measured, "met": met, "ratio": shown}
+        return row | ({"limit_value": self.limit_value} if self.borderline else {})
 
 
 def section(results: Results, *path: str) -> dict[str, Any]:

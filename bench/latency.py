@@ -4,11 +4,12 @@ Each lookup is timed around ``LookupKnowledgeTool.lookup``; stages come from the
 its recorder, ``store`` is the longest L1 attempt (``common.STORE_MS_MEANS``); the derived stages
 are in :func:`_sample`. Interleaved query by query with the Milvus path's ``VARIANTS``
 (``milvus-single-model``, ``milvus-learned``: issue 25's rerank cost, ``rerank_cost``) and the
-``floor`` (:class:`Floor`, issue 14: ``vs_floor``).
+``floor`` (:func:`floor`, issue 14: ``vs_floor``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -46,13 +47,16 @@ WRAPPERS = ("lookup", "lookup_with_candidates", "_lookup", "_retrieve", "retriev
 PROFILED = dict(include=("rag_core",), exclude=("rag_core/embedding/", "rag_core/stores/"), exclude_functions=WRAPPERS)
 
 
-def build_tool(settings, store, embedder, recorder=None, **update):
+def build_tool(settings, store, embedder, recorder=None, *, warm=(), **update):
     """A LookupKnowledgeTool on ``store`` (no sidecar) handing trace rows to ``recorder``, with the
-    settings ``update`` (e.g. a ``VARIANTS`` entry)."""
+    settings ``update`` (e.g. a ``VARIANTS`` entry), after one untimed lookup of each ``warm`` query."""
     from rag_core.lookup.tool import LookupKnowledgeTool
 
     update |= {"sidecar_enabled": False, "trace_enabled": recorder is not None}
-    return LookupKnowledgeTool(settings.model_copy(update=update), store=store, embedder=embedder, recorder=recorder)
+    tool = LookupKnowledgeTool(settings.model_copy(update=update), store=store, embedder=embedder, recorder=recorder)
+    for q in warm:
+        tool.lookup(q)
+    return tool
 
 
 def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
@@ -76,47 +80,42 @@ def _sample(e2e_ms: float, row: dict[str, Any], store: float) -> dict[str, Any]:
     }
 
 
-class _Path:
-    """One path's tool and capturing recorder; as a harness target, input = (session suffix, query)."""
-
-    def __init__(self, ctx: BenchContext, path: str):
-        store, dash, variant = path.partition("-")
-        self.path, self.store, self.recorder = path, ctx.store(store), MemoryRecorder()
-        update = VARIANTS.get(dash + variant, {})
-        self.tool = build_tool(ctx.kb_settings, self.store, ctx.embedder, self.recorder, **update)
-
-    def lookup(self, x: tuple[str, str]) -> Any:
-        return self.tool.lookup(x[1], session_id=f"bench-{self.path}-{x[0]}")
-
-    def handed_over(self, result: Any) -> tuple[dict[str, Any], float]:
-        """The trace row and the store ms of the lookup just made (untimed)."""
-        assert len(self.recorder.rows) == 1, "the tool did not hand over a trace row"
-        return self.recorder.rows.pop(), store_ms(result)
+def _open(ctx: BenchContext, path: str, opened: dict[str, Any]) -> tuple[Any, MemoryRecorder]:
+    """The tool of a lookup ``path`` (kept in ``opened``) and its capturing recorder."""
+    store, dash, variant = path.partition("-")
+    recorder = MemoryRecorder()
+    update = VARIANTS.get(dash + variant, {})
+    opened[path] = build_tool(ctx.kb_settings, ctx.store(store), ctx.embedder, recorder, **update)
+    return opened[path], recorder
 
 
-class Floor:
+def _handed_over(handle: tuple[Any, MemoryRecorder], result: Any) -> tuple[dict[str, Any], float]:
+    """The trace row and the store ms of the lookup just made (untimed)."""
+    assert len(handle[1].rows) == 1, "the tool did not hand over a trace row"
+    return handle[1].rows.pop(), store_ms(result)
+
+
+def floor(ctx: BenchContext, queries: list[str]) -> Callable[[str], float]:
     """Query embedding + exact NumPy top-k + in-memory BM25 over the corpus (``InMemoryStore``, the
     floor the stores are compared with): the least a lookup must do (no L0, no fusion, no
     post-processing, no store round trip). Each query's lexical terms are computed up front
-    (untimed), as the lookup's L0 step makes them."""
+    (untimed), as the lookup's L0 step makes them. The returned call gives the embedding's share in ms."""
+    from rag_core.l0 import L0Index
+    from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
+    from rag_core.stores.memory import InMemoryStore
 
-    def __init__(self, ctx: BenchContext, queries: list[str]):
-        from rag_core.l0 import L0Index
-        from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
-        from rag_core.stores.memory import InMemoryStore
+    settings, k, store = ctx.kb_settings, ctx.kb_settings.top_k, InMemoryStore()
+    transform = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars).transform
+    terms = {q: transform(q).lexical_terms for q in queries}
+    store.upsert(ctx.corpus.chunks, ctx.corpus.vectors)
 
-        settings, corpus = ctx.kb_settings, ctx.corpus
-        transform = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars).transform
-        self.terms = {q: transform(q).lexical_terms for q in queries}
-        self.k, self.embedder, self.store = settings.top_k, ctx.embedder, InMemoryStore()
-        self.store.upsert(corpus.chunks, corpus.vectors)
-
-    def __call__(self, query: str) -> float:
-        """Runs the floor for ``query``; returns the embedding's share in ms."""
-        q, embed_s = timed(lambda: self.embedder.embed_query(query))
-        self.store.search(q, self.k)
-        self.store.search_lexical(self.terms[query], q, self.k)  # nothing without terms
+    def run(query: str) -> float:
+        q, embed_s = timed(lambda: ctx.embedder.embed_query(query))
+        store.search(q, k)
+        store.search_lexical(terms[query], q, k)  # nothing without terms
         return embed_s * 1000
+
+    return run
 
 
 def vs_floor(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -141,12 +140,12 @@ def rerank_cost(hand: list[dict[str, Any]], learned: list[dict[str, Any]]) -> di
     return {f"{k}_ms": v for k, v in stats.items()} | ratios
 
 
-def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds: int) -> dict[str, Any]:
+def _summary(path: str, tool: Any, samples: list[dict[str, Any]], queries: list[str], rounds: int) -> dict[str, Any]:
     stages = {s: summarize([x[s] for x in samples]) for s in STAGES}
     e2e_p50 = stages["e2e"]["p50"]
     out: dict[str, Any] = {
-        "path": p.path,
-        "store": type(p.store).__name__,
+        "path": path,
+        "store": type(tool.store).__name__,
         "queries": len(queries),
         "rounds": rounds,
         "lookups": len(samples),
@@ -161,11 +160,11 @@ def _summary(p: _Path, samples: list[dict[str, Any]], queries: list[str], rounds
         "errors": sum(x["status"] != "ok" for x in samples),
     }
     if out["overhead_share_p50"] is not None:  # always: the target is close on the pgvector path
-        log(f"latency {p.path}: profiling the pipeline overhead")
+        log(f"latency {path}: profiling the pipeline overhead")
 
         def one_round():
             for q in queries:
-                p.tool.lookup(q, session_id=f"bench-prof-{p.path}")
+                tool.lookup(q, session_id=f"bench-prof-{path}")
 
         out["overhead_profile"] = profile_top(one_round, sort="cumtime", top=16, per=len(queries), **PROFILED)
     return out
@@ -197,15 +196,15 @@ def run(ctx: BenchContext, paths: tuple[str, ...] = PATHS) -> dict[str, Any]:
     rounds, queries = (1 if ctx.quick else 3), ctx.queries
     out: dict[str, Any] = {"queries": queries, "target_overhead_share_max": TARGET_OVERHEAD, "paths": {}}
     out["store_means"] = STORE_MS_MEANS
-    runners: dict[str, _Path] = {}  # the paths opened (by ``measure``), closed here after the profiles
+    tools: dict[str, Any] = {}  # the paths' tools opened (by ``measure``), closed here after the profiles
 
-    def opened(path: str) -> _Path:
-        return runners.setdefault(path, _Path(ctx, path))
+    def lookup(handle: tuple[Any, MemoryRecorder], x: tuple[str, str], path: str) -> Any:
+        return handle[0].lookup(x[1], session_id=f"bench-{path}-{x[0]}")
 
     targets: list[Target[Any, tuple[str, str], Any]] = [
-        Target(p, _Path.lookup, open=partial(opened, p), after=_Path.handed_over) for p in paths
+        Target(p, partial(lookup, path=p), open=partial(_open, ctx, p, tools), after=_handed_over) for p in paths
     ]
-    targets.append(Target("floor", lambda fl, x: fl(x[1]), open=lambda: Floor(ctx, queries), after=lambda _f, e: e))
+    targets.append(Target("floor", lambda fl, x: fl(x[1]), open=partial(floor, ctx, queries), after=lambda _f, e: e))
     bar = progress(total=rounds * len(queries) * len(targets), enabled=ctx.show_progress, desc="latency", unit="call")
     log(f"latency: {', '.join(paths)} and the floor: {rounds} round(s) x {len(queries)} queries, interleaved")
     # warm-up: L0 index, collection/table, caches; one path failing must not lose the other's numbers
@@ -221,12 +220,12 @@ def run(ctx: BenchContext, paths: tuple[str, ...] = PATHS) -> dict[str, Any]:
             samples[path] = [{"e2e": ms, "embed": e, "status": "ok"} for ms, e in zip(t.ms, t.notes, strict=True)]
         else:
             samples[path] = [_sample(ms, row, store) for ms, (row, store) in zip(t.ms, t.notes, strict=True)]
-            out["paths"][path] = _summary(runners[path], samples[path], queries, rounds)
+            out["paths"][path] = _summary(path, tools[path], samples[path], queries, rounds)
     if {"milvus", "milvus-learned"} <= samples.keys():
         out["rerank_cost"] = rerank_cost(samples["milvus"], samples["milvus-learned"])
-        out["rerank_cost"]["ranker"] = runners["milvus-learned"].tool.ranker.name  # "hand": none for these models
-    for runner in runners.values():
-        runner.tool.close()
+        out["rerank_cost"]["ranker"] = tools["milvus-learned"].ranker.name  # "hand": none for these models
+    for tool in tools.values():
+        tool.close()
     if {"milvus", "pgvector", "floor"} <= samples.keys():
         out["vs_floor"] = vs_floor(samples)
     out["query_embedding_threads"] = embedding_threads(ctx)

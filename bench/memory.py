@@ -32,21 +32,17 @@ def _child(spec: dict[str, Any]) -> None:
     import psutil
 
     proc = psutil.Process()
-    peak = [proc.memory_info().rss]
-    stop = threading.Event()
+    peak, stop, rss_mb = [proc.memory_info().rss], threading.Event(), {}
 
     def sample() -> None:
-        while not stop.is_set():
+        while not stop.wait(0.02):
             with contextlib.suppress(psutil.Error):
                 peak[0] = max(peak[0], proc.memory_info().rss)
-            stop.wait(0.02)
-
-    threading.Thread(target=sample, daemon=True).start()
-    marks: dict[str, float] = {}
 
     def mark(name: str) -> None:
-        marks[name] = round(proc.memory_info().rss / 2**20, 1)
+        rss_mb[name] = round(proc.memory_info().rss / 2**20, 1)
 
+    threading.Thread(target=sample, daemon=True).start()
     mark("start")
     from rag_core.lookup.tool import LookupKnowledgeTool
 
@@ -73,7 +69,7 @@ def _child(spec: dict[str, Any]) -> None:
         "model_load_s": round(load_model_s, 2),
         "open_collection_s": round(open_collection_s, 2),
         "lookup_ms": looked.stats.to_dict(),
-        "rss_mb": marks,
+        "rss_mb": rss_mb,
         "peak_rss_mb_ru_maxrss": round(ru_kb / 1024, 1),
         "peak_rss_mb_sampled": round(peak[0] / 2**20, 1),
         "peak_rss_mb_vmhwm": round(hwm_kb / 1024, 1) if hwm_kb else None,

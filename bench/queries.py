@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common import RUNBOOKS_GOLDEN
+from bench.common import SHARED
 
 PARAPHRASES: list[str] = [
     # chat phrasings
@@ -49,7 +49,7 @@ PARAPHRASES: list[str] = [
 ]
 
 
-def golden_queries(path: Path = RUNBOOKS_GOLDEN) -> list[str]:
+def golden_queries(path: Path = SHARED / "golden" / "runbooks-visible.yaml") -> list[str]:
     """The queries of the visible runbook golden cases (empty when ../shared is absent)."""
     if not path.exists():
         return []

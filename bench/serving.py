@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,10 +76,23 @@ def prepare_states(corpus: Path, work: Path, hold_every: int = 4) -> tuple[Path,
 
 
 def cli_while(
-    args: list[str], env: dict[str, str], worker: Any, threads: int, running: threading.Event, timeout_s: float
+    args: list[str],
+    env: dict[str, str],
+    lookup: Callable[[str, int], object],
+    queries: list[str],
+    threads: int,
+    running: threading.Event,
+    timeout_s: float,
 ) -> tuple[str, int | None, float]:
-    """Run `rag ARGS` in another process while ``threads`` threads run ``worker(n)`` (they loop
-    while ``running`` is set; cleared when the process ends). (output tail, exit code, seconds)."""
+    """Run `rag ARGS` in another process while ``threads`` threads call ``lookup(query, thread)`` on
+    ``queries`` in turn (while ``running`` is set; cleared when the process ends). (output tail, exit code, s)."""
+
+    def worker(n: int) -> None:
+        i = 0
+        while running.is_set():
+            lookup(queries[(n + i * threads) % len(queries)], n)
+            i += 1
+
     pool = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(threads)]
     t0 = time.perf_counter()
     cmd = [sys.executable, "-c", RAG_CLI, *args]
@@ -97,6 +111,18 @@ def cli_while(
     return output, proc.returncode, seconds
 
 
+def ingested_tool(settings: RagSettings, embedder: Any, recorder: Any, queries: list[str]) -> Any:
+    """``latency.build_tool`` on ``settings``' Milvus store after ingesting its knowledge dir, warmed
+    on the first 4 ``queries`` (model, L0, collection, trace store)."""
+    from bench.latency import build_tool
+    from rag_core.ingest.pipeline import ingest
+    from rag_core.stores.milvus import MilvusStore
+
+    store = MilvusStore.from_settings(settings)
+    ingest(settings, embedder, [store], progress=False)  # ingest writes no traces
+    return build_tool(settings, store, embedder, recorder, warm=queries[:4])
+
+
 def run(
     settings: RagSettings,
     embedder: Any,
@@ -108,20 +134,12 @@ def run(
     after_lookups: int = 16,
 ) -> ServingRun:
     """One ingest-while-serving run in ``work`` (data dir ``settings.data_dir``); see the module doc."""
-    from rag_core.ingest.pipeline import ingest
-    from rag_core.lookup.tool import LookupKnowledgeTool
-    from rag_core.stores.milvus import MilvusStore
-
     kb, new, added = prepare_states(corpus, work)
     settings = settings.model_copy(update={"knowledge_dir": kb, "sidecar_enabled": False, "trace_enabled": True})
     # {chunk_id: text} of either state, as ingestion chunks it
     old_chunks, new_chunks = ({c.chunk_id: c.text for c in chunk_dir(root, settings)} for root in (kb, new))
-    store = MilvusStore.from_settings(settings)
-    ingest(settings, embedder, [store], progress=False)
     recorder = MemoryRecorder()
-    tool = LookupKnowledgeTool(settings, embedder=embedder, store=store, recorder=recorder)
-    for q in queries[:4]:
-        tool.lookup(q)  # warm: model, L0, collection
+    tool = ingested_tool(settings, embedder, recorder, queries)
     recorder.rows.clear()
 
     # The switch to the new state: what a sync of the knowledge repository does on disk.
@@ -132,10 +150,10 @@ def run(
     ingesting = threading.Event()
     ingesting.set()
 
-    def one(q: str, session: str) -> None:
+    def one(q: str, n: int | str) -> None:
         t0 = time.perf_counter()
         try:
-            result, cands = tool.lookup_with_candidates(q, session_id=session)
+            result, cands = tool.lookup_with_candidates(q, session_id=f"serve-{n}")
             errors = [a.error for a in result.retrieval_trace.attempts if a.error]
             problem = result.message if result.status != "ok" else (errors[0] if errors else None)
             foreign = [
@@ -154,16 +172,10 @@ def run(
                 out.failures.append(f"{q[:40]!r}: {problem}"[:300])
             out.foreign_hits.extend(foreign)
 
-    def worker(n: int) -> None:
-        i = 0
-        while ingesting.is_set():
-            one(queries[(n + i * threads) % len(queries)], f"serve-{n}")
-            i += 1
-
-    cli = cli_while(["ingest", "--json"], rebuild_env(settings), worker, threads, ingesting, timeout_s)
+    cli = cli_while(["ingest", "--json"], rebuild_env(settings), one, queries, threads, ingesting, timeout_s)
     out.ingest_output, out.ingest_returncode, out.ingest_seconds = cli
     for i in range(after_lookups):
-        one(queries[i % len(queries)], "serve-after")
+        one(queries[i % len(queries)], "after")
     result = tool.lookup(Path(added).stem)  # a held-back document, by its alert name: only in the new index
     out.lookups += 1
     out.new_doc_found_after = added in [b.doc_id for b in result.evidence_blocks]

@@ -24,9 +24,8 @@ import httpx
 
 from bench.common import RUNBOOKS, make_settings, parse_command_line, ratio, summarize
 from bench.queries import benchmark_queries
-from rag_core.components import make_embedder, make_main_store
-from rag_core.ingest.pipeline import ingest
-from rag_core.lookup.tool import LookupKnowledgeTool
+from bench.serving import ingested_tool
+from rag_core.embedding import make_embedder
 from rag_core.markdown import md_table
 from rag_core.stores.milvus_server import stop_server
 from rag_core.stores.pgserver import stop_embedded
@@ -48,26 +47,21 @@ class CountingRecorder(ToolInvocationRecorder):
 
 
 async def _timed(call: Callable[[str], Awaitable[bool]], queries: list[str], clients: int) -> tuple[list[float], int]:
-    """Run ``queries`` through ``clients`` concurrent workers; per-call ms and the error count."""
-    todo = list(queries)
-    times: list[float] = []
-    errors = 0
+    """Run ``queries`` through ``clients`` concurrent callers; per-call ms and the error count."""
+    gate = asyncio.Semaphore(clients)
 
-    async def worker() -> None:
-        nonlocal errors
-        while todo:
-            query = todo.pop()
+    async def one(query: str) -> tuple[float, bool]:
+        async with gate:
             start = time.perf_counter()
             ok = await call(query)
-            times.append((time.perf_counter() - start) * 1000)
-            errors += not ok
+            return (time.perf_counter() - start) * 1000, ok
 
-    await asyncio.gather(*[worker() for _ in range(clients)])
-    return times, errors
+    done = await asyncio.gather(*map(one, queries))
+    return [ms for ms, _ in done], sum(not ok for _, ok in done)
 
 
 async def _measure(
-    tool: LookupKnowledgeTool, base: str, queries: list[str], rounds: int, client_counts: tuple[int, ...]
+    tool: Any, base: str, queries: list[str], rounds: int, client_counts: tuple[int, ...]
 ) -> dict[str, Any]:
     from mcp import Client
 
@@ -113,7 +107,7 @@ async def _measure(
     return results
 
 
-def _serve(tool: LookupKnowledgeTool) -> tuple[Any, threading.Thread, str]:
+def _serve(tool: Any) -> tuple[Any, threading.Thread, str]:
     """`rag serve`'s app on ``tool`` in a thread, on a free port: (server, thread, base URL)."""
     import uvicorn
 
@@ -150,16 +144,11 @@ def run(rounds: int = 3, n_queries: int = 24, clients: tuple[int, ...] = CLIENTS
     with tempfile.TemporaryDirectory(prefix="rag-serving-latency-") as tmp:
         data = Path(tmp)
         settings = make_settings(data, ensemble_backend="none", sidecar_enabled=False, trace_enabled=True)
-        embedder = make_embedder(settings)
-        store = make_main_store(settings)
-        ingest(settings, embedder, [store], progress=False)  # ingest writes no traces
         recorder = CountingRecorder.from_settings(settings)
-        tool = LookupKnowledgeTool(settings, embedder=embedder, store=store, recorder=recorder)
+        queries = benchmark_queries(n_queries)
+        tool = ingested_tool(settings, make_embedder(settings), recorder, queries)  # warm: not counted
         server, thread, base = _serve(tool)
         try:
-            queries = benchmark_queries(n_queries)
-            for query in queries[:4]:  # warm-up, not counted (the trace store connects here)
-                tool.lookup(query)
             recorder.flush(60)
             recorder.rows = 0
             load_before = os.getloadavg()[0]
@@ -168,8 +157,7 @@ def run(rounds: int = 3, n_queries: int = 24, clients: tuple[int, ...] = CLIENTS
         finally:
             server.should_exit = True
             thread.join(30)
-            recorder.close()
-            store.close()
+            tool.close()
             stop_server(data)
             stop_embedded(data)
         calls = len(queries) * rounds * len(clients) * 3

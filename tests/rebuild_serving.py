@@ -94,29 +94,24 @@ def run_rebuild(
     sidecar = stores[1] if len(stores) > 1 else None
     tool = LookupKnowledgeTool(settings, embedder=embedder, store=stores[0], sidecar=sidecar)
     want = expected_docs(tool, queries)
-    asked = list(want)
     before = [set(s.chunk_hashes()) for s in stores]
     out = RebuildRun(store="+".join(s.name for s in stores), rows_before=sum(map(len, before)))
     lock, rebuilding = threading.Lock(), threading.Event()
     rebuilding.set()
 
-    def worker(n: int) -> None:
-        i = 0
-        while rebuilding.is_set():
-            q = asked[(n + i * threads) % len(asked)]
-            i += 1
-            try:
-                problem = bad_answer(tool.lookup(q, session_id=f"rebuild-{n}"), want[q])
-            except Exception as exc:  # lookup() never raises; count it anyway
-                problem = f"raised {type(exc).__name__}: {exc}"
-            with lock:
-                out.lookups += 1
-                out.lookups_during_rebuild += rebuilding.is_set()
-                if problem:
-                    out.bad.append(f"{q[:40]!r}: {problem}"[:300])
+    def one(q: str, n: int) -> None:
+        try:
+            problem = bad_answer(tool.lookup(q, session_id=f"rebuild-{n}"), want[q])
+        except Exception as exc:  # lookup() never raises; count it anyway
+            problem = f"raised {type(exc).__name__}: {exc}"
+        with lock:
+            out.lookups += 1
+            out.lookups_during_rebuild += rebuilding.is_set()
+            if problem:
+                out.bad.append(f"{q[:40]!r}: {problem}"[:300])
 
     args = ["ingest", "--rebuild", "--json", *(["--sidecar"] if pg_dsn else [])]
-    cli = cli_while(args, rebuild_env(settings, pg_dsn), worker, threads, rebuilding, timeout_s)
+    cli = cli_while(args, rebuild_env(settings, pg_dsn), one, list(want), threads, rebuilding, timeout_s)
     out.rebuild_output, out.rebuild_returncode, out.rebuild_seconds = cli
     after = [set(s.chunk_hashes()) for s in stores]
     out.rows_after = sum(map(len, after))
