@@ -465,7 +465,8 @@ EMBEDDING: dict[str, Cell] = {
 _EMBEDDING_INTRO = (
     "Query embedding over {queries} benchmark queries (one at a time, warm), passage throughput over the same "
     "{chunks} runbook chunk texts, peak RSS of a fresh lookup process (model loaded, 20 lookups on a small index). "
-    "Ratios against MiniLM in the same run. Retrieval quality per backend: `python -m bench.embedding_backends`."
+    "Ratios against MiniLM in the same run. Retrieval quality per backend: "
+    "`RAG_EMBEDDING_BACKEND=<backend> RAG_DATA_DIR=<dir per backend> rag eval suites`."
 )
 MEMORY: dict[str, Cell] = {
     "collection": "{label}",
