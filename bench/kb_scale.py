@@ -41,8 +41,8 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import Field, dataclass, field, fields, replace
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -117,14 +117,6 @@ def _camel(word: str) -> str:
     return "".join(p.capitalize() for p in re.split(r"[-_ ]", word) if p)
 
 
-def generate(root: Path, n: int, sources: Sequence[Source], seed: int = SEED, start: int = 0) -> None:
-    """Write documents ``start..n-1`` under ``root``."""
-    for i in range(start, n):
-        path = root / doc_path(i, sources, seed)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(i, sources, seed), encoding="utf-8")
-
-
 def _draws(i: int, sources: Sequence[Source], seed: int) -> tuple[random.Random, Source, str, str, str]:
     """Document ``i``'s generator after its first draws: base runbook, service, environment, team."""
     rng = random.Random(f"{seed}:{i}")
@@ -132,8 +124,8 @@ def _draws(i: int, sources: Sequence[Source], seed: int) -> tuple[random.Random,
     return rng, base, rng.choice(SERVICES), rng.choice(ENVS), rng.choice(TEAMS)
 
 
-def render(i: int, sources: Sequence[Source], seed: int = SEED, changed: bool = False) -> str:
-    """Markdown of document ``i``; ``changed`` appends an edited section (the 1 % re-ingest)."""
+def compose(i: int, sources: Sequence[Source], seed: int = SEED) -> tuple[dict[str, Any], list[str]]:
+    """Document ``i``'s frontmatter and parts (``# name``, its owner line, its sections)."""
     rng, base, service, env, team = _draws(i, sources, seed)
     same_lang = [s for s in sources if s.lang == base.lang]
     name = f"{_camel(service)}{base.name}"
@@ -150,7 +142,12 @@ def render(i: int, sources: Sequence[Source], seed: int = SEED, changed: bool = 
         fm["category"] = base.category
     if rng.random() < 0.3:
         fm["aliases"] = [f"{service}-{base.name.lower()}-{env}"]
-    parts = [f"# {name}", f"Service `{service}` ({env}), owned by {team}.", *sections]
+    return fm, [f"# {name}", f"Service `{service}` ({env}), owned by {team}.", *sections]
+
+
+def render(i: int, sources: Sequence[Source], seed: int = SEED, changed: bool = False) -> str:
+    """Markdown of document ``i``; ``changed`` appends an edited section (the 1 % re-ingest)."""
+    fm, parts = compose(i, sources, seed)
     if changed:
         parts.append(f"## Change log\n\nEdited for the re-ingest benchmark ({seed}:{i}).")
     head = "\n".join(f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in fm.items())
@@ -163,10 +160,12 @@ def doc_path(i: int, sources: Sequence[Source], seed: int = SEED) -> str:
     return f"{team}/{base.category}/{service}-{base.name}-{i:06d}.md"
 
 
-def rewrite(root: Path, docs: Iterable[int], sources: Sequence[Source], changed: bool = True) -> None:
-    """Write documents ``docs`` under ``root`` again, with (``changed``) or without the edited section."""
+def write_docs(root: Path, docs: Iterable[int], sources: Sequence[Source], changed: bool = False) -> None:
+    """Write documents ``docs`` under ``root``, with (``changed``) or without the edited section."""
     for i in docs:
-        (root / doc_path(i, sources)).write_text(render(i, sources, changed=changed), encoding="utf-8")
+        path = root / doc_path(i, sources)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(i, sources, changed=changed), encoding="utf-8")
 
 
 # --- the fake embedder and the thin store ---------------------------------------------------------
@@ -503,21 +502,17 @@ def l0_queries(sources: Sequence[Source], n_docs: int = 1000, count: int = 40, s
     out: list[str] = []
     free = ["pods keep restarting after the deploy", "磁盘快满了怎么办", "high latency on the api", "证书过期"]
     for k in range(count):
-        i = rng.randrange(n_docs)
-        text = render(i, sources, seed)
-        fm = dict(line.split(": ", 1) for line in text.split("---\n")[1].strip().splitlines())
-        title, keywords, entities = json.loads(fm["title"]), json.loads(fm["keywords"]), json.loads(fm["entities"])
-        name = text.split("\n# ", 1)[1].split("\n", 1)[0]
-        kind = k % 5
+        fm, parts = compose(rng.randrange(n_docs), sources, seed)
+        name, kind = parts[0].removeprefix("# "), k % 5
         if kind == 0:
-            out.append(title)
+            out.append(fm["title"])
         elif kind == 1 and len(name) > 12:
             j = rng.randrange(3, len(name) - 3)
             out.append(f"alert {name[:j] + name[j + 1 :]} firing")  # one letter dropped
         elif kind == 2:
-            out.append(f"{' '.join(keywords)} is failing")
+            out.append(f"{' '.join(fm['keywords'])} is failing")
         elif kind == 3:
-            out.append(f"{entities[1].replace('-', ' in ', 1)}: {title.split(' ', 1)[-1].lower()}")
+            out.append(f"{fm['entities'][1].replace('-', ' in ', 1)}: {fm['title'].split(' ', 1)[-1].lower()}")
         else:
             out.append(free[k % len(free)])
     return out
@@ -525,13 +520,12 @@ def l0_queries(sources: Sequence[Source], n_docs: int = 1000, count: int = 40, s
 
 def l0_lookup(index_docs: Sequence[Any], queries: Sequence[str], rounds: int) -> dict[str, Any]:
     """``L0Index.analyze_query`` on one document set: build seconds, ms p50/p95 over ``rounds`` x ``queries``."""
-    from bench.harness import Target, measure
+    from bench.harness import call_ms
     from rag_core.l0 import L0Index
 
     index, build_s = timed(lambda: L0Index.build(index_docs))
-    target = Target("indexed", lambda _h, q: index.analyze_query(q))
-    stats = measure([target], [q for _ in range(rounds) for q in queries], warmup=queries[:3])["indexed"].stats
-    return {"documents": len(index), "build_s": round(build_s, 3), "indexed_ms": {"p50": stats.p50, "p95": stats.p95}}
+    ms = call_ms(index.analyze_query, [q for _ in range(rounds) for q in queries], warmup=queries[:3])
+    return {"documents": len(index), "build_s": round(build_s, 3), "indexed_ms": {"p50": ms["p50"], "p95": ms["p95"]}}
 
 
 def sensor_ticks(root: Path, data_dir: Path, rounds: int, sources: Sequence[Source]) -> dict[str, Any]:
@@ -560,13 +554,13 @@ def sensor_ticks(root: Path, data_dir: Path, rounds: int, sources: Sequence[Sour
         state.unlink(missing_ok=True)
         now = ms("first", fingerprint, root, None, state).fingerprint
         ms("unchanged", fingerprint, root, now, state)
-        rewrite(root, [one], sources)
+        write_docs(root, [one], sources, changed=True)
         tick = ms("edit", fingerprint, root, now, state)
         times["hashed"].append(tick.hashed)
-        rewrite(root, [other], sources)
+        write_docs(root, [other], sources, changed=True)
         context = dg.build_sensor_context(cursor=tick.fingerprint.cursor(), resources={"rag": rag}, definitions=defs)
         ms("sensor_tick", sensor.evaluate_tick, context)
-    rewrite(root, [i for pair in pairs for i in pair], sources, changed=False)
+    write_docs(root, [i for pair in pairs for i in pair], sources)
     return {"files": n, **{k: round(statistics.median(v), 1) for k, v in times.items()}}
 
 
@@ -574,7 +568,9 @@ def sensor_ticks(root: Path, data_dir: Path, rounds: int, sources: Sequence[Sour
 
 
 def _flag(default: Any, help: str, **kw: Any) -> Any:
-    """An ``Options`` field that is also a flag of ``main`` (``--name-with-dashes``, ``help``)."""
+    """An ``Options`` field that is also a flag of ``main`` (``--name-with-dashes``): its
+    ``add_argument`` keywords as metadata."""
+    kw = {"action": "store_true"} if isinstance(default, bool) else {"type": type(default), "default": default} | kw
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -616,7 +612,7 @@ def run(o: Options = Options()) -> dict[str, Any]:
         kb, made, again = scratch / "kb", 0, min(o.reingest_docs, o.docs)
         for size in sorted({1000, min(o.docs, 10_000), o.docs}) if fake else ():
             t0 = time.perf_counter()
-            generate(kb, size, sources, start=made)
+            write_docs(kb, range(made, size), sources)
             made = size
             log(f"kb_scale: generated {size} documents ({time.perf_counter() - t0:.1f} s)")
             if not o.no_l0:
@@ -631,8 +627,7 @@ def run(o: Options = Options()) -> dict[str, Any]:
                 first[mode] = in_child("ingest", kb, scratch / f"first-{mode}-{size}", batch)
             if size == again:
                 out["kb_bytes"] = sum(p.stat().st_size for p in kb.rglob("*.md"))
-                out["ingest"] = _reingests(kb, scratch / f"first-streamed-{size}", size, o.batch_docs, sources)
-                out["resume"] = _resume(kb, scratch / "resume", o.batch_docs, first["streamed"])
+                out |= _again(kb, scratch, size, first["streamed"], o, sources)
             for mode in modes:
                 shutil.rmtree(scratch / f"first-{mode}-{size}", ignore_errors=True)
         if o.real_docs:
@@ -643,33 +638,27 @@ def run(o: Options = Options()) -> dict[str, Any]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _reingests(kb: Path, data: Path, docs: int, batch_docs: int, sources: Sequence[Source]) -> dict[str, Any]:
-    """Into the first ingest's ``data``: unchanged, then 1 % changed (the changed documents are
-    written back afterwards, so larger sizes stay deterministic)."""
-    log(f"kb_scale: re-ingests of {docs} documents")
-    runs = {"unchanged": in_child("ingest", kb, data, batch_docs)}
-    rewrite(kb, range(0, docs, 100), sources)  # 1 % of the documents
-    runs["changed_1pct"] = in_child("ingest", kb, data, batch_docs)
-    rewrite(kb, range(0, docs, 100), sources, changed=False)
-    return runs
-
-
-def _resume(kb: Path, data: Path, batch_docs: int, first: dict[str, Any]) -> dict[str, Any]:
-    """Ctrl-C once half of the first ingest's passages are embedded, then the same ingest again:
-    ``re_embedded`` = passages the resumed run embedded beyond those the interrupted one had not
-    done (0: nothing embedded twice)."""
+def _again(
+    kb: Path, scratch: Path, size: int, first: dict[str, Any], o: Options, sources: Sequence[Source]
+) -> dict[str, Any]:
+    """After the ``first`` streamed ingest of ``size`` documents, into its data dir: unchanged, then 1 %
+    changed (written back after, so larger sizes stay deterministic). Then an ingest stopped (Ctrl-C)
+    once half its passages are embedded, run again: ``re_embedded`` = passages embedded twice (0 expected)."""
+    log(f"kb_scale: re-ingests of {size} documents")
+    data, edited = scratch / f"first-streamed-{size}", range(0, size, 100)  # 1 % of the documents
+    runs = {"unchanged": in_child("ingest", kb, data, o.batch_docs)}
+    write_docs(kb, edited, sources, changed=True)
+    runs["changed_1pct"] = in_child("ingest", kb, data, o.batch_docs)
+    write_docs(kb, edited, sources)
     half = first["passages_embedded"] // 2
     log(f"kb_scale: ingest interrupted after {half} passages, then resumed")
-    cut = in_child("ingest", kb, data, batch_docs, half)
-    resumed = in_child("ingest", kb, data, batch_docs)
-    shutil.rmtree(data, ignore_errors=True)
+    cut = in_child("ingest", kb, scratch / "resume", o.batch_docs, half)
+    resumed = in_child("ingest", kb, scratch / "resume", o.batch_docs)
+    shutil.rmtree(scratch / "resume", ignore_errors=True)
     left = first["passages_embedded"] - cut["passages_embedded"]
-    return {
-        "interrupted": cut,
-        "resumed": resumed,
-        "re_embedded": resumed["passages_embedded"] - left,
-        "same_chunks": resumed["chunks"] == first["chunks"],
-    }
+    resume = {"interrupted": cut, "resumed": resumed, "re_embedded": resumed["passages_embedded"] - left}
+    resume["same_chunks"] = resumed["chunks"] == first["chunks"]
+    return {"ingest": runs, "resume": resume}
 
 
 def _label(n: int) -> str:
@@ -698,7 +687,7 @@ def run_product(sources: Sequence[Source], o: Options, root: Path) -> dict[str, 
                 out["real_model"][label] = {**json.loads(saved.read_text()), "reused_from": str(saved)}
                 continue
             if kb != RUNBOOKS:
-                generate(kb, o.real_docs, sources)
+                write_docs(kb, range(o.real_docs), sources)
             log(f"kb_scale: the default model, {label} documents into the product stores (raw encode, ingest, again)")
             raw_max, limit_s = o.raw_sample * (kb != RUNBOOKS), 60 * o.ingest_minutes
             r = out["real_model"][label] = in_child("real", kb, data, o.batch_docs, raw_max, limit_s)
@@ -715,9 +704,7 @@ def run_product(sources: Sequence[Source], o: Options, root: Path) -> dict[str, 
     finally:
         for *_, d in dirs:
             stop_server(Path(d))
-            stop_embedded(make_settings(Path(d)).pg_data_dir, mode="fast")
-            if o.keep is None:
-                shutil.rmtree(d, ignore_errors=True)
+            stop_embedded(make_settings(Path(d)).pg_data_dir, mode="fast")  # without --keep, run removes them
     return out
 
 
@@ -728,11 +715,8 @@ def finish_partial(kb: Path, data: Path, batch_docs: int) -> tuple[str, str, str
     None when no batch was written."""
     from rag_core.stores.milvus import MilvusStore
 
-    store = MilvusStore.from_settings(make_settings(data, kb))
-    try:
+    with closing(MilvusStore.from_settings(make_settings(data, kb))) as store:
         held = {doc for doc, _hash in store.chunk_hashes().values()}
-    finally:
-        store.close()
     if not held:
         log("kb_scale: no batch was written before the time limit: no lookups at this size")
         return None
@@ -913,7 +897,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from bench.common import parse_command_line
 
-    options = {f"--{f.name.replace('_', '-')}": _argument(f) for f in fields(Options) if f.metadata}
+    options = {f"--{f.name.replace('_', '-')}": dict(f.metadata) for f in fields(Options) if f.metadata}
     options["--json"] = dict(type=Path, help="also write the figures to this JSON file")
     args = vars(parse_command_line(__doc__, options, argv, prog="python -m bench.kb_scale"))
     json_path = args.pop("json")
@@ -922,13 +906,6 @@ def main(argv: list[str] | None = None) -> int:
         json_path.write_text(json.dumps(out, indent=2) + "\n")
     print(print_tables(out))
     return 0
-
-
-def _argument(f: Field[Any]) -> dict[str, Any]:
-    """``add_argument`` keywords of an ``Options`` field made by ``_flag``."""
-    if isinstance(f.default, bool):
-        return {"action": "store_true", **f.metadata}
-    return {"type": type(f.default), "default": f.default, **f.metadata}
 
 
 if __name__ == "__main__":
