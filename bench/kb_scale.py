@@ -677,11 +677,13 @@ def run_product(sources: Sequence[Source], o: Options, root: Path) -> dict[str, 
     docs = _label(o.real_docs)
     kbs = [(RUNBOOKS, _label(len(scan_documents(RUNBOOKS)[0]))), (root / f"kb-{docs}", docs)]
     out: dict[str, Any] = {"real_model": {}}
-    dirs: list[tuple[str, str, str]] = []
+    dirs: list[tuple[str, str, str]] = []  # the knowledge bases the lookups run on
+    started: list[Path] = []  # every data dir whose servers may run, also one with no lookups
     try:
         for kb, label in kbs:
             data = root / f"data-{label}"
             dirs.append((label, str(kb), str(data)))
+            started.append(data)
             saved = data / "kb_scale_ingest.json"
             if saved.exists():
                 out["real_model"][label] = {**json.loads(saved.read_text()), "reused_from": str(saved)}
@@ -702,9 +704,9 @@ def run_product(sources: Sequence[Source], o: Options, root: Path) -> dict[str, 
         out["lookup"] = in_child("lookup", dirs, o.rounds)
         out["stores"] = in_child("stores", dirs, list(o.large))
     finally:
-        for *_, d in dirs:
-            stop_server(Path(d))
-            stop_embedded(make_settings(Path(d)).pg_data_dir, mode="fast")  # without --keep, run removes them
+        for d in started:
+            stop_server(d)
+            stop_embedded(make_settings(d).pg_data_dir, mode="fast")  # without --keep, run removes them
     return out
 
 
