@@ -558,9 +558,11 @@ _SYNTHETIC = (
     "of that size: the ef needed for recall@10 >= 0.95 (and so the HNSW latency) is likely higher here than it would "
     "be on real data."
 )
-_SCALE_NOTES = (
+_OVERLAP = (
     "The pgvector HNSW index is built while Milvus inserts (both need CPU), to fit the time budget: build and "
-    "insert seconds are inflated by each other; no search is timed while either runs.",
+    "insert seconds are inflated by each other; no search is timed while either runs."
+)
+_SCALE_NOTES = (
     "pgvector HNSW uses m=16, ef_construction=64 (pgvector's defaults, as the product creates it); the embedded "
     "Milvus engine has no HNSW (the product's Milvus HNSW option, for a Milvus server, uses efConstruction=200).",
     "NumPy exact is measured with the BLAS default threads and with one thread; the faster is the reference. Its "
@@ -576,7 +578,11 @@ def _caveats(_m: Any, r: Results) -> list[str]:
         notes.append(f"Within 15 % of their limit in this run, so they can come out either way on a rerun: {near}.")
     notes.append(_fill(_MACHINE, r))
     if base := section(sc, "method").get("base_rows"):
-        notes += [_SYNTHETIC.format(base=base, copies=100_000 // base), *_SCALE_NOTES]
+        notes.append(_SYNTHETIC.format(base=base, copies=100_000 // base))
+        setups = [section(res, "setup", "pgvector") for res in section(sc, "sizes").values()]
+        if any(s.get("overlapped_with_milvus_insert") for s in setups):  # not with --no-overlap
+            notes.append(_OVERLAP)
+        notes += _SCALE_NOTES
     if sc.get("skipped"):
         skipped = "; ".join(f"{s['what'].split(' (')[0]} at {s['size']:,}" for s in sc["skipped"])
         notes.append(f"Skipped in this run (reasons and extrapolations under *Skipped* above): {skipped}.")
