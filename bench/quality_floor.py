@@ -25,12 +25,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.common import CORPORA, log, make_settings, parse_command_line  # noqa: E402
 from rag_core.evaluation.cases import GoldenCase  # noqa: E402
-from rag_core.evaluation.known_items import KnownItem, held_out_corpus, known_item_cases  # noqa: E402
+from rag_core.evaluation.known_items import held_out_corpus, known_item_cases  # noqa: E402
 from rag_core.evaluation.metrics import normalize_doc_id, recall_at_k, reciprocal_rank  # noqa: E402
 from rag_core.evaluation.suites import load_suites  # noqa: E402
+from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
 from rag_core.markdown import md_table  # noqa: E402
 from rag_core.settings import RagSettings  # noqa: E402
-from rag_core.stores.memory import InMemoryStore  # noqa: E402
 
 EN, ZH = CORPORA["en"], CORPORA["zh"]
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -91,33 +91,36 @@ def case_sets(
 
 
 def evaluate_set(settings: RagSettings, cases: Sequence[GoldenCase], channels: bool = False) -> dict[str, Ranks]:
-    """Every case's doc ranking through the real pipeline on an in-memory index (``rag eval cv``'s
-    ``capture``) under ``"pipeline"``; with ``channels``, also :func:`channel_ranks`."""
-    from rag_core.evaluation.cv import capture
+    """The doc ranking (:func:`doc_rank`) of every case through the real lookup pipeline on an
+    in-memory index of ``settings.knowledge_dir`` (``rag_core.evaluation.cv.in_memory_tool``), under
+    ``"pipeline"``; with ``channels``, also under each first-stage channel alone (:func:`channel_ranks`)."""
+    from rag_core.embedding import make_embedder
+    from rag_core.evaluation.cv import in_memory_tool
 
-    shared: dict[str, Any] = {}  # capture leaves its embedder and second model here
-    items = [KnownItem(c.id, c.query, "", "", "", "", "case") for c in cases]
-    records = capture(items, settings, shared)
-    ranks = {"pipeline": [doc_rank(r.pipeline, c) for r, c in zip(records, cases, strict=True)]}
+    tool = in_memory_tool(settings, make_embedder(settings))
+    ranks: dict[str, Ranks] = {"pipeline": []}
+    for case in cases:
+        result, candidates = tool.lookup_with_candidates(case.query)
+        ranking = [b.doc_id for b in result.evidence_blocks] + [c.hit.doc_id for c in candidates]
+        ranks["pipeline"].append(doc_rank(ranking, case))
     if channels:
-        ranks.update(channel_ranks(settings, shared, cases))
+        ranks.update(channel_ranks(tool, cases))
+    tool.close()
     return ranks
 
 
-def channel_ranks(settings: RagSettings, shared: dict[str, Any], cases: Sequence[GoldenCase]) -> dict[str, Ranks]:
+def channel_ranks(tool: LookupKnowledgeTool, cases: Sequence[GoldenCase]) -> dict[str, Ranks]:
     """Every case's doc ranking under each first-stage channel alone (main dense, BM25, second dense),
-    exact over the whole index: a channel's recall@20 is the most its candidates can give the rerank."""
-    from rag_core.ingest.pipeline import ingest
-    from rag_core.l0 import L0Index
+    exact over the tool's whole in-memory index: a channel's recall@20 is the most its candidates can
+    give the rerank."""
     from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
     from rag_core.lookup.query_vector import query_vector
     from rag_core.models import embed_text
 
-    embedder, store = shared["embedder"], InMemoryStore()
-    ingest(settings, embedder, [store], progress=False)  # from the embedding cache capture filled
+    store, embedder = tool.store, tool.embedder
     every = store.count()
-    transformer = KnowledgeQueryTransformer(L0Index.load(settings.l0_index_path), settings.max_query_chars)
-    second = shared["ensemble"].embedder if shared.get("ensemble") is not None else None
+    transformer = KnowledgeQueryTransformer(tool.l0, tool.settings.max_query_chars)
+    second = tool.ensemble.embedder if tool.ensemble is not None else None
     chunks = list(store.fetch(sorted(store.chunk_hashes())).values())
     matrix = second.embed_passages([embed_text(c.breadcrumb, c.text) for c in chunks]) if second else None
     ranks: dict[str, Ranks] = {"main dense": [], "BM25": []}

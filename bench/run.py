@@ -73,9 +73,12 @@ BENCHMARKS = tuple(RUNNERS)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    sizes = tuple(sorted({int(s.replace("_", "")) for s in text.split(",") if s.strip()}))
+    try:
+        sizes = tuple(sorted({int(s.replace("_", "")) for s in text.split(",") if s.strip()}))
+    except ValueError:
+        sizes = ()  # the message below names the flag and the value
     if not sizes or min(sizes) < 100:
-        raise argparse.ArgumentTypeError("--sizes must be comma-separated integers >= 100")
+        raise argparse.ArgumentTypeError(f"--sizes must be comma-separated integers >= 100, got {text!r}")
     return sizes
 
 

@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,6 +55,9 @@ from rag_core.markdown import md_table
 from rag_core.settings import RagSettings
 from rag_core.text import script
 
+if TYPE_CHECKING:
+    from rag_core.lookup.tool import LookupKnowledgeTool
+
 __all__ = [
     "CvConfig",
     "CvResult",
@@ -62,6 +65,7 @@ __all__ = [
     "all_records",
     "cross_validate",
     "fit_ranker",
+    "in_memory_tool",
     "rank",
     "ranker_file",
     "run_cv",
@@ -220,23 +224,29 @@ def fit_ranker(
 # --- features --------------------------------------------------------------------------------
 
 
-def capture(items: Sequence[KnownItem], settings: RagSettings, shared: dict[str, Any]) -> list[Record]:
-    """A Record per item through the real pipeline on an in-memory index of
-    ``settings.knowledge_dir`` (embedding cache in ``settings.data_dir``; ``shared`` keeps the
-    main embedder and the second model's and titles' vector caches across indexes)."""
-    from rag_core.embedding import make_embedder
+def in_memory_tool(settings: RagSettings, embedder: Any) -> LookupKnowledgeTool:
+    """The real lookup pipeline on an ``InMemoryStore`` (exact NumPy cosine, BM25; ``tool.store``)
+    holding ``settings.knowledge_dir`` ingested with ``embedder`` (vectors from the embedding cache
+    of ``settings.data_dir`` when it has them) and its L0 index. Close the tool when done."""
     from rag_core.ingest.pipeline import ingest
     from rag_core.l0 import L0Index
     from rag_core.lookup.tool import LookupKnowledgeTool
     from rag_core.stores.memory import InMemoryStore
 
+    store = InMemoryStore()
+    ingest(settings, embedder, [store], progress=False)
+    return LookupKnowledgeTool(settings, store=store, embedder=embedder, l0=L0Index.load(settings.l0_index_path))
+
+
+def capture(items: Sequence[KnownItem], settings: RagSettings, shared: dict[str, Any]) -> list[Record]:
+    """A Record per item through the real pipeline on an in-memory index of
+    ``settings.knowledge_dir`` (:func:`in_memory_tool`; ``shared`` keeps the main embedder and the
+    second model's and titles' vector caches across indexes)."""
+    from rag_core.embedding import make_embedder
+
     if "embedder" not in shared:
         shared["embedder"] = make_embedder(settings)
-    store = InMemoryStore()
-    ingest(settings, shared["embedder"], [store], progress=False)
-    tool = LookupKnowledgeTool(
-        settings, store=store, embedder=shared["embedder"], l0=L0Index.load(settings.l0_index_path)
-    )
+    tool = in_memory_tool(settings, shared["embedder"])
     if "ensemble" in shared:  # the same chunk texts recur across held-out copies: embed once
         tool._ensemble, tool._ensemble_loaded, tool._documents = shared["ensemble"], True, shared["documents"]
     seen: list[Any] = []
