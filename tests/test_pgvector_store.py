@@ -494,6 +494,22 @@ def test_many_threads_resolving_at_once_get_one_server(pg_settings, pg_dsn):
     assert results == [pg_dsn] * 8
 
 
+def test_two_threads_starting_servers_of_two_data_dirs_at_once_both_get_one(pg_scratch_dir):
+    """pgserver's start-up lock is per process, not per thread: two threads starting servers of two
+    data dirs at the same moment made the second fail ("Unable to release an unaquired lock")."""
+    dirs = [RagSettings(data_dir=pg_scratch_dir / name, pg_dsn=None).pg_data_dir for name in ("a", "b")]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            dsns = list(pool.map(lambda d: resolve_dsn(RagSettings(data_dir=d.parent, pg_dsn=None)), dirs))
+        assert [f"host={d}" in dsn for d, dsn in zip(dirs, dsns, strict=True)] == [True, True]
+        for dsn in dsns:
+            with psycopg.connect(dsn) as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        for d in dirs:
+            stop_embedded(d, mode="immediate")
+
+
 def test_a_table_made_before_the_stored_tsvector_is_served_then_migrated_with_the_same_hits(store, pg_dsn, pg_table):
     """A reader on a table of the old layout (tsvector parsed per row, expression GIN index)
     gets the same BM25 hits; ``ensure_schema`` then adds the stored columns and their index."""

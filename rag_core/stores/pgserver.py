@@ -22,6 +22,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -49,6 +50,10 @@ _EMBEDDED: dict[str, tuple[Path, float]] = {}
 _READY_WAIT_S = 15.0
 # What pgserver raises when initdb/pg_ctl fail or the pid file is odd.
 _START_ERRORS = (subprocess.SubprocessError, AssertionError, RuntimeError, OSError, ValueError, KeyError)
+# pgserver guards start-up with one class-level fasteners lock, which is per process, not per thread:
+# two threads starting servers of two data dirs at once both enter it, and the second release fails
+# ("Unable to release an unaquired lock"). One start at a time per process.
+_PGSERVER_START = threading.Lock()
 
 
 def store_error(action: str, dsn: str, exc: BaseException) -> StoreError:
@@ -171,7 +176,8 @@ def _start(data_dir: Path, idle_stop_seconds: float = 0.0) -> str:
     pgserver.postgres_server.PostgresServer._instances.pop(data_dir, None)
     try:
         # cleanup_mode=None: never stop the server at this process' exit (others share it).
-        server = pgserver.get_server(data_dir, cleanup_mode=None)
+        with _PGSERVER_START:
+            server = pgserver.get_server(data_dir, cleanup_mode=None)
         uri: str = server.get_uri()
     except _START_ERRORS as exc:
         raise StoreError(
