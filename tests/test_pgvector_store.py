@@ -497,10 +497,11 @@ def test_many_threads_resolving_at_once_get_one_server(pg_settings, pg_dsn):
 def test_two_threads_starting_servers_of_two_data_dirs_at_once_both_get_one(pg_scratch_dir):
     """pgserver's start-up lock is per process, not per thread: two threads starting servers of two
     data dirs at the same moment made the second fail ("Unable to release an unaquired lock")."""
-    dirs = [RagSettings(data_dir=pg_scratch_dir / name, pg_dsn=None).pg_data_dir for name in ("a", "b")]
+    settings = [RagSettings(data_dir=pg_scratch_dir / name, pg_dsn=None) for name in ("a", "b")]
+    dirs = [s.pg_data_dir for s in settings]
     try:
         with ThreadPoolExecutor(2) as pool:
-            dsns = list(pool.map(lambda d: resolve_dsn(RagSettings(data_dir=d.parent, pg_dsn=None)), dirs))
+            dsns = list(pool.map(resolve_dsn, settings))
         assert [f"host={d}" in dsn for d, dsn in zip(dirs, dsns, strict=True)] == [True, True]
         for dsn in dsns:
             with psycopg.connect(dsn) as conn:
