@@ -98,9 +98,24 @@ def test_case_without_expected_docs_names_case_and_field(tmp_path: Path):
         load_cases(path)
     problems = info.value.problems
     assert any("'bad-1'" in p and "index 1" in p and "expected_docs" in p for p in problems)
-    # The third case has no id: it is named by its index, and both missing fields are listed.
+    # The third case has no id: it is named by its index.
     assert any(p.startswith("index 2") and "'id'" in p for p in problems)
-    assert any(p.startswith("index 2") and "'expected_docs'" in p for p in problems)
+
+
+def test_unanswerable_case_has_no_expected_docs(tmp_path: Path):
+    path = _write(
+        tmp_path,
+        "cases:\n- {id: u-1, scenario: chat, query: how do I renew a passport, unanswerable: true}\n",
+    )
+    (case,) = load_cases(path)
+    assert case.unanswerable and case.expected_docs == []
+    bad = _write(
+        tmp_path,
+        "cases:\n- {id: u-2, scenario: chat, query: q, unanswerable: true, expected_docs: [a.md]}\n",
+    )
+    with pytest.raises(CaseFileError) as info:
+        load_cases(bad)
+    assert any("'u-2'" in p and "unanswerable" in p for p in info.value.problems)
 
 
 def test_blank_expected_doc_and_blank_query(tmp_path: Path):

@@ -8,6 +8,12 @@ object per line). Shape of one case (DESIGN.md, "Evaluation")::
      expected_keywords: [scheduler],                      # optional
      expected_breadcrumbs: ["Kube Scheduler Down"]}       # optional
 
+    {id: u-en-001, scenario: chat, query: "...", unanswerable: true}   # no document answers it
+
+An unanswerable case has no ``expected_docs`` (and no keywords or breadcrumbs); it passes when
+the tool does not claim support (DESIGN.md "Unanswerable cases"). Every other case needs at
+least one expected doc.
+
 Unknown keys are ignored so that case files may carry notes for people.
 """
 
@@ -19,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = ["KNOWN_SCENARIOS", "CaseFileError", "GoldenCase", "load_cases"]
 
@@ -63,7 +69,8 @@ class GoldenCase(BaseModel):
     ``expected_docs`` are doc ids (paths relative to the knowledge root); any one retrieved
     counts as a hit. ``expected_keywords`` must all appear (case-insensitive) in the top
     evidence text, and one of ``expected_breadcrumbs`` (if given) in a top breadcrumb, for a
-    *strong* hit. ``scenario`` is ``chat``, ``aiops_alert`` or another snake_case type name.
+    *strong* hit. ``unanswerable: true`` declares that no document answers the query
+    (``expected_docs`` empty). ``scenario`` is ``chat``, ``aiops_alert`` or another snake_case type name.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -71,9 +78,10 @@ class GoldenCase(BaseModel):
     id: str = Field(min_length=1)
     scenario: str
     query: str
-    expected_docs: list[str] = Field(min_length=1)
+    expected_docs: list[str] = Field(default_factory=list)
     expected_keywords: list[str] = Field(default_factory=list)
     expected_breadcrumbs: list[str] = Field(default_factory=list)
+    unanswerable: bool = False
 
     @field_validator("id", mode="before")
     @classmethod
@@ -121,6 +129,14 @@ class GoldenCase(BaseModel):
     @classmethod
     def _items_not_blank(cls, value: list[str]) -> list[str]:
         return _non_blank_items(value)
+
+    @model_validator(mode="after")
+    def _answerable_or_not(self) -> GoldenCase:
+        if self.unanswerable and (self.expected_docs or self.expected_keywords or self.expected_breadcrumbs):
+            raise ValueError("an unanswerable case has no expected_docs, expected_keywords or expected_breadcrumbs")
+        if not self.unanswerable and not self.expected_docs:
+            raise ValueError("expected_docs: at least one doc id is required (or set unanswerable: true)")
+        return self
 
 
 def load_cases(path: str | Path) -> list[GoldenCase]:
