@@ -42,7 +42,7 @@ READY_WAIT_S: Final = 60.0
 #: bytes) or a C string ends at (NUL: the embedding engine reads up to it).
 UNCARRIABLE: Final = re.compile("[\x00\ud800-\udfff]")
 REPLACEMENT_NOTE: Final = (
-    " Characters the query could not carry (lone surrogates, NUL, undecodable bytes) were read as U+FFFD."
+    "; characters the query could not carry (lone surrogates, NUL, undecodable bytes) were read as U+FFFD"
 )
 
 
