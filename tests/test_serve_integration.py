@@ -28,6 +28,7 @@ from mcp.client.stdio import stdio_client  # noqa: E402
 from test_serve import has_lone_surrogate_escape, nasty_queries  # noqa: E402
 
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
+from rag_core.serve.mcp_server import server_version  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -250,14 +251,17 @@ def _run_js_client(args: list[str], env: dict[str, str] | None = None) -> dict:
 
 
 def test_typescript_sdk_client_over_streamable_http_answers_like_python(http_server, python_answers):
-    out = _run_js_client(["--http", f"{http_server}/mcp", *QUERIES])
-    assert out["tools"] == ["lookup_knowledge"]
+    # at /mcp/: served as /mcp, no 307 (the AI SDK refuses one)
+    out = _run_js_client(["--http", f"{http_server}/mcp/", *QUERIES])
+    assert out["tools"] == ["lookup_knowledge"] and out["templates"] == ["knowledge://{docId}"]
+    assert out["server"]["version"] == server_version()
     assert out["errors"] == {}
     assert out["answers"] == python_answers and all(out["answers"].values())
 
 
 def test_typescript_sdk_client_over_stdio_answers_like_python(sample_kb, python_answers):
     out = _run_js_client(["--stdio", *RAG, "serve", "--stdio", "--", *QUERIES], env=_env(sample_kb))
-    assert out["tools"] == ["lookup_knowledge"]
+    assert out["tools"] == ["lookup_knowledge"] and out["templates"] == ["knowledge://{docId}"]
+    assert out["server"]["version"] == server_version()
     assert out["errors"] == {}
     assert out["answers"] == python_answers
