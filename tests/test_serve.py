@@ -242,6 +242,33 @@ def test_mcp_interop_nullable_session_resource_template_and_version(make_service
     assert info.version == server_version() and info.version not in ("", "0")
 
 
+def test_calls_wait_for_the_background_warm_up_within_their_deadline(make_service, monkeypatch):
+    """While the warm-up runs, tools/list answers and a call waits; past ``READY_WAIT_S`` the call
+    gets the structured "still loading" error; once warm, calls answer."""
+    import rag_core.serve.service as service_module
+
+    service, release = make_service(), threading.Event()
+    warm_up = service.tool.warm_up
+    monkeypatch.setattr(service.tool, "warm_up", lambda: release.wait(30) and warm_up())
+    monkeypatch.setattr(service_module, "READY_WAIT_S", 0.3)
+    service.start_in_background()
+
+    async def run():
+        async with Client(build_mcp_server(service)) as client:
+            listed = await client.list_tools()
+            early = await client.call_tool("lookup_knowledge", {"query": QUERY})
+            monkeypatch.setattr(service_module, "READY_WAIT_S", 60.0)
+            waiting = asyncio.create_task(client.call_tool("lookup_knowledge", {"query": QUERY}))
+            await asyncio.sleep(0.1)
+            release.set()
+            return listed, early, await waiting
+
+    listed, early, late = asyncio.run(run())
+    assert [t.name for t in listed.tools] == ["lookup_knowledge"]
+    assert early.is_error and "still loading the model and stores" in early.structured_content["message"]
+    assert not late.is_error and late.structured_content["found"] and service.ready
+
+
 def test_mcp_bad_query_is_the_tools_error_result_and_traced(make_service):
     service = make_service(serve_max_query_chars=50)
     calls = [{}, {"query": ""}, {"query": "y" * 51}, {"query": "ok", "sessionId": "conv-1", "extra": 1}]

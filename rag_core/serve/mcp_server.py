@@ -56,7 +56,7 @@ def carriable_json(value: Any) -> Any:
     if isinstance(value, list):
         return [carriable_json(v) for v in value]
     if isinstance(value, dict):
-        return {carriable(str(k)): carriable_json(v) for k, v in value.items()}
+        return {carriable(k): carriable_json(v) for k, v in value.items()}
     return value
 
 

@@ -90,7 +90,8 @@ class Rejection:
 def check_arguments(arguments: object, max_query_chars: int) -> CallArguments | Rejection:
     """``arguments`` (the MCP tool-call arguments or the HTTP body: ``{"query": ..., "sessionId": ...}``)
     checked: a missing, non-string, blank or longer-than-``max_query_chars`` query, a bad
-    ``sessionId`` or an unknown argument gives a Rejection naming the argument."""
+    ``sessionId`` or an unknown argument gives a Rejection naming the argument. Both strings
+    are ``carriable`` (lone surrogates and NUL read as U+FFFD)."""
     if not isinstance(arguments, Mapping):
         return Rejection(f"arguments: expected an object with 'query' (got {type(arguments).__name__})", "", None)
     session = arguments.get("sessionId")
@@ -181,13 +182,13 @@ class LookupService:
         loop none. An exception of ``render`` propagates (the transport's 500). A query holding
         U+FFFD (``carriable``) gets ``REPLACEMENT_NOTE`` appended to its result's message."""
         checked = check_arguments(arguments, self.settings.serve_max_query_chars)
-        if not await self._warm():
-            error = f"service: still loading the model and stores after {READY_WAIT_S:.0f} s; call again shortly"
-            checked = Rejection(error, checked.query, checked.session_id)
-        elif isinstance(checked, CallArguments) and "\ufffd" in checked.query:
-            render = _noted(render)
         self._enter()
         try:
+            if not await self._warm():
+                error = f"service: still loading the model and stores after {READY_WAIT_S:.0f} s; call again shortly"
+                checked = Rejection(error, checked.query, checked.session_id)
+            elif isinstance(checked, CallArguments) and "\ufffd" in checked.query:
+                render = _noted(render)
             if isinstance(checked, Rejection):
                 session = checked.session_id or default_session
                 run = functools.partial(self.tool.rejected, checked.query, session, checked.error, transport=transport)
