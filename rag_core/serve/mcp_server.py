@@ -24,6 +24,7 @@ import anyio
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
@@ -94,8 +95,6 @@ def _error(request_id: str | int | None, code: int, message: str) -> types.JSONR
 async def run_stdio(server: Server[Any]) -> None:
     """Serve ``server`` on stdin/stdout (the SDK's stdio transport) until stdin closes; lines the
     SDK drops are answered or repaired by ``repair_line`` on their way to the server."""
-    from mcp.server.stdio import stdio_server
-
     async with stdio_server() as (read, write):
         inbox_writer, inbox = anyio.create_memory_object_stream[SessionMessage | Exception](0)
 
