@@ -34,8 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_core.lookup.contracts import LookupResult
 from rag_core.serve.mcp_server import BATCH_ERROR, build_mcp_server, carriable_json, server_version
-from rag_core.serve.runner import is_loopback
-from rag_core.serve.service import MAX_SESSION_ID_CHARS, LookupService
+from rag_core.serve.service import MAX_SESSION_ID_CHARS, LookupService, is_loopback
 
 log = logging.getLogger(__name__)
 

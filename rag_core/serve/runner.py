@@ -10,7 +10,7 @@ import logging
 import socket
 from typing import TYPE_CHECKING
 
-from rag_core.serve.service import LookupService
+from rag_core.serve.service import LookupService, is_loopback
 
 if TYPE_CHECKING:
     from rag_core.lookup.tool import LookupKnowledgeTool
@@ -21,16 +21,6 @@ log = logging.getLogger(__name__)
 
 class ServeConfigError(ValueError):
     """A setting that makes serving unsafe or impossible; the message is one line naming it."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bind(settings: RagSettings) -> None:

@@ -6,6 +6,7 @@ No transport library is imported here (the MCP and HTTP modules are thin layers 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import re
 import threading
@@ -50,6 +51,16 @@ def carriable(text: str) -> str:
     """``text`` with every lone surrogate and NUL replaced by U+FFFD: the one rule every door of
     `rag serve` applies to client text at admission, so answers and trace rows always encode."""
     return UNCARRIABLE.sub("\ufffd", text)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost`` (a bind no other machine reaches)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def served_input_schema() -> dict[str, Any]:
