@@ -550,8 +550,8 @@ def nasty_queries(n: int, seed: int = 45) -> list[bytes]:
     return out
 
 
-def has_lone_surrogate_escape(query: bytes) -> bool:
-    """True when the JSON string holds a lone surrogate escape (what the U+FFFD note is for)."""
+def holds_uncarriable(query: bytes) -> bool:
+    """True when the JSON string, read as Python reads it, holds a lone surrogate or NUL (the note is for)."""
     try:
         text = json.loads(b'"' + query + b'"')
     except ValueError:
@@ -593,15 +593,15 @@ def test_every_http_door_answers_nasty_queries_cleanly_on_one_connection(live_se
             statuses["mcp"].append(mcp.status_code)
             for response in (plain, mcp):
                 assert response.status_code < 500 and "Traceback" not in response.text, (query, response.text[:300])
-            if plain.status_code == 200 and has_lone_surrogate_escape(query):
+            if plain.status_code == 200 and holds_uncarriable(query):
                 assert "\ufffd" in plain.json()["query"] and "U+FFFD" in plain.json()["message"]
             if mcp.status_code == 200:
                 answer = mcp.json()
                 assert answer["id"] == i and "result" in answer, answer
-                if has_lone_surrogate_escape(query):
+                if holds_uncarriable(query):
                     assert "U+FFFD" in answer["result"]["structuredContent"]["message"]
         after = http.post("/v1/lookup", json={"query": QUERY})
     assert after.status_code == 200 and _doc_ids(after.json()) == _doc_ids(_python_answer(service))
     # the corpus reached both outcomes on both doors: answered, and refused as not JSON
     assert {200} < set(statuses["http"]) and {200} < set(statuses["mcp"])
-    assert sum(s == 200 for s in statuses["mcp"]) >= sum(has_lone_surrogate_escape(q) for q in queries) > 10
+    assert sum(s == 200 for s in statuses["mcp"]) >= sum(holds_uncarriable(q) for q in queries) > 10

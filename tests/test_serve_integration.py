@@ -25,7 +25,7 @@ pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not install
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
-from test_serve import has_lone_surrogate_escape, nasty_queries  # noqa: E402
+from test_serve import holds_uncarriable, nasty_queries  # noqa: E402
 
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
 from rag_core.serve.mcp_server import server_version  # noqa: E402
@@ -195,7 +195,7 @@ def test_stdio_answers_every_line_a_client_can_send(sample_kb, python_answers):
                 assert answer["error"]["code"] == -32700, (query, answer)
                 continue
             assert answer["id"] == i and "result" in answer, (query, answer)
-            if has_lone_surrogate_escape(query):
+            if holds_uncarriable(query):
                 assert "U+FFFD" in answer["result"]["structuredContent"]["message"]
         stdio.send(
             json.dumps(
