@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from rag_core.dependency_logs import route_dependency_logs
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings, redact_dsn
@@ -56,9 +57,10 @@ _QUIET_LOGGERS = ("pymilvus.client.iterator.query_iterator",)
 
 
 def _quiet_pymilvus() -> None:
-    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels set before.
+    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels and handlers.
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    route_dependency_logs()
 
 
 _quiet_pymilvus()
