@@ -213,9 +213,9 @@ def print_traces(console: Console, rows: list[TraceRow]) -> None:
     the input (and the error) below it, each cut to one line (``--json`` gives them whole)."""
     for r in rows:
         latency = f"{r.latency_ms:.1f} ms" if r.latency_ms is not None else ""
-        facts = [str(r.created_at)[:19], r.status or "", r.retrieval_layer or "", latency]
-        head = Text("  ".join(f for f in facts if f)) + Text(f"  session {escape_controls(r.session_id)}" if r.session_id else "")
-        console.print(head, overflow="ellipsis", no_wrap=True)
+        session = f"session {r.session_id}" if r.session_id else ""
+        facts = [str(r.created_at)[:19], r.status or "", r.retrieval_layer or "", latency, session]
+        console.print(plain("  ".join(f for f in facts if f)), overflow="ellipsis", no_wrap=True)
         console.print(indented(r.input or ""), overflow="ellipsis", no_wrap=True)
         if r.error:
             console.print(indented(f"error: {r.error}", style="red"), overflow="ellipsis", no_wrap=True)
