@@ -107,6 +107,10 @@ def test_explain_adds_the_rerank_arithmetic_and_the_context_pack():
     assert any("rerank: title_match+0.050, lexical+0.030 (rank 2->1)" in line for line in lines)
     assert any("hit reasons: dense similarity 0.812" in line for line in lines)
     assert any("context pack 6/100 chars" in line and "╭" in line for line in lines)
+    result = _result(1)
+    result.context_pack.packed_text = "## A > B\n\tcode line\nlast \x1b[2J line"
+    lines = _render(80, explain=True, result=result)
+    assert "│     code line" in " ".join(lines) and any("last \\x1b[2J line" in line for line in lines)  # lines kept
 
 
 def test_a_wide_terminal_or_wide_flag_keeps_the_table():

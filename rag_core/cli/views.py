@@ -113,7 +113,11 @@ def print_lookup(console: Console, result: LookupResult, wide: bool | None = Non
     if explain:
         console.print(
             Panel(
-                plain(pack.packed_text or "(empty)"),
+                Text(
+                    "\n".join(
+                        escape_controls(line.expandtabs(4)) for line in (pack.packed_text or "(empty)").splitlines()
+                    )
+                ),
                 title=f"context pack {pack.used_chars}/{pack.char_budget} chars",
                 subtitle=escape_controls(result.completeness_hint),
             )
