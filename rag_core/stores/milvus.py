@@ -113,8 +113,9 @@ def escape_filter_value(value: str) -> str:
 
 
 def check_chunk_fits(chunk: Chunk) -> None:
-    """ValueError naming the chunk and field when a value exceeds its VARCHAR limit in UTF-8
-    bytes, or when its doc id or category cannot be written in a filter (``escape_filter_value``)."""
+    """ValueError naming the chunk and field when a value (the lexical column included) exceeds
+    its Milvus VARCHAR limit in UTF-8 bytes, or when its doc id or category cannot be written in
+    a filter (``escape_filter_value``)."""
     varchar_row(chunk)
     for field in ("doc_id", "category"):
         try:
