@@ -23,6 +23,7 @@ from rag_core.lookup.contracts import (
 )
 from rag_core.models import DocumentIssue
 from rag_core.recording.suites import SuiteOutcome
+from rag_core.text import escape_controls
 from rag_core.traces.rows import TraceRow
 
 DOC = "kubernetes/kube-controller-manager/KubeControllerManagerDown.md"
@@ -204,3 +205,9 @@ def test_the_suites_table_fits_eighty_columns_with_suite_names_whole():
     assert all(len(line) <= 80 for line in lines)
     assert sum("runbooks-en-hard" in line for line in lines) == 2
     assert "runbooks-zh: skipped: corpus ../shared/corpora/zh\\nnot found" in lines
+
+
+def test_escape_controls_writes_every_control_character_in_one_visible_form():
+    raw = "a\nb\r\tc\x1b[2J\x07\x7f\x85\u202e\u2028\udcff back\\slash"
+    assert escape_controls(raw) == "a\\nb\\r\\tc\\x1b[2J\\x07\\x7f\\x85\\u202e\\u2028\\udcff back\\slash"
+    assert escape_controls("中文 emoji😀 nbsp\u00a0 plain") == "中文 emoji😀 nbsp\u00a0 plain"  # printable: unchanged
