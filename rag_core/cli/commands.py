@@ -113,7 +113,7 @@ def lookup(
 
     tool = LookupKnowledgeTool(settings_or_exit())
     try:
-        result = tool.lookup(query, session_id=session)
+        result = tool.lookup(query, session_id=session, transport="cli")
     finally:
         tool.close()
     if as_json:

@@ -21,14 +21,29 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, model_validator
 
-from rag_core.secrets import scrub_secrets
+from rag_core.secrets import scrub_pasted
 
-__all__ = ["TEXT_FIELDS", "TraceRow", "json_safe", "safe_text"]
+__all__ = ["ORIGINS", "PRODUCTION_ORIGINS", "TEXT_FIELDS", "TraceRow", "json_safe", "origin_of", "safe_text"]
 
 log = logging.getLogger(__name__)
 
 #: The text columns, in table order.
-TEXT_FIELDS: Final = ("session_id", "tool_name", "input", "output_preview", "retrieval_layer", "status", "error")
+TEXT_FIELDS: Final = (
+    "session_id",
+    "tool_name",
+    "input",
+    "output_preview",
+    "retrieval_layer",
+    "status",
+    "error",
+    "origin",
+)
+
+#: Where a call came from (the ``origin`` column): the agent service importing the library,
+#: the ``rag`` CLI, the nightly evaluation's fixture recording, or a ``rag serve`` transport.
+ORIGINS: Final = ("library", "cli", "evaluation", "http", "mcp-stdio", "mcp-http")
+#: The origins of real users' lookups: every figure about production excludes the evaluation's own.
+PRODUCTION_ORIGINS: Final = tuple(o for o in ORIGINS if o != "evaluation")
 
 # Validation context of rows read back from the spool or the table: they were cleaned when
 # built, so only their types are checked (scrubbing them again would be the second pass).
@@ -59,9 +74,12 @@ class TraceRow(BaseModel):
     ``retrieval_layer`` is ``L1``, ``L0+L1``, ``L0`` or ``none``; ``status`` ``ok``,
     ``degraded`` or ``error``; ``latency_ms`` the lookup's wall time in milliseconds (None when
     not finite). ``retrieval_details`` is a JSON object (see ``rag_core.lookup.trace_row``).
+    ``origin`` is one of ``ORIGINS`` (None: a row of a version before origins; the store
+    migrates those, see ``TraceStore.ensure_schema``).
 
     Building one cleans it, once: every text is made storable (no NUL, no lone surrogate) and
-    scrubbed of passwords (DSNs, URIs, ``password=...``), details become JSON-safe
+    scrubbed of passwords, tokens and e-mail addresses (``rag_core.secrets.scrub_pasted``: agents
+    paste alert payloads and headers), details become JSON-safe
     (:func:`json_safe`) with values under keys such as ``password`` or ``token`` replaced by
     ``***``, and non-text values of text fields become JSON text. So validating any mapping
     succeeds (a row that would fail could block a spool replay forever); unknown keys are
@@ -81,6 +99,7 @@ class TraceRow(BaseModel):
     error: str | None = None
     latency_ms: float | None = None
     created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    origin: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -138,8 +157,7 @@ def _details(value: Any, scrub: bool) -> dict[str, Any]:
 
 def _scrub(value: Any) -> Any:
     if isinstance(value, str):
-        # Cheap pre-check: scrubbing runs on every traced string.
-        return scrub_secrets(value) if ("://" in value or "passw" in value.lower()) else value
+        return scrub_pasted(value)
     if isinstance(value, dict):
         return {k: "***" if k.lower() in _SECRET_KEYS and v else _scrub(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -165,6 +183,12 @@ def _moment(value: Any) -> datetime:
     if not isinstance(value, datetime):
         return datetime.now(UTC)
     return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def origin_of(transport: str) -> str:
+    """The ``origin`` of a call that came by ``transport`` (the lookup's door: ``python`` for
+    a library caller, else the origin itself, e.g. ``cli``, ``evaluation``, ``http``)."""
+    return "library" if transport == "python" else transport
 
 
 def json_safe(value: Any) -> Any:
