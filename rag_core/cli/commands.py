@@ -319,9 +319,11 @@ def _mount_eval() -> None:
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
     from rag_core.cli.recording import register_record, register_suites
+    from rag_core.cli.review import register_review
 
     register_record(eval_app)
     register_suites(eval_app)
+    register_review(eval_app)
     app.add_typer(eval_app, name="eval", help="Golden retrieval evaluation")
 
 
