@@ -32,9 +32,18 @@ TREND_NIGHTS = 30
 EPSILON = 0.0005
 STORE_LABELS = {"milvus": "main (Milvus)", "pgvector": "sidecar (pgvector)"}
 
-Change = Literal["newly missed", "newly found", "rank worse", "rank better"]
+Change = Literal["newly missed", "newly found", "strong to medium", "medium to strong", "rank worse", "rank better"]
 #: Order of the changed-cases table: regressions first.
-CHANGE_ORDER: tuple[Change, ...] = ("newly missed", "rank worse", "newly found", "rank better")
+CHANGE_ORDER: tuple[Change, ...] = (
+    "newly missed",
+    "strong to medium",
+    "rank worse",
+    "newly found",
+    "medium to strong",
+    "rank better",
+)
+#: Changes that make a store's verdict at least "mixed" whatever its metrics did.
+_LOSSES = ("newly missed", "strong to medium")
 
 
 class HistoryError(ValueError):
@@ -176,8 +185,9 @@ def _found(state: CaseState) -> bool:
 def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
     """Cases whose outcome changed from ``before`` to ``after`` on each store both nights ran.
 
-    newly missed: found (strong/medium) -> miss; newly found: miss -> found; rank worse /
-    better: found both nights with a different first-hit rank. not_run cases are left out.
+    newly missed: found (strong/medium) -> miss; newly found: miss -> found; strong to medium
+    (the document still ranks, the expected keywords or breadcrumb are gone) and back; rank
+    worse / better: found both nights with a different first-hit rank. not_run cases are left out.
     Sorted regressions first, then by store and case id.
     """
     changes = []
@@ -194,6 +204,10 @@ def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
                 change = "newly missed"
             elif old.hit_level == "miss" and _found(new):
                 change = "newly found"
+            elif (old.hit_level, new.hit_level) == ("strong", "medium"):
+                change = "strong to medium"
+            elif (old.hit_level, new.hit_level) == ("medium", "strong"):
+                change = "medium to strong"
             elif _found(old) and _found(new) and old.first_hit_rank != new.first_hit_rank:
                 worse = (new.first_hit_rank or 10**6) > (old.first_hit_rank or 10**6)
                 change = "rank worse" if worse else "rank better"
@@ -204,13 +218,36 @@ def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
     return changes
 
 
+def grouped_changes(changes: Sequence[CaseChange]) -> list[tuple[Change, str, list[CaseChange]]]:
+    """``changes`` once per case and kind of change, with the store(s) it happened on, in
+    ``case_changes``' order: "2 newly missed" means two cases, whichever stores they are on."""
+    groups: dict[tuple[Change, str], list[CaseChange]] = {}
+    for c in changes:
+        groups.setdefault((c.change, c.case_id), []).append(c)
+    return [(change, case_id, group) for (change, case_id), group in groups.items()]
+
+
+def stores_named(group: Sequence[CaseChange]) -> str:
+    """The stores of one grouped change, as the report labels them (``main (Milvus), sidecar (pgvector)``)."""
+    return ", ".join(STORE_LABELS.get(c.store, c.store) for c in group)
+
+
+def outcomes(group: Sequence[CaseChange], when: Literal["before", "after"]) -> str:
+    """The case's outcome before or after, once when every store agrees, else per store."""
+    texts = {c.store: case_outcome(getattr(c, when)) for c in group}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"{STORE_LABELS.get(store, store)}: {text}" for store, text in texts.items())
+
+
 def _delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
 
 
 def verdict(before: NightRecord | None, after: NightRecord, changes: Sequence[CaseChange]) -> dict[str, str]:
     """Per store: ``better``, ``worse``, ``mixed``, ``unchanged`` or ``first night`` (recall@5 and
-    MRR against the previous night; a newly missed case alone makes a store at least mixed)."""
+    MRR against the previous night; a newly missed case or a strong hit turned medium alone
+    makes a store at least mixed)."""
     out = {}
     for store, now in after.stores.items():
         then = before.stores.get(store) if before else None
@@ -223,7 +260,7 @@ def verdict(before: NightRecord | None, after: NightRecord, changes: Sequence[Ca
             if d is not None and abs(d) > EPSILON
         ]
         ups, downs = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
-        missed = any(c.store == store and c.change == "newly missed" for c in changes)
+        missed = any(c.store == store and c.change in _LOSSES for c in changes)
         if downs and not ups:
             out[store] = "worse"
         elif ups and not downs:
@@ -261,9 +298,10 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     against = f" against {previous.night}" if previous else " (no earlier night recorded)"
     lines = [f"# Retrieval history: night {latest.night}{against}", ""]
     lines += [f"- **{STORE_LABELS.get(p, p)}: {v}**" for p, v in verdicts.items()]
-    counts = {c: sum(1 for x in changes if x.change == c) for c in CHANGE_ORDER}
+    grouped = grouped_changes(changes)
+    counts = {c: sum(1 for change, _, _ in grouped if change == c) for c in CHANGE_ORDER}
     lines += [
-        f"- Cases changed since the previous night: {len(changes)} ("
+        f"- Cases changed since the previous night: {len({case for _, case, _ in grouped})} ("
         + ", ".join(f"{n} {c}" for c, n in counts.items())
         + ")",
         "",
@@ -302,11 +340,10 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     else:
         lines += [
             md_table(
-                ["change", "store", "case", "before", "after"],
+                ["change", "case", "store(s)", "before", "after"],
                 [
-                    [c.change, STORE_LABELS.get(c.store, c.store), f"`{c.case_id}`", case_outcome(c.before)]
-                    + [case_outcome(c.after)]
-                    for c in changes
+                    [change, f"`{case_id}`", stores_named(group), outcomes(group, "before"), outcomes(group, "after")]
+                    for change, case_id, group in grouped
                 ],
             )
         ]
@@ -379,9 +416,13 @@ def summary(nights: Sequence[NightRecord]) -> dict[str, Any]:
     latest = nights[-1]
     previous = nights[-2] if len(nights) > 1 else None
     changes = case_changes(previous, latest) if previous else []
+    grouped = grouped_changes(changes)
     return {
         "night": latest.night,
         "previous_night": previous.night if previous else None,
         "verdict": verdict(previous, latest, changes),
-        "changes": {c: [f"{x.store}:{x.case_id}" for x in changes if x.change == c] for c in CHANGE_ORDER},
+        "changes": {
+            c: [f"{case_id} ({', '.join(x.store for x in group)})" for change, case_id, group in grouped if change == c]
+            for c in CHANGE_ORDER
+        },
     }

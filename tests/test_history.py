@@ -58,13 +58,19 @@ NIGHT_1 = _night(
 NIGHT_2 = _night(
     "2026-12-01",
     _store_night({"a": ("miss", None), "b": ("strong", 1), "c": ("strong", 3), "d": ("medium", 1)}, 0.75, 0.583, 14.5),
-    _store_night({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 19.0),
+    # d still ranks first on the sidecar, but its answer section is gone: strong -> medium.
+    _store_night({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("medium", 1)}, 0.75, 0.75, 19.0),
 )
 
 
 def test_changes_between_two_nights_regressions_first():
     changes = [(c.store, c.case_id, c.change) for c in case_changes(NIGHT_1, NIGHT_2)]
-    assert changes == [("milvus", "a", "newly missed"), ("milvus", "c", "newly found"), ("milvus", "b", "rank better")]
+    assert changes == [
+        ("milvus", "a", "newly missed"),
+        ("pgvector", "d", "strong to medium"),
+        ("milvus", "c", "newly found"),
+        ("milvus", "b", "rank better"),
+    ]
 
 
 def test_two_nights_make_the_morning_page(tmp_path: Path):
@@ -82,11 +88,13 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
     ]
     assert [md.index(h) for h in order] == sorted(md.index(h) for h in order)  # tables first, chart last
     assert "**main (Milvus): worse**" in md  # MRR 0.625 -> 0.583, recall@5 equal, one case newly missed
-    assert "**sidecar (pgvector): unchanged**" in md
+    assert "**sidecar (pgvector): mixed**" in md  # same recall@5 and MRR, yet a strong hit turned medium
+    assert "- Cases changed since the previous night: 4 (1 newly missed, 1 strong to medium," in md
     assert "| 2026-12-01 | main (Milvus) | 0.750 (+0.000) | 0.583 (-0.042) | 2 | 1 | 1 | 0 | 14.5 |" in md
-    assert "| newly missed | main (Milvus) | `a` | strong, rank 1 | miss |" in md
-    assert "| newly found | main (Milvus) | `c` | miss | strong, rank 3 |" in md
-    assert "| rank better | main (Milvus) | `b` | strong, rank 2 | strong, rank 1 |" in md
+    assert "| newly missed | `a` | main (Milvus) | strong, rank 1 | miss |" in md
+    assert "| strong to medium | `d` | sidecar (pgvector) | strong, rank 1 | medium, rank 1 |" in md
+    assert "| newly found | `c` | main (Milvus) | miss | strong, rank 3 |" in md
+    assert "| rank better | `b` | main (Milvus) | strong, rank 2 | strong, rank 1 |" in md
     assert "<br>" not in md
     # A re-run the same night replaces that night instead of adding one.
     nights, _ = write_history(tmp_path, NIGHT_2)
@@ -152,11 +160,11 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
         ).asset_materialization.metadata.items()
     }
     assert meta["night"] == "2026-12-01" and meta["nights_recorded"] == 2
-    assert meta["newly_missed"] == 2 and meta["newly_found"] == 2  # c1 lost, c4 found, on both stores
+    assert meta["newly_missed"] == 1 and meta["newly_found"] == 1  # c1 lost, c4 found: once, on both stores
     assert meta["milvus/recall@5"] == 0.75 and meta["pgvector/latency_p95_ms"] == 30.0
     assert meta["milvus/strong_medium_miss"].endswith("/1")
     assert "data:image/png;base64," in meta["history"] and "data:image/png;base64," in meta["trend_chart"]
-    assert meta["summary"]["changes"]["newly missed"] == ["milvus:c1", "pgvector:c1"]
+    assert meta["summary"]["changes"]["newly missed"] == ["c1 (milvus, pgvector)"]
     # the numbers are table values the page shows, not Markdown behind a link
     nights = [r.data for r in meta["nights"].records]
     assert [(r["night"], r["store"]) for r in nights][:2] == [
@@ -164,8 +172,9 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
         ("2026-12-01", "sidecar (pgvector)"),
     ]
     assert nights[0]["recall@5"] == 0.75 and nights[1]["p95 lookup ms"] == 30.0 and len(nights) == 4
-    changed = {(r.data["change"], r.data["case"]) for r in meta["changed_cases"].records}
-    assert changed == {("newly missed", "c1"), ("newly found", "c4")}
+    changed = {(r.data["change"], r.data["case"], r.data["stores"]) for r in meta["changed_cases"].records}
+    both = "main (Milvus), sidecar (pgvector)"
+    assert changed == {("newly missed", "c1", both), ("newly found", "c4", both)}
     assert list(meta).index("milvus/recall@5") < list(meta).index("history")
     reports = data / "reports"
     assert len((reports / HISTORY_FILE).read_text().splitlines()) == 2

@@ -18,9 +18,11 @@ from rag_assets.history import (
     HistoryError,
     NightRecord,
     case_changes,
-    case_outcome,
+    grouped_changes,
     night_of,
+    outcomes,
     store_night,
+    stores_named,
     summary,
     write_history,
 )
@@ -46,7 +48,8 @@ def retrieval_history(
     """The morning view: per night and store (main Milvus, sidecar pgvector) recall@5, MRR,
     strong/medium/miss and p95 lookup latency, appended to ``history.jsonl`` in the reports dir;
     ``history.md`` shows the verdict, the nights, the cases changed since the previous night
-    (newly missed, newly found, first-hit rank moved) and a 30-night trend chart.
+    (newly missed, strong to medium, newly found, first-hit rank moved; each case once with its
+    stores) and a 30-night trend chart.
 
     Fails when ``history.jsonl`` has a bad line (file and line named; the file is left as it is).
     """
@@ -78,6 +81,7 @@ def retrieval_history(
         "night": night.night,
         "nights_recorded": len(nights),
         "newly_missed": len(changes["newly missed"]),
+        "strong_to_medium": len(changes["strong to medium"]),
         "newly_found": len(changes["newly found"]),
         "rank_moved": len(changes["rank worse"]) + len(changes["rank better"]),
         "nights": nights_table(nights),
@@ -131,20 +135,21 @@ def nights_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
 
 
 def changes_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
-    """Cases changed since the previous night (regressions first): change, store, case, before, after."""
+    """Cases changed since the previous night (regressions first), each once with its stores:
+    change, case, stores, before, after."""
     changes = case_changes(nights[-2], nights[-1]) if len(nights) > 1 else []
-    columns = [dg.TableColumn(name, "string") for name in ("change", "store", "case", "before", "after")]
+    columns = [dg.TableColumn(name, "string") for name in ("change", "case", "stores", "before", "after")]
     records = [
         dg.TableRecord(
             {
-                "change": c.change,
-                "store": STORE_LABELS.get(c.store, c.store),
-                "case": c.case_id,
-                "before": case_outcome(c.before),
-                "after": case_outcome(c.after),
+                "change": change,
+                "case": case_id,
+                "stores": stores_named(group),
+                "before": outcomes(group, "before"),
+                "after": outcomes(group, "after"),
             }
         )
-        for c in changes
+        for change, case_id, group in grouped_changes(changes)
     ]
     return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns))
 
