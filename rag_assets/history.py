@@ -76,13 +76,23 @@ class StoreNight(BaseModel):
 
 class NightRecord(VersionedFile):
     """One line of ``history.jsonl``: the UTC ``night`` (``YYYY-MM-DD``), when it was recorded,
-    the Dagster run, and each store's results (``stores``: store name -> its night)."""
+    the Dagster run, and each store's results (``stores``: store name -> its night).
+
+    ``kind``: ``nightly`` for a run of a daily partition (``night`` = the partition key; a re-run
+    of that partition replaces it), ``daytime`` for any other run (``night`` = the day it ran;
+    kept beside the nights, never replacing one)."""
 
     V1_NAMES = {"paths": "stores"}
     night: str
     recorded_at: str
     run_id: str | None = None
+    kind: Literal["nightly", "daytime"] = "nightly"
     stores: dict[str, StoreNight]
+
+    @property
+    def label(self) -> str:
+        """``2026-12-01``, or ``2026-12-01 daytime 14:05`` for a daytime run."""
+        return self.night if self.kind == "nightly" else f"{self.night} daytime {self.recorded_at[11:16]}"
 
 
 class CaseChange(BaseModel):
@@ -163,19 +173,36 @@ def load_history(path: Path) -> list[NightRecord]:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "line"
             raise HistoryError(f"{path}:{number}: not a night record ({where}: {first['msg']})") from None
-    return sorted(nights, key=lambda n: n.night)
+    return sorted(nights, key=_order)
+
+
+def _order(night: NightRecord) -> tuple[str, int, str]:
+    return night.night, night.kind != "nightly", night.recorded_at
 
 
 def append_night(path: Path, night: NightRecord) -> list[NightRecord]:
-    """Add ``night`` to the history file (replacing a record of the same night); returns the
-    nights, oldest first. The file is rewritten atomically."""
-    nights = [n for n in load_history(path) if n.night != night.night] + [night]
-    nights.sort(key=lambda n: n.night)
+    """Add ``night`` to the history file (a nightly record replaces the nightly record of the
+    same night; a daytime one is added); returns the records, oldest first (a day's nightly
+    record before its daytime runs). The file is rewritten atomically."""
+    kept = load_history(path)
+    if night.kind == "nightly":
+        kept = [n for n in kept if (n.night, n.kind) != (night.night, "nightly")]
+    nights = sorted([*kept, night], key=_order)
     write_text_atomic(path, "".join(n.model_dump_json() + "\n" for n in nights))
     return nights
 
 
 # --- comparing nights ------------------------------------------------------------------------
+
+
+def previous_of(nights: Sequence[NightRecord]) -> NightRecord | None:
+    """The record the latest one is compared with: for a nightly record the night before it
+    (daytime runs in between are skipped), for a daytime run the record before it."""
+    if len(nights) < 2:
+        return None
+    if nights[-1].kind == "daytime":
+        return nights[-2]
+    return next((n for n in reversed(nights[:-1]) if n.kind == "nightly"), None)
 
 
 def _found(state: CaseState) -> bool:
@@ -292,11 +319,11 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     """``history.md``: verdict, the nights table (newest first, Δ against the night before),
     the changed cases, the trend chart. ``nights`` oldest first, at least one."""
     latest = nights[-1]
-    previous = nights[-2] if len(nights) > 1 else None
+    previous = previous_of(nights)
     changes = case_changes(previous, latest) if previous else []
     verdicts = verdict(previous, latest, changes)
-    against = f" against {previous.night}" if previous else " (no earlier night recorded)"
-    lines = [f"# Retrieval history: night {latest.night}{against}", ""]
+    against = f" against {previous.label}" if previous else " (no earlier night recorded)"
+    lines = [f"# Retrieval history: night {latest.label}{against}", ""]
     lines += [f"- **{STORE_LABELS.get(p, p)}: {v}**" for p, v in verdicts.items()]
     grouped = grouped_changes(changes)
     counts = {c: sum(1 for change, _, _ in grouped if change == c) for c in CHANGE_ORDER}
@@ -315,7 +342,7 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
             b = before.stores.get(store) if before else None
             rows.append(
                 [
-                    night.night,
+                    night.label,
                     STORE_LABELS.get(store, store),
                     _num(p.recall_at_5) + _signed(_delta(b.recall_at_5, p.recall_at_5) if b else None),
                     _num(p.mrr) + _signed(_delta(b.mrr, p.mrr) if b else None),
@@ -334,7 +361,7 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
         ),
         "",
     ]
-    lines += [f"## Cases changed since {previous.night}" if previous else "## Cases changed", ""]
+    lines += [f"## Cases changed since {previous.label}" if previous else "## Cases changed", ""]
     if not changes:
         lines += ["_None._" if previous else "_Nothing to compare with yet: this is the first night._"]
     else:
@@ -366,7 +393,8 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    shown = list(nights[-TREND_NIGHTS:])
+    # One point per night: daytime runs are kept apart (the table lists them), unless there is nothing else.
+    shown = [n for n in nights if n.kind == "nightly"][-TREND_NIGHTS:] or list(nights[-TREND_NIGHTS:])
     days = [datetime.fromisoformat(n.night) for n in shown]
     stores = list(dict.fromkeys(p for n in shown for p in n.stores))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
@@ -414,7 +442,7 @@ def write_history(reports_dir: Path, night: NightRecord) -> tuple[list[NightReco
 def summary(nights: Sequence[NightRecord]) -> dict[str, Any]:
     """JSON-ready summary of the latest night against the previous one (for metadata)."""
     latest = nights[-1]
-    previous = nights[-2] if len(nights) > 1 else None
+    previous = previous_of(nights)
     changes = case_changes(previous, latest) if previous else []
     grouped = grouped_changes(changes)
     return {

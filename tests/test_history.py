@@ -20,6 +20,7 @@ from rag_assets.history import (
     case_changes,
     load_history,
     p95,
+    previous_of,
     write_history,
 )
 from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixture_dir
@@ -101,6 +102,19 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
     assert len(nights) == 2 and len(load_history(tmp_path / HISTORY_FILE)) == 2
 
 
+def test_a_daytime_run_is_kept_apart_and_never_replaces_a_night(tmp_path: Path):
+    write_history(tmp_path, NIGHT_1)
+    daytime = NIGHT_2.model_copy(
+        update={"kind": "daytime", "night": "2026-11-30", "recorded_at": "2026-11-30T14:05:00+00:00"}
+    )
+    nights, md_path = write_history(tmp_path, daytime)
+    assert [(n.night, n.kind) for n in nights] == [("2026-11-30", "nightly"), ("2026-11-30", "daytime")]
+    assert "# Retrieval history: night 2026-11-30 daytime 14:05 against 2026-11-30\n" in md_path.read_text()
+    nights, md_path = write_history(tmp_path, NIGHT_2)
+    assert len(nights) == 3 and previous_of(nights) == NIGHT_1  # the night before, not the daytime run
+    assert "| 2026-11-30 daytime 14:05 | main (Milvus) |" in md_path.read_text()
+
+
 def test_a_bad_history_line_is_named_and_the_file_kept(tmp_path: Path):
     history = tmp_path / HISTORY_FILE
     history.write_text(NIGHT_1.model_dump_json() + '\n{"night": 3}\n')
@@ -151,6 +165,7 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
             instance=instance,
             selection=selection,
             raise_on_error=False,
+            tags={"dagster/partition": day},  # as the nightly job runs it
         )
         assert result.success
     meta = {

@@ -21,6 +21,7 @@ from rag_assets.history import (
     grouped_changes,
     night_of,
     outcomes,
+    previous_of,
     store_night,
     stores_named,
     summary,
@@ -51,13 +52,19 @@ def retrieval_history(
     (newly missed, strong to medium, newly found, first-hit rank moved; each case once with its
     stores) and a 30-night trend chart.
 
-    Fails when ``history.jsonl`` has a bad line (file and line named; the file is left as it is).
+    A run of the nightly job records the night of its partition (a re-run replaces it); any other
+    run (``make run``, a click in the UI) is recorded apart as a daytime run and never replaces
+    a night. Fails when ``history.jsonl`` has a bad line (file and line named; the file is left
+    as it is).
     """
     settings = rag.get_settings()
+    partition = context.run.tags.get("dagster/partition")
     reports = {"milvus": main, "pgvector": sidecar}
     stores = {store: store_night(reports[store], load_fixture_set(settings, store, reports[store])) for store in STORES}
     night = NightRecord(
-        night=night_of(main),
+        # Keyed by the partition the nightly run evaluates; any other run is a daytime record.
+        night=partition or night_of(main),
+        kind="nightly" if partition else "daytime",
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         run_id=context.run.run_id,
         stores=stores,
@@ -117,7 +124,7 @@ def nights_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
     records = [
         dg.TableRecord(
             {
-                "night": n.night,
+                "night": n.label,
                 "store": STORE_LABELS.get(store, store),
                 "recall@5": _rounded(p.recall_at_5),
                 "MRR": _rounded(p.mrr),
@@ -137,7 +144,8 @@ def nights_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
 def changes_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
     """Cases changed since the previous night (regressions first), each once with its stores:
     change, case, stores, before, after."""
-    changes = case_changes(nights[-2], nights[-1]) if len(nights) > 1 else []
+    previous = previous_of(nights)
+    changes = case_changes(previous, nights[-1]) if previous else []
     columns = [dg.TableColumn(name, "string") for name in ("change", "case", "stores", "before", "after")]
     records = [
         dg.TableRecord(
