@@ -12,7 +12,7 @@ chart over the last 30 nights (``history-trend.png``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -384,9 +384,32 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     return "\n".join(lines) + "\n"
 
 
+def trend_limits(values: Sequence[float | None]) -> tuple[float, float]:
+    """The recall@5 / MRR axis range: the data's range with 15% margin (at least 0.02), inside
+    [0, 1.05], so a drop of a few hundredths is visible instead of flattened on 0-1."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return 0.0, 1.05
+    low, high = min(present), max(present)
+    pad = max(0.02, 0.15 * (high - low))
+    return max(0.0, low - pad), min(1.05, high + pad)
+
+
+def worse_nights(nights: Sequence[NightRecord]) -> list[str]:
+    """The nights (``night`` keys) whose verdict against the night before was ``worse`` on
+    some store, or where a store did not run: the ones the trend chart marks."""
+    out = []
+    for before, after in zip(nights, nights[1:], strict=False):
+        verdicts = verdict(before, after, case_changes(before, after))
+        if "worse" in verdicts.values() or any(p.status != "available" for p in after.stores.values()):
+            out.append(after.night)
+    return out
+
+
 def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
-    """PNG: recall@5 and MRR (top, 0-1) and p95 lookup latency in ms (bottom) per night and
-    store, over the last ``TREND_NIGHTS`` nights."""
+    """PNG: recall@5 and MRR (top, axis scaled to the data by ``trend_limits``) and p95 lookup
+    latency in ms (bottom) per night and store, over the last ``TREND_NIGHTS`` nights; nights of
+    ``worse_nights`` shaded red; legends beside the plots, never over a point."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -397,8 +420,9 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     shown = [n for n in nights if n.kind == "nightly"][-TREND_NIGHTS:] or list(nights[-TREND_NIGHTS:])
     days = [datetime.fromisoformat(n.night) for n in shown]
     stores = list(dict.fromkeys(p for n in shown for p in n.stores))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), dpi=100, sharex=True)
     try:
+        rates: list[float | None] = []
         for index, store in enumerate(stores):
             label, color = STORE_LABELS.get(store, store), f"C{index}"  # one colour per store
             # Equal values on one night put the stores' markers on one spot: later stores get
@@ -408,19 +432,30 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
                 style["markerfacecolor"] = "none"
             series = [n.stores.get(store) for n in shown]
             recall, mrr = [s.recall_at_5 if s else None for s in series], [s.mrr if s else None for s in series]
+            rates += recall + mrr
             top.plot(days, recall, marker="o", label=f"{label} recall@5", **style)
             top.plot(days, mrr, marker="s", linestyle="--", label=f"{label} MRR", **style)
             bottom.plot(days, [s.latency_p95_ms if s else None for s in series], marker="o", label=label, **style)
+        for index, night in enumerate(worse_nights(shown)):
+            day = datetime.fromisoformat(night)
+            for axis in (top, bottom):
+                axis.axvspan(
+                    day - timedelta(hours=10),
+                    day + timedelta(hours=10),
+                    color="red",
+                    alpha=0.15,
+                    label="worse night" if index == 0 and axis is top else None,
+                )
         bottom.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, len(shown) // 10)))
         bottom.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
-        top.set_ylim(0, 1.05)
+        top.set_ylim(*trend_limits(rates))
         top.set_ylabel("recall@5 / MRR")
         top.grid(True, alpha=0.3)
-        top.legend(loc="lower left", fontsize="small")
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         top.set_title(f"Golden retrieval, last {len(shown)} night(s)")
         bottom.set_ylabel("p95 lookup (ms)")
         bottom.grid(True, alpha=0.3)
-        bottom.legend(loc="upper left", fontsize="small")
+        bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         fig.autofmt_xdate()
         fig.tight_layout()
         png_path.parent.mkdir(parents=True, exist_ok=True)

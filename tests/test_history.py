@@ -21,6 +21,8 @@ from rag_assets.history import (
     load_history,
     p95,
     previous_of,
+    trend_limits,
+    worse_nights,
     write_history,
 )
 from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixture_dir
@@ -113,6 +115,14 @@ def test_a_daytime_run_is_kept_apart_and_never_replaces_a_night(tmp_path: Path):
     nights, md_path = write_history(tmp_path, NIGHT_2)
     assert len(nights) == 3 and previous_of(nights) == NIGHT_1  # the night before, not the daytime run
     assert "| 2026-11-30 daytime 14:05 | main (Milvus) |" in md_path.read_text()
+
+
+def test_the_chart_scales_to_the_data_and_marks_worse_nights():
+    low, high = trend_limits([0.93, 0.896, 0.95, None])
+    assert 0.85 < low < 0.896 and 0.95 < high < 1.0  # a 0.034 drop spans a third of the axis, not 3%
+    assert trend_limits([1.0, 1.0]) == (0.98, 1.02)
+    assert worse_nights([NIGHT_1, NIGHT_2]) == ["2026-12-01"]  # main's MRR fell
+    assert worse_nights([NIGHT_1, NIGHT_1.model_copy(update={"night": "2026-12-01"})]) == []
 
 
 def test_a_bad_history_line_is_named_and_the_file_kept(tmp_path: Path):
