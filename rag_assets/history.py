@@ -11,7 +11,8 @@ chart over the last 30 nights (``history-trend.png``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -51,10 +52,15 @@ class HistoryError(ValueError):
 
 
 class CaseState(BaseModel):
-    """One case on one night: hit level (strong/medium/miss/not_run), first-hit rank (1 = top)."""
+    """One case on one night: hit level (strong/medium/miss/not_run), first-hit rank (1 = top),
+    and what the morning view needs to say why it changed: the query, the expected docs and the
+    evaluator's failed checks (e.g. the expected keywords missing from the top evidence)."""
 
     hit_level: str
     first_hit_rank: int | None = None
+    query: str = ""
+    expected_docs: list[str] = Field(default_factory=list)
+    failed_checks: list[str] = Field(default_factory=list)
 
 
 class StoreNight(BaseModel):
@@ -80,7 +86,8 @@ class NightRecord(VersionedFile):
 
     ``kind``: ``nightly`` for a run of a daily partition (``night`` = the partition key; a re-run
     of that partition replaces it), ``daytime`` for any other run (``night`` = the day it ran;
-    kept beside the nights, never replacing one)."""
+    kept beside the nights, never replacing one). ``documents``: doc id -> fingerprint of its
+    chunks (``document_fingerprints``; empty when unknown), for what changed since the night before."""
 
     V1_NAMES = {"paths": "stores"}
     night: str
@@ -88,6 +95,7 @@ class NightRecord(VersionedFile):
     run_id: str | None = None
     kind: Literal["nightly", "daytime"] = "nightly"
     stores: dict[str, StoreNight]
+    documents: dict[str, str] = Field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -135,8 +143,53 @@ def store_night(report: EvaluationReport, fixtures: FixtureSet | None) -> StoreN
         miss=s.miss,
         not_run=s.not_run,
         latency_p95_ms=None if p95_ms is None else round(p95_ms, 2),
-        cases={c.case_id: CaseState(hit_level=c.hit_level, first_hit_rank=c.first_hit_rank) for c in report.cases},
+        cases={
+            c.case_id: CaseState(
+                hit_level=c.hit_level,
+                first_hit_rank=c.first_hit_rank,
+                query=c.query,
+                expected_docs=c.expected_docs,
+                failed_checks=c.failed_checks,
+            )
+            for c in report.cases
+        },
     )
+
+
+def document_fingerprints(chunks: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Doc id -> a fingerprint of its chunks' content hashes, from ``(doc_id, content_hash)``
+    pairs (the ``chunks`` table): equal when the document's indexed content is equal."""
+    hashes: dict[str, list[str]] = {}
+    for doc_id, content_hash in chunks:
+        hashes.setdefault(doc_id, []).append(content_hash)
+    return {d: hashlib.sha256("\n".join(sorted(h)).encode()).hexdigest()[:16] for d, h in sorted(hashes.items())}
+
+
+def document_changes(before: NightRecord, after: NightRecord) -> dict[str, list[str]]:
+    """Doc ids ``added``, ``changed`` and ``removed`` from ``before`` to ``after`` (all empty
+    when either night did not record its documents)."""
+    old, new = before.documents, after.documents
+    if not old or not new:
+        return {"added": [], "changed": [], "removed": []}
+    return {
+        "added": sorted(new.keys() - old.keys()),
+        "changed": sorted(d for d in new.keys() & old.keys() if new[d] != old[d]),
+        "removed": sorted(old.keys() - new.keys()),
+    }
+
+
+def why(change: CaseChange, documents: Mapping[str, list[str]]) -> str:
+    """What happened to the case, in words: its expected document deleted or changed (from
+    ``documents``, ``document_changes``), and what the evaluator found (the failed checks of a
+    strong hit turned medium, the missing document of a miss, the rank move)."""
+    expected = change.after.expected_docs or change.before.expected_docs
+    parts = [f"document deleted: {d}" for d in expected if d in documents.get("removed", [])]
+    parts += [f"document changed: {d}" for d in expected if d in documents.get("changed", [])]
+    if change.change in ("strong to medium", "newly missed"):
+        parts += change.after.failed_checks
+    elif change.change.startswith("rank"):
+        parts.append(f"first hit at rank {change.before.first_hit_rank} -> {change.after.first_hit_rank}")
+    return "; ".join(parts)
 
 
 def night_of(report: EvaluationReport, now: datetime | None = None) -> str:
@@ -361,15 +414,22 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
         ),
         "",
     ]
+    documents = document_changes(previous, latest) if previous else {}
+    if any(documents.values()):
+        lines += [f"## Documents since {previous.label if previous else ''}", ""]
+        lines += [f"- {kind}: {', '.join(f'`{d}`' for d in docs)}" for kind, docs in documents.items() if docs]
+        lines += [""]
     lines += [f"## Cases changed since {previous.label}" if previous else "## Cases changed", ""]
     if not changes:
         lines += ["_None._" if previous else "_Nothing to compare with yet: this is the first night._"]
     else:
         lines += [
             md_table(
-                ["change", "case", "store(s)", "before", "after"],
+                ["change", "case", "query", "expected doc", "store(s)", "before", "after", "why"],
                 [
-                    [change, f"`{case_id}`", stores_named(group), outcomes(group, "before"), outcomes(group, "after")]
+                    [change, f"`{case_id}`", group[0].after.query, ", ".join(group[0].after.expected_docs)]
+                    + [stores_named(group), outcomes(group, "before"), outcomes(group, "after")]
+                    + ["; ".join(dict.fromkeys(why(c, documents) for c in group))]
                     for change, case_id, group in grouped
                 ],
             )

@@ -30,7 +30,9 @@ from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixtu
 CASES = {"c1": "ops/A.md", "c2": "ops/B.md", "c3": "ops/C.md", "c4": "ops/D.md"}
 
 
-def _store_night(cases: dict[str, tuple[str, int | None]], recall: float, mrr: float, p95_ms: float) -> StoreNight:
+def _store_night(
+    cases: dict[str, tuple[str, int | None]], recall: float, mrr: float, p95_ms: float, checks: dict | None = None
+) -> StoreNight:
     levels = [level for level, _ in cases.values()]
     return StoreNight(
         status="available",
@@ -43,13 +45,26 @@ def _store_night(cases: dict[str, tuple[str, int | None]], recall: float, mrr: f
         miss=levels.count("miss"),
         not_run=0,
         latency_p95_ms=p95_ms,
-        cases={c: CaseState(hit_level=level, first_hit_rank=rank) for c, (level, rank) in cases.items()},
+        cases={
+            c: CaseState(
+                hit_level=level,
+                first_hit_rank=rank,
+                query=f"about {c}",
+                expected_docs=[f"ops/{c.upper()}.md"],
+                failed_checks=(checks or {}).get(c, []),
+            )
+            for c, (level, rank) in cases.items()
+        },
     )
 
 
-def _night(day: str, main: StoreNight, side: StoreNight) -> NightRecord:
+def _night(day: str, main: StoreNight, side: StoreNight, documents: dict[str, str]) -> NightRecord:
     return NightRecord(
-        night=day, recorded_at=f"{day}T02:10:00+00:00", run_id=f"run-{day}", stores={"milvus": main, "pgvector": side}
+        night=day,
+        recorded_at=f"{day}T02:10:00+00:00",
+        run_id=f"run-{day}",
+        stores={"milvus": main, "pgvector": side},
+        documents=documents,
     )
 
 
@@ -57,12 +72,21 @@ NIGHT_1 = _night(
     "2026-11-30",
     _store_night({"a": ("strong", 1), "b": ("strong", 2), "c": ("miss", None), "d": ("medium", 1)}, 0.75, 0.625, 12.0),
     _store_night({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("strong", 1)}, 0.75, 0.75, 20.0),
+    {"ops/A.md": "1", "ops/B.md": "1", "ops/C.md": "1", "ops/D.md": "1"},
 )
 NIGHT_2 = _night(
     "2026-12-01",
     _store_night({"a": ("miss", None), "b": ("strong", 1), "c": ("strong", 3), "d": ("medium", 1)}, 0.75, 0.583, 14.5),
     # d still ranks first on the sidecar, but its answer section is gone: strong -> medium.
-    _store_night({"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("medium", 1)}, 0.75, 0.75, 19.0),
+    _store_night(
+        {"a": ("strong", 1), "b": ("strong", 1), "c": ("miss", None), "d": ("medium", 1)},
+        0.75,
+        0.75,
+        19.0,
+        {"d": ["expected keywords missing from the top 5: mitigation"]},
+    ),
+    # A was deleted on main's night (its case newly missed); D lost its Mitigation section.
+    {"ops/B.md": "1", "ops/C.md": "1", "ops/D.md": "2", "ops/E.md": "1"},
 )
 
 
@@ -94,10 +118,20 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
     assert "**sidecar (pgvector): mixed**" in md  # same recall@5 and MRR, yet a strong hit turned medium
     assert "- Cases changed since the previous night: 4 (1 newly missed, 1 strong to medium," in md
     assert "| 2026-12-01 | main (Milvus) | 0.750 (+0.000) | 0.583 (-0.042) | 2 | 1 | 1 | 0 | 14.5 |" in md
-    assert "| newly missed | `a` | main (Milvus) | strong, rank 1 | miss |" in md
-    assert "| strong to medium | `d` | sidecar (pgvector) | strong, rank 1 | medium, rank 1 |" in md
-    assert "| newly found | `c` | main (Milvus) | miss | strong, rank 3 |" in md
-    assert "| rank better | `b` | main (Milvus) | strong, rank 2 | strong, rank 1 |" in md
+    assert "- added: `ops/E.md`\n- changed: `ops/D.md`\n- removed: `ops/A.md`" in md
+    assert (
+        "| newly missed | `a` | about a | ops/A.md | main (Milvus) | strong, rank 1 | miss "
+        "| document deleted: ops/A.md |" in md
+    )
+    assert (
+        "| strong to medium | `d` | about d | ops/D.md | sidecar (pgvector) | strong, rank 1 | medium, rank 1 "
+        "| document changed: ops/D.md; expected keywords missing from the top 5: mitigation |"
+    ) in md
+    assert "| newly found | `c` | about c | ops/C.md | main (Milvus) | miss | strong, rank 3 | — |" in md
+    assert (
+        "| rank better | `b` | about b | ops/B.md | main (Milvus) | strong, rank 2 | strong, rank 1 "
+        "| first hit at rank 2 -> 1 |" in md
+    )
     assert "<br>" not in md
     # A re-run the same night replaces that night instead of adding one.
     nights, _ = write_history(tmp_path, NIGHT_2)

@@ -5,9 +5,11 @@ Not downstream of the blocking regression gate: a night that regressed must show
 
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import polars as pl
 
 from rag_assets.defs.evaluation import load_fixture_set
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
@@ -18,6 +20,8 @@ from rag_assets.history import (
     HistoryError,
     NightRecord,
     case_changes,
+    document_changes,
+    document_fingerprints,
     grouped_changes,
     night_of,
     outcomes,
@@ -25,9 +29,10 @@ from rag_assets.history import (
     store_night,
     stores_named,
     summary,
+    why,
     write_history,
 )
-from rag_assets.layout import STORES
+from rag_assets.layout import STORES, AssetFiles
 from rag_assets.metadata import chart_md, floats, inline_images
 from rag_assets.timing import NIGHTLY_FRESHNESS
 from rag_core.evaluation.evaluator import EvaluationReport
@@ -68,6 +73,7 @@ def retrieval_history(
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         run_id=context.run.run_id,
         stores=stores,
+        documents=_documents(AssetFiles.under(settings.data_dir).chunks_parquet),
     )
     reports_dir = evaluation.files(settings).reports_dir
     try:
@@ -143,23 +149,35 @@ def nights_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
 
 def changes_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
     """Cases changed since the previous night (regressions first), each once with its stores:
-    change, case, stores, before, after."""
+    change, case, query, stores, before, after, why."""
     previous = previous_of(nights)
     changes = case_changes(previous, nights[-1]) if previous else []
-    columns = [dg.TableColumn(name, "string") for name in ("change", "case", "stores", "before", "after")]
+    documents = document_changes(previous, nights[-1]) if previous else {}
+    names = ("change", "case", "query", "stores", "before", "after", "why")
+    columns = [dg.TableColumn(name, "string") for name in names]
     records = [
         dg.TableRecord(
             {
                 "change": change,
                 "case": case_id,
+                "query": group[0].after.query,
                 "stores": stores_named(group),
                 "before": outcomes(group, "before"),
                 "after": outcomes(group, "after"),
+                "why": "; ".join(dict.fromkeys(why(c, documents) for c in group)),
             }
         )
         for change, case_id, group in grouped_changes(changes)
     ]
     return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns))
+
+
+def _documents(chunks_parquet: Path) -> dict[str, str]:
+    """The indexed documents' fingerprints from the ``chunks`` table ({} before the first ingest)."""
+    if not chunks_parquet.exists():
+        return {}
+    frame = pl.read_parquet(chunks_parquet, columns=["doc_id", "content_hash"])
+    return document_fingerprints(frame.iter_rows())
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:
