@@ -87,7 +87,10 @@ class NightRecord(VersionedFile):
     ``kind``: ``nightly`` for a run of a daily partition (``night`` = the partition key; a re-run
     of that partition replaces it), ``daytime`` for any other run (``night`` = the day it ran;
     kept beside the nights, never replacing one). ``documents``: doc id -> fingerprint of its
-    chunks (``document_fingerprints``; empty when unknown), for what changed since the night before."""
+    chunks (``document_fingerprints``; empty when unknown), for what changed since the night before.
+    ``gate``: the regression gate's verdict on the main store (``PASS``, ``FAIL: <reasons>`` or
+    ``not compared: <why>``; None when unknown), ``publishing_blocked`` whether it kept the
+    reports from being published (the gate is a blocking check)."""
 
     V1_NAMES = {"paths": "stores"}
     night: str
@@ -96,6 +99,8 @@ class NightRecord(VersionedFile):
     kind: Literal["nightly", "daytime"] = "nightly"
     stores: dict[str, StoreNight]
     documents: dict[str, str] = Field(default_factory=dict)
+    gate: str | None = None
+    publishing_blocked: bool = False
 
     @property
     def label(self) -> str:
@@ -378,6 +383,9 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     against = f" against {previous.label}" if previous else " (no earlier night recorded)"
     lines = [f"# Retrieval history: night {latest.label}{against}", ""]
     lines += [f"- **{STORE_LABELS.get(p, p)}: {v}**" for p, v in verdicts.items()]
+    if latest.gate is not None:
+        published = "publishing **blocked**" if latest.publishing_blocked else "reports published"
+        lines.append(f"- Gate against the stored baseline: **{latest.gate}**; {published}")
     grouped = grouped_changes(changes)
     counts = {c: sum(1 for change, _, _ in grouped if change == c) for c in CHANGE_ORDER}
     lines += [

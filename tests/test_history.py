@@ -138,6 +138,14 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
     assert len(nights) == 2 and len(load_history(tmp_path / HISTORY_FILE)) == 2
 
 
+def test_the_page_gives_the_gate_verdict_and_whether_publishing_was_blocked(tmp_path: Path):
+    write_history(tmp_path, NIGHT_1)
+    failed = NIGHT_2.model_copy(update={"gate": "FAIL: strong hits dropped 1.000 -> 0.750", "publishing_blocked": True})
+    _, md_path = write_history(tmp_path, failed)
+    line = "- Gate against the stored baseline: **FAIL: strong hits dropped 1.000 -> 0.750**; publishing **blocked**"
+    assert line in md_path.read_text()
+
+
 def test_a_daytime_run_is_kept_apart_and_never_replaces_a_night(tmp_path: Path):
     write_history(tmp_path, NIGHT_1)
     daytime = NIGHT_2.model_copy(
@@ -219,6 +227,7 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
         ).asset_materialization.metadata.items()
     }
     assert meta["night"] == "2026-12-01" and meta["nights_recorded"] == 2
+    assert meta["gate"].startswith("not compared: no stored baseline") and meta["publishing_blocked"] is False
     assert meta["newly_missed"] == 1 and meta["newly_found"] == 1  # c1 lost, c4 found: once, on both stores
     assert meta["milvus/recall@5"] == 0.75 and meta["pgvector/latency_p95_ms"] == 30.0
     assert meta["milvus/strong_medium_miss"].endswith("/1")

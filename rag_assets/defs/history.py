@@ -11,6 +11,7 @@ from typing import Any
 import dagster as dg
 import polars as pl
 
+from rag_assets.defs.checks import NotCompared, gate_against_baseline
 from rag_assets.defs.evaluation import load_fixture_set
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
 from rag_assets.history import (
@@ -74,6 +75,7 @@ def retrieval_history(
         run_id=context.run.run_id,
         stores=stores,
         documents=_documents(AssetFiles.under(settings.data_dir).chunks_parquet),
+        **_gate(evaluation, main),
     )
     reports_dir = evaluation.files(settings).reports_dir
     try:
@@ -92,6 +94,8 @@ def retrieval_history(
         "verdict": "; ".join(f"{STORE_LABELS.get(p, p)}: {v}" for p, v in facts["verdict"].items()),
         **floats(metrics),
         "night": night.night,
+        "gate": night.gate or "unknown",
+        "publishing_blocked": night.publishing_blocked,
         "nights_recorded": len(nights),
         "newly_missed": len(changes["newly missed"]),
         "strong_to_medium": len(changes["strong to medium"]),
@@ -170,6 +174,15 @@ def changes_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
         for change, case_id, group in grouped_changes(changes)
     ]
     return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns))
+
+
+def _gate(evaluation: EvaluationConfigResource, main: EvaluationReport) -> dict[str, Any]:
+    """The night's ``gate`` and ``publishing_blocked``: the blocking check's verdict, computed alike."""
+    result = gate_against_baseline(evaluation, main)
+    if isinstance(result, NotCompared):
+        return {"gate": f"not compared: {result.reason}", "publishing_blocked": not result.passed}
+    verdict = "PASS" if result.passed else "FAIL: " + "; ".join(result.reasons)
+    return {"gate": verdict, "publishing_blocked": not result.passed}
 
 
 def _documents(chunks_parquet: Path) -> dict[str, str]:
