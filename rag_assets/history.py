@@ -533,12 +533,16 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     return png_path
 
 
-def write_history(reports_dir: Path, night: NightRecord) -> tuple[list[NightRecord], Path]:
+def write_history(
+    reports_dir: Path, night: NightRecord, appendix: Sequence[str] = ()
+) -> tuple[list[NightRecord], Path]:
     """Append ``night`` to ``<reports_dir>/history.jsonl``, write the trend PNG and
-    ``history.md``; returns the nights (oldest first) and the Markdown path."""
+    ``history.md`` (with the Markdown reports of ``appendix`` after it, their headings one level
+    down); returns the nights (oldest first) and the Markdown path."""
     nights = append_night(reports_dir / HISTORY_FILE, night)
     write_trend_chart(nights, reports_dir / TREND_PNG)
-    md = write_text_atomic(reports_dir / HISTORY_MD, render_history_markdown(nights))
+    sections = ["\n".join("#" + line if line.startswith("#") else line for line in a.splitlines()) for a in appendix]
+    md = write_text_atomic(reports_dir / HISTORY_MD, "\n".join([render_history_markdown(nights), *sections]))
     return nights, md
 
 

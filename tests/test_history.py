@@ -146,6 +146,14 @@ def test_the_page_gives_the_gate_verdict_and_whether_publishing_was_blocked(tmp_
     assert line in md_path.read_text()
 
 
+def test_production_signals_and_knowledge_gaps_follow_the_golden_trend(tmp_path: Path):
+    signals = "# Production signals 2026-12-01\n\n## production: 12 lookups\n"
+    _, md_path = write_history(tmp_path, NIGHT_2, [signals, "# Knowledge gaps\n"])
+    md = md_path.read_text()
+    assert md.index("## Trend over") < md.index("## Production signals 2026-12-01") < md.index("## Knowledge gaps")
+    assert "### production: 12 lookups" in md
+
+
 def test_a_daytime_run_is_kept_apart_and_never_replaces_a_night(tmp_path: Path):
     write_history(tmp_path, NIGHT_1)
     daytime = NIGHT_2.model_copy(

@@ -79,7 +79,7 @@ def retrieval_history(
     )
     reports_dir = evaluation.files(settings).reports_dir
     try:
-        nights, md_path = write_history(reports_dir, night)
+        nights, md_path = write_history(reports_dir, night, _appendix(reports_dir))
     except HistoryError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from None
     facts = summary(nights)
@@ -174,6 +174,14 @@ def changes_table(nights: Sequence[NightRecord]) -> dg.TableMetadataValue:
         for change, case_id, group in grouped_changes(changes)
     ]
     return dg.MetadataValue.table(records, schema=dg.TableSchema(columns=columns))
+
+
+def _appendix(reports_dir: Path) -> list[str]:
+    """Beside the golden trend: the latest day's production signals (``production_signals``)
+    and the production suite's knowledge-gap report, when they exist."""
+    latest_signals = sorted((reports_dir / "signals").glob("*.md"))[-1:]
+    gaps = reports_dir / "suites" / "production" / "knowledge-gaps.md"
+    return [p.read_text(encoding="utf-8") for p in [*latest_signals, gaps] if p.is_file()]
 
 
 def _gate(evaluation: EvaluationConfigResource, main: EvaluationReport) -> dict[str, Any]:

@@ -197,7 +197,8 @@ def production_signals(
     beside its trend over the last nights and a drift flag against the trailing weeks.
 
     Writes ``<reports>/signals/<day>.json`` (the trend's source; re-materializing a day rewrites
-    it); headline figures of all production origins as metadata values, detail in Markdown.
+    it) and ``<day>.md`` (shown in the morning view); headline figures of all production origins
+    as metadata values, detail in Markdown.
     """
     settings = rag.get_settings()
     day = context.partition_key
@@ -207,6 +208,8 @@ def production_signals(
     trailing = _earlier_figures(signals_dir, day)
     drifts = {o: drift(f, [n[o] for n in trailing if o in n]) for o, f in figures.items()}
     path = write_text_atomic(signals_dir / f"{day}.json", json.dumps({"day": day, "figures": figures}, indent=2))
+    markdown = signals_markdown(day, figures, trailing, drifts, settings.trace_slow_ms)
+    write_text_atomic(signals_dir / f"{day}.md", markdown)  # the morning view shows the latest
     headline = figures.get("production", {})
     evaluation_rows = sum(1 for f in flagged if f.origin not in PRODUCTION_ORIGINS)
     return dg.MaterializeResult(
@@ -216,7 +219,7 @@ def production_signals(
             **floats({f"{s}_share": float(headline[s]) for s in SIGNALS if s in headline}),
             "drift": "; ".join(f"{o}: {s} {d}" for o, ds in drifts.items() for s, d in ds.items()) or "none",
             "lookups_per_origin": dg.MetadataValue.json({o: f["lookups"] for o, f in figures.items()}),
-            "signals": dg.MetadataValue.md(signals_markdown(day, figures, trailing, drifts, settings.trace_slow_ms)),
+            "signals": dg.MetadataValue.md(markdown),
             "path": dg.MetadataValue.path(str(path)),
         }
     )
