@@ -274,9 +274,7 @@ def _reasons(result: GateResult, fail_on_not_run: bool) -> list[str]:
         result.recall_tolerance,
     )
     reasons += _drop("MRR", result.baseline_mrr, result.current_mrr, result.mrr_tolerance)
-    reasons += _drop(
-        "strong hits", result.baseline_strong_share, result.current_strong_share, result.recall_tolerance
-    )
+    reasons += _drop("strong hits", result.baseline_strong_share, result.current_strong_share, result.recall_tolerance)
     if result.strong_to_miss:
         reasons.append(f"strong -> miss: {', '.join(result.strong_to_miss)}")
     if fail_on_not_run and result.newly_not_run:

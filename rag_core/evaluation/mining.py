@@ -1,9 +1,9 @@
 """Candidate golden cases mined from a day of production lookups.
 
-Weak, re-asked and store-disagreeing lookups (retries add weight) (``rag_core.traces.signals``) are grouped
-by their normalised, scrubbed query text, ranked by how often and how badly they occurred, and
-written in the golden case shape (without ``expected_docs``: a person decides those in
-``rag eval review``) with their provenance and what the tool answered. Every text is scrubbed
+Weak, re-asked and store-disagreeing lookups (``rag_core.traces.signals``; a retry adds weight)
+are grouped by their normalised, scrubbed query text, ranked by how often and how badly they
+occurred, and written in the golden case shape (without ``expected_docs``: a person decides
+those in ``rag eval review``) with their provenance and what the tool answered. Every text is scrubbed
 with ``rag_core.secrets.scrub_pasted`` before it is kept, so no file written from a candidate
 holds a secret an agent pasted.
 """

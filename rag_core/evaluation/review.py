@@ -10,7 +10,6 @@ offered again.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +29,7 @@ __all__ = [
     "Decision",
     "ReviewError",
     "decide",
+    "decided_ids",
     "pending",
     "record_decision",
 ]
@@ -153,7 +153,7 @@ def _golden(decision: Decision, candidate: CandidateCase) -> dict[str, Any]:
     else:
         case["expected_docs"] = decision.doc_ids
     case["provenance"] = {
-        **json.loads(candidate.provenance.model_dump_json()),
+        **candidate.provenance.model_dump(mode="json"),
         "tool_answer": candidate.tool_answer.model_dump(mode="json"),
         "reviewed_by": decision.reviewer,
         "reviewed_at": decision.decided_at.isoformat(timespec="seconds"),
