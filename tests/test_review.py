@@ -67,3 +67,26 @@ def test_a_decision_that_cannot_be_taken_names_the_case_and_the_doc():
         decide(c, "accept", known_doc_ids=KNOWN, reviewer="ana")
     with pytest.raises(ReviewError, match="only for accept"):
         decide(c, "unanswerable", doc_ids=["policy/RefundPolicy.md"], known_doc_ids=KNOWN, reviewer="ana")
+
+
+def test_interactive_review_takes_a_doc_from_the_tool_s_answer_and_an_unanswerable(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rag_core.cli import app
+    from rag_core.cli import review as review_cli
+    from rag_core.evaluation.mining import write_candidates
+
+    candidates = write_candidates(
+        tmp_path / "2026-12-01.yaml", [candidate("prod-a", "redis memory high"), candidate("prod-b", "office printer")]
+    )
+    monkeypatch.setattr(review_cli, "_is_terminal", lambda: True)
+    monkeypatch.setattr(review_cli, "_known_doc_ids", lambda settings: KNOWN)
+    suite, log = tmp_path / "production.yaml", tmp_path / "decisions.jsonl"
+    args = ["eval", "review", "--candidates", str(candidates), "--suite-file", str(suite), "--log", str(log)]
+    # Shown best first (equal scores: by query): "u" for the printer, then "1", the first of the
+    # tool's top docs, for redis; each followed by its reason.
+    result = CliRunner().invoke(app, [*args, "--reviewer", "ana"], input="u\nno IT docs\n1\nthe runbook\n")
+    assert result.exit_code == 0, result.output
+    cases = {c.id: c for c in load_cases(suite)}
+    assert cases["prod-a"].expected_docs == ["cache/RedisMemoryHigh.md"] and cases["prod-b"].unanswerable
+    assert [json.loads(line)["reason"] for line in log.read_text().splitlines()] == ["no IT docs", "the runbook"]

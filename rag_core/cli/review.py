@@ -50,6 +50,11 @@ def _candidate_files(settings: RagSettings, given: list[Path]) -> list[Path]:
     return sorted((reports / "candidates").glob("*.yaml"))
 
 
+def _is_terminal() -> bool:
+    """Whether a person can answer prompts (else, without --case, the candidates are listed)."""
+    return sys.stdin.isatty()
+
+
 def _known_doc_ids(settings: RagSettings) -> set[str]:
     from rag_core.l0 import L0Index
 
@@ -122,7 +127,7 @@ def register_review(eval_app: typer.Typer) -> None:
         chosen = [bool(accept), unanswerable, reject]
         if sum(chosen) > 1:
             raise _fail("give one of --accept, --unanswerable, --reject")
-        if list_only or (case is None and not sys.stdin.isatty()):
+        if list_only or (case is None and not _is_terminal()):
             if as_json:
                 print(json.dumps([c.model_dump(mode="json") for c in todo], indent=2, ensure_ascii=False))
             else:
