@@ -37,9 +37,23 @@ _TOKEN_SHAPES = re.compile(
 )
 _EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}\b")
 _IPV4 = re.compile(r"\b(?:25[0-5]|2[0-4]\d|1?\d?\d)(?:\.(?:25[0-5]|2[0-4]\d|1?\d?\d)){3}\b")
-# Cheap pre-check (scrubbing runs on every traced string): no match, nothing to scrub.
-_MAYBE_SECRET = re.compile(
-    r"://|passw|pwd|secret|token|key|auth|bearer|@|eyJ|AKIA|gh[pousr]_|xox|sk-|PRIVATE", re.IGNORECASE
+# Cheap pre-check (scrubbing runs on every traced string; a case-insensitive regex costs 1 ms on
+# 3 kB): every pattern below needs one of these in the lower-cased text.
+_TRIGGERS = (
+    ":",
+    "=",
+    "@",
+    "bearer",
+    "eyj",
+    "akia",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "xox",
+    "sk-",
+    "private key",
 )
 
 
@@ -65,7 +79,8 @@ def scrub_pasted(text: str, ips: bool = False) -> str:
     well-known token shapes (GitHub, AWS key id, Slack, ``sk-``, JWT, PEM private keys) as
     ``***``; e-mail addresses as ``<email>``; IPv4 addresses as ``<ip>`` when ``ips``
     (``RAG_TRACE_SCRUB_IPS``: they identify hosts, yet are often what the question is about)."""
-    if not text or not (_MAYBE_SECRET.search(text) or (ips and _IPV4.search(text))):
+    lowered = text.lower()
+    if not text or not (any(t in lowered for t in _TRIGGERS) or (ips and _IPV4.search(text))):
         return text
     text = scrub_secrets(text)
     text = _TOKEN_SHAPES.sub("***", text)
