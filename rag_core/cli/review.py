@@ -127,6 +127,9 @@ def register_review(eval_app: typer.Typer) -> None:
         chosen = [bool(accept), unanswerable, reject]
         if sum(chosen) > 1:
             raise _fail("give one of --accept, --unanswerable, --reject")
+        if not todo and case is None and not as_json:
+            console.print("no undecided candidates (the mined_cases asset writes them per trace partition)")
+            return
         if list_only or (case is None and not _is_terminal()):
             if as_json:
                 print(json.dumps([c.model_dump(mode="json") for c in todo], indent=2, ensure_ascii=False))
