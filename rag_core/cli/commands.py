@@ -116,7 +116,7 @@ def lookup(
 
     tool = LookupKnowledgeTool(settings_or_exit())
     try:
-        result = tool.lookup(query, session_id=session)
+        result = tool.lookup(query, session_id=session, transport="cli")
     finally:
         tool.close()
     if as_json:
@@ -300,9 +300,11 @@ def _mount_eval() -> None:
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
     from rag_core.cli.recording import register_record, register_suites
+    from rag_core.cli.review import register_review
 
     register_record(eval_app)
     register_suites(eval_app)
+    register_review(eval_app)
     app.add_typer(eval_app, name="eval", help="Golden retrieval evaluation")
 
 

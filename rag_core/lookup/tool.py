@@ -74,7 +74,8 @@ class LookupKnowledgeTool(LookupComponents):
     def lookup(self, query: str, session_id: str | None = None, *, transport: str = "python") -> LookupResult:
         """Evidence for ``query``. Never raises; see the module docstring. ``transport`` names
         the caller's channel in the trace row (``RetrievalDetails.transport``: ``python``,
-        or ``mcp-stdio`` / ``mcp-http`` / ``http`` from ``rag_core.serve``)."""
+        ``cli``, ``evaluation``, or ``mcp-stdio`` / ``mcp-http`` / ``http`` from
+        ``rag_core.serve``); it sets the row's ``origin``."""
         return self.lookup_with_candidates(query, session_id, transport=transport)[0]
 
     def lookup_with_candidates(
