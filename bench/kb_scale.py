@@ -848,7 +848,7 @@ def _lookup_lines(lk: dict[str, Any]) -> list[str]:
     ]
 
 
-API_HEAD = ("corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)",
+API_HEAD = ("corpus", "rows", "store", "search", "centroid (document_centroids)", "BM25 (search_lexical)",
             "BM25 top-k at Milvus' k-th score", "server MB")  # fmt: skip
 
 
