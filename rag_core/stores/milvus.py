@@ -550,8 +550,7 @@ class MilvusStore:
         if not doc_ids:
             return
         self._ready()
-        expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
-        self._call("delete", lambda c: c.delete(self._name, filter=expr))
+        self._call("delete", lambda c: c.delete(self._name, filter=_doc_filter(doc_ids)))
         self.pending_rows += len(doc_ids)
 
     def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
