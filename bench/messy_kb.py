@@ -17,8 +17,9 @@ stores at once) uses ``bench.kb_scale.FastFakeEmbedder`` (hash vectors: a 10k-he
 seconds), so the figures are the pipeline's and the stores', not the model's. Lookups run
 ``LookupKnowledgeTool.lookup`` (L0, L1 dense + BM25, rerank with document similarity; second model
 off) on the golden queries, interleaved query by query over every shape and store
-(``bench.harness.measure``). ``among`` is the share of a shape's lookups whose candidates included
-one of its messy documents (the document-similarity stage was asked about it).
+(``bench.harness.measure``): end to end, ``store`` (``bench.common.STORE_MS_MEANS``: the L1
+searches) and the document-similarity stage (title + stored centroid). ``among`` is the share of a
+shape's lookups whose candidates included one of its messy documents (that stage was asked about it).
 
 Goal (issue 44): lookup p95 with a 10k-heading document among the candidates <= 1.5x the clean
 corpus' p95, on each store.
@@ -185,6 +186,7 @@ class _Asked:
 
 def lookups(indexes: Sequence[Index], queries: Sequence[str], rounds: int) -> dict[str, Any]:
     """Every (shape, store) target on every query, interleaved; end to end and document-stage ms."""
+    from bench.common import store_ms
     from bench.latency import build_tool
     from rag_core.components import make_sidecar_store
     from rag_core.stores.milvus import MilvusStore
@@ -203,7 +205,12 @@ def lookups(indexes: Sequence[Index], queries: Sequence[str], rounds: int) -> di
         def after(handle: Any, result: Any) -> dict[str, Any]:
             asked = handle[1].asked[-1] if handle[1].asked else []
             stage = handle[2].rows[-1]["retrieval_details"]["stage_ms"]
-            return {"documents": stage.get("documents_ms", 0.0), "among": bool(messy & set(asked)), "ok": result.status}
+            return {
+                "store": store_ms(result),
+                "documents": stage.get("documents_ms", 0.0),
+                "among": bool(messy & set(asked)),
+                "ok": result.status,
+            }
 
         return Target(
             f"{index.shape}/{store_name}",
@@ -219,7 +226,7 @@ def lookups(indexes: Sequence[Index], queries: Sequence[str], rounds: int) -> di
     return {
         name: {
             "e2e": t.stats.to_dict(),
-            "documents": summarize([n["documents"] for n in t.notes]),
+            **{k: summarize([n[k] for n in t.notes]) for k in ("store", "documents")},
             "among": round(sum(n["among"] for n in t.notes) / max(1, len(t.notes)), 3),
             "statuses": sorted({n["ok"] for n in t.notes}),
         }
@@ -241,7 +248,7 @@ def report(out: dict[str, Any]) -> str:
     """The Markdown tables: per shape and store, ingest and lookup figures with ratios to clean."""
     lines = [f"# Messy knowledge base ({out['queries']} golden queries x {out['rounds']}, {out['when']})", ""]
     head = ["shape", "docs", "chunks", "MB", "ingest s", "x clean", "store", "p50 ms", "p95 ms", "p95 x clean"]
-    head += ["documents stage p95 ms", "among"]
+    head += ["store p95 ms", "documents stage p95 ms", "among"]
     rows = []
     for shape, ing in out["ingest"].items():
         clean_s = out["ingest"]["clean"]["seconds"]
@@ -257,7 +264,7 @@ def report(out: dict[str, Any]) -> str:
                     lk["e2e"]["p95"],
                     ratio(lk["e2e"]["p95"], base["e2e"]["p95"], 2) if base else None,
                 ]
-                + [lk["documents"]["p95"], lk["among"]]
+                + [lk["store"]["p95"], lk["documents"]["p95"], lk["among"]]
             )
     lines += md_table_lines(head, rows)
     lines += [
