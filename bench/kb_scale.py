@@ -209,7 +209,8 @@ class FastFakeEmbedder:
 class ThinStore:
     """A ``VectorStore`` that keeps chunk ids, doc ids and hashes only (what planning reads; and the
     doc ids holding a centroid, without the vector), in a SQLite file, so the ingest process's
-    memory is the pipeline's, not a store's (a real store holds its rows in its own server). ``rebuild`` fills a second file swapped in at the end."""
+    memory is the pipeline's, not a store's (a real store holds its rows in its own server).
+    ``rebuild`` fills a second file swapped in at the end."""
 
     name, score_label = "thin", "none"
 
