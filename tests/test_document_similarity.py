@@ -87,7 +87,8 @@ def test_a_document_whose_sections_together_fit_the_query_beats_one_with_a_singl
     )
     hits = store.search(query, 4)
     assert hits[0].doc_id == "single.md"  # its best chunk is the nearest one
-    got = centroid_similarities(store, query, ["spread.md", "single.md", "spread.md", "gone.md"])
+    got, error = centroid_similarities(store, query, ["spread.md", "single.md", "spread.md", "gone.md"])
+    assert error is None
     assert set(got) == {"spread.md", "single.md"}
     assert got["spread.md"] > got["single.md"]
 
@@ -95,7 +96,7 @@ def test_a_document_whose_sections_together_fit_the_query_beats_one_with_a_singl
 def test_title_and_centroid_cosines_are_summed_per_document():
     store = _store({"a.md": [_unit(1, 0, 0)], "b.md": [_unit(0, 1, 0)]})
     titles = _Titles({"A": _unit(1, 0, 0), "B": _unit(0, 0, 1)})
-    got = DocumentSimilarity(titles).similarities(store, _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})  # type: ignore[arg-type]
+    got, _ = DocumentSimilarity(titles).similarities(store, _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})  # type: ignore[arg-type]
     assert got == pytest.approx({"a.md": 2.0, "b.md": 0.0}, abs=1e-6)
 
 
@@ -103,15 +104,18 @@ def test_without_centroids_every_document_is_scored_by_its_title_alone(caplog):
     titles = _Titles({"A": _unit(1, 0, 0), "B": _unit(0, 1, 0)})
     similarity = DocumentSimilarity(titles)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
-        broken = similarity.similarities(_BrokenStore(), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
+        broken, error = similarity.similarities(_BrokenStore(), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
     assert broken == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6)
+    assert error == "document centroids skipped: StoreError: milvus unreachable"  # the lookup says so
     assert "document centroids skipped: StoreError: milvus unreachable" in caplog.text
     # One document the store does not hold (a sidecar-only hit): titles alone, for all, so
     # the scores stay comparable.
-    partial = similarity.similarities(_store({"a.md": [_unit(0, 1, 0)]}), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
-    assert partial == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6)
+    partial, error = similarity.similarities(
+        _store({"a.md": [_unit(0, 1, 0)]}), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"}
+    )
+    assert partial == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6) and error is None
     # No store (it failed earlier in this lookup): not asked, titles alone.
-    assert similarity.similarities(None, _unit(1, 0, 0), {"a.md": "A"}) == pytest.approx({"a.md": 1.0})
+    assert similarity.similarities(None, _unit(1, 0, 0), {"a.md": "A"}) == (pytest.approx({"a.md": 1.0}), None)
 
 
 def test_the_document_stage_sets_each_candidates_document_similarity_when_the_query_has_a_vector():
@@ -119,9 +123,10 @@ def test_the_document_stage_sets_each_candidates_document_similarity_when_the_qu
     similarity = DocumentSimilarity(_Titles({"A": _unit(1, 0, 0), "B": _unit(0, 0, 1)}))  # type: ignore[arg-type]
     hits = [StoreHit(f"{d}#0", d, t, t, "k8s", "text", 0.5, "cosine", 0.5) for d, t in (("a.md", "A"), ("b.md", "B"))]
     candidates = [Candidate(hit=h, rrf=0.01, channels={"dense"}) for h in hits]
-    got = similarity.annotate(RetrievalOutcome(candidates, [], None, query_vector=_unit(1, 0, 0)), store)
+    got, error = similarity.annotate(RetrievalOutcome(candidates, [], None, query_vector=_unit(1, 0, 0)), store)
+    assert error is None
     assert [c.document_similarity for c in got] == pytest.approx([2.0, 0.0], abs=1e-6)
-    assert similarity.annotate(RetrievalOutcome(candidates, [], None), store) == candidates  # no query vector
+    assert similarity.annotate(RetrievalOutcome(candidates, [], None), store) == (candidates, None)  # no query vector
 
 
 # --- centroids computed at ingest, one row read per document (issue 44) ------------------------
@@ -188,10 +193,10 @@ def test_a_lookup_reads_one_row_per_candidate_document_however_many_chunks_it_ha
     assert store.count() > 1000
     reads = _RowCounter(store)
     query = emb.embed_query("node check failed")
-    got = DocumentSimilarity(emb).similarities(reads, query, _titles())  # type: ignore[arg-type]
-    assert reads.rows == {doc_id: 1 for doc_id in _titles()}
+    got, error = DocumentSimilarity(emb).similarities(reads, query, _titles())  # type: ignore[arg-type]
+    assert error is None and reads.rows == {doc_id: 1 for doc_id in _titles()}
     # The same numbers as the centroids of every chunk vector, computed at lookup time.
-    title_cosines = DocumentSimilarity(emb).similarities(None, query, _titles())  # type: ignore[arg-type]
+    title_cosines, _ = DocumentSimilarity(emb).similarities(None, query, _titles())  # type: ignore[arg-type]
     expected = {d: title_cosines[d] + float(c @ query) for d, c in _centroids_from_chunks(store).items()}
     assert got == expected
 
@@ -227,9 +232,10 @@ def test_an_index_without_centroids_says_so_and_the_next_ingest_adds_them_withou
     store.delete_centroids(list(before))  # an index the previous version built
     query = emb.embed_query("node check failed")
     with caplog.at_level(logging.WARNING):
-        got = DocumentSimilarity(emb).similarities(store, query, _titles())  # type: ignore[arg-type]
-    assert got == DocumentSimilarity(emb).similarities(None, query, _titles())  # type: ignore[arg-type]  # titles alone
-    assert "holds no document centroids" in caplog.text and "run `rag ingest`" in caplog.text
+        got, error = DocumentSimilarity(emb).similarities(store, query, _titles())  # type: ignore[arg-type]
+    assert got == DocumentSimilarity(emb).similarities(None, query, _titles())[0]  # type: ignore[arg-type]  # titles alone
+    assert error is not None and "holds no document centroids" in error and "run `rag ingest`" in error
+    assert error in caplog.text
     health = check_health(settings, [store], emb.identity())
     assert not health.ok and "run `rag ingest` to add them" in health.summary()
     embedded = emb.texts

@@ -127,7 +127,8 @@ class LookupKnowledgeTool(LookupComponents):
         with timed(timings, "documents_ms"):
             # A store that failed a channel of this lookup is not asked again (it may be hanging).
             store = None if any(a.error for a in outcome.attempts) else self.store
-            candidates = self.documents.annotate(outcome, store)
+            candidates, documents_error = self.documents.annotate(outcome, store)
+            outcome = replace(outcome, stage_error=documents_error)
         with timed(timings, "ensemble_ms"):
             if self.ensemble is not None and candidates:
                 candidates = self.ensemble.annotate(tq, candidates)
