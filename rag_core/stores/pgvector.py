@@ -19,9 +19,10 @@ Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
 Document centroids (``rag_core.ingest.centroids``) live in ``<table>__centroids`` (doc id primary
 key, ``embedding vector(dim)``): one row read per candidate document, whatever its size.
 
-A rebuild (``PgVectorStore.rebuild``) fills ``<table>__rebuild`` (and its centroid table) and swaps
-them in under the table's names in one transaction, so a lookup in another process sees the old table or the new
-one, whole (a query waiting on the swap's lock resolves the name again and reads the new table).
+A rebuild (``PgVectorStore.rebuild``) fills ``<table>__rebuild`` (and its centroid table) and
+swaps them in under the table's names in one transaction, so a lookup in another process sees the
+old tables or the new ones, whole (a query waiting on the swap's lock resolves the name again and
+reads the new table).
 """
 
 from __future__ import annotations
