@@ -8,8 +8,10 @@ reached by URI like a production server; when it dies between two calls it is st
 once and the call retried (calls are idempotent: upserts by id, deletes, reads).
 
 Document centroids (``rag_core.ingest.centroids``) live in a side collection of the serving
-collection, ``<collection>__centroids`` (doc id -> vector), read by primary key: one row per
-candidate document, whatever the document's size.
+collection, ``<collection>__centroids`` (doc id and vector), read by primary key: one row per
+candidate document, whatever the document's size. The key is a hash of the doc id: milvus-lite
+2.5.1 builds an unescaped filter from the primary keys of an upsert (a doc id holding ``"`` or a
+line break as the key fails it: "syntax error near ','"), and hex keys need no quoting.
 
 A rebuild (``MilvusStore.rebuild``) fills a new collection and switches to it atomically, so a
 lookup in another process sees the old index or the new one, whole. The switch is a row of a
@@ -20,13 +22,14 @@ create_alias / alter_alias / describe_alias / list_aliases (checked on this mach
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -471,7 +474,8 @@ class MilvusStore:
         from pymilvus import DataType
 
         schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
-        schema.add_field("doc_id", DataType.VARCHAR, is_primary=True, max_length=VARCHAR_LIMITS["doc_id"])
+        schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=32)
+        schema.add_field("doc_id", DataType.VARCHAR, max_length=VARCHAR_LIMITS["doc_id"])
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
         index = client.prepare_index_params()
         index.add_index("vector", index_type="FLAT", metric_type="COSINE")  # never searched; Milvus needs one
@@ -568,7 +572,8 @@ class MilvusStore:
         if not doc_ids:
             return
         self._ready()
-        self._call("delete", lambda c: c.delete(self._name, filter=_doc_filter(doc_ids)))
+        expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
+        self._call("delete", lambda c: c.delete(self._name, filter=expr))
         self.pending_rows += len(doc_ids)
 
     def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
@@ -759,11 +764,9 @@ class MilvusStore:
         self._ready()
         if not self._centroids_ready():
             raise MissingCentroidsError(f"Milvus collection {self.collection!r}")
+        keys = sorted({_centroid_key(d) for d in doc_ids})
         rows = self._call(
-            "query",
-            lambda c: c.query(
-                self.centroid_collection, filter=_doc_filter(dict.fromkeys(doc_ids)), output_fields=["doc_id", "vector"]
-            ),
+            "get", lambda c: c.get(self.centroid_collection, ids=keys, output_fields=["doc_id", "vector"])
         )
         return {r["doc_id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
 
@@ -775,7 +778,7 @@ class MilvusStore:
         def scan(client: Any) -> set[str]:
             out: set[str] = set()
             it = client.query_iterator(
-                self.centroid_collection, batch_size=1000, filter='doc_id != ""', output_fields=["doc_id"]
+                self.centroid_collection, batch_size=1000, filter='key != ""', output_fields=["doc_id"]
             )
             while batch := it.next():
                 out.update(row["doc_id"] for row in batch)
@@ -786,7 +789,10 @@ class MilvusStore:
 
     def put_centroids(self, centroids: Mapping[str, np.ndarray]) -> None:
         """Insert or replace document centroids (after ``ensure_schema``)."""
-        rows = [{"doc_id": d, "vector": np.asarray(v, dtype=np.float32).tolist()} for d, v in centroids.items()]
+        rows = [
+            {"key": _centroid_key(d), "doc_id": d, "vector": np.asarray(v, dtype=np.float32).tolist()}
+            for d, v in centroids.items()
+        ]
         if not rows:
             return
         self._ready()
@@ -798,7 +804,8 @@ class MilvusStore:
     def delete_centroids(self, doc_ids: Sequence[str]) -> None:
         """Remove the centroids of ``doc_ids``."""
         if doc_ids and self.exists() and self._centroids_ready():
-            self._call("delete", lambda c: c.delete(self.centroid_collection, filter=_doc_filter(doc_ids)))
+            keys = [_centroid_key(d) for d in doc_ids]
+            self._call("delete", lambda c: c.delete(self.centroid_collection, ids=keys))
 
     def count(self) -> int:
         if not self.exists():
@@ -909,8 +916,9 @@ def _has(name: str, client: Any) -> bool:
     return bool(client.has_collection(name))
 
 
-def _doc_filter(doc_ids: Iterable[str]) -> str:
-    return "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
+def _centroid_key(doc_id: str) -> str:
+    """The centroid row's primary key: 32 hex digits of ``doc_id``'s BLAKE2b hash."""
+    return hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def _category_filter(category: str | None) -> str:
