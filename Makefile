@@ -40,6 +40,7 @@ ui: setup
 bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.kb_scale $(KB_SCALE_ARGS)
+	$(PY) -m bench.messy_kb
 	$(PY) -m bench.serving_latency
 	$(PY) -m bench.dagster_embed
 

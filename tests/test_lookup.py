@@ -44,11 +44,11 @@ class Faulty:
             raise StoreError("Milvus full-text search failed: timed out")
         return [] if self._maybe_fail(category) else self.inner.search_lexical(terms, vector, top_k, category)
 
-    def document_vectors(self, doc_ids):
-        self.calls.append(("document_vectors", tuple(doc_ids)))
+    def document_centroids(self, doc_ids):
+        self.calls.append(("document_centroids", tuple(doc_ids)))
         if self.mode == "documents_down":
             raise StoreError("Milvus query failed: Invalid expr")
-        return self.inner.document_vectors(doc_ids)
+        return self.inner.document_centroids(doc_ids)
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)

@@ -16,11 +16,13 @@ held-out English impact sections 0.327 against 0.270), and title + centroid at w
 raised runbooks-en-hard MRR from 0.785 to 0.810 and runbooks-zh from 0.855 to 0.880, where the
 title alone at 0.3 lost a Chinese case.
 
-Centroids come from the store that found the candidates (one query by document id per lookup),
-so they always match what is indexed. When a centroid is missing (the store failed, now or
-earlier in the lookup, or a sidecar-only document), every document is scored by its title
-alone, so the scores stay comparable; any failure drops that part of the signal for that
-lookup, never the lookup.
+Centroids are computed at ingest and stored with the index (``rag_core.ingest.centroids``); a
+lookup reads them from the store that found the candidates, one row per candidate document in one
+query, so its cost does not depend on a document's size (issue 44) and they always match what is
+indexed. When a centroid is missing (the store failed, now or earlier in the lookup, a
+sidecar-only document, or an index built before centroids were stored: the warning names
+`rag ingest`), every document is scored by its title alone, so the scores stay comparable; any
+failure drops that part of the signal for that lookup, never the lookup.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-
-import numpy as np
 
 from rag_core.embedding.base import Embedder, Vector
 from rag_core.ingest.embed_cache import EmbeddingCache
@@ -40,36 +40,21 @@ from rag_core.stores.base import VectorStore
 log = logging.getLogger(__name__)
 
 
-def centroid(vectors: np.ndarray) -> np.ndarray | None:
-    """The unit mean of (n, dim) unit vectors; None when there are none or they cancel out
-    (norm of the mean < 1e-6)."""
-    if not len(vectors):
-        return None
-    mean = vectors.mean(axis=0)
-    norm = float(np.linalg.norm(mean))
-    return mean / norm if norm >= 1e-6 else None
-
-
 def centroid_similarities(
     store: VectorStore, query_vector: Vector, doc_ids: Sequence[str]
 ) -> tuple[dict[str, float], str | None]:
-    """Doc id -> cosine in [-1, 1] of ``query_vector`` (unit, (dim,)) and the document's centroid,
-    for the ``doc_ids`` ``store`` holds, and None. Never raises: a store failure is logged and
-    gives ({}, the failure in one line), so the lookup can say it lost the signal."""
+    """Doc id -> cosine in [-1, 1] of ``query_vector`` (unit, (dim,)) and the document's stored
+    centroid, for the ``doc_ids`` ``store`` holds one for, and None. Never raises: a store failure
+    is logged and gives ({}, the failure in one line), so the lookup can say it lost the signal."""
     if not doc_ids:
         return {}, None
     try:
-        stored = store.document_vectors(doc_ids)
+        stored = store.document_centroids(doc_ids)
     except Exception as exc:  # a missing signal must not cost the lookup
         error = f"document centroids skipped: {type(exc).__name__}: {exc}"
         log.warning("%s", error)
         return {}, error
-    found = {}
-    for doc_id, vectors in stored.items():
-        center = centroid(vectors)
-        if center is not None:
-            found[doc_id] = float(center @ query_vector)
-    return found, None
+    return {doc_id: float(center @ query_vector) for doc_id, center in stored.items()}, None
 
 
 class DocumentSimilarity:
