@@ -33,9 +33,9 @@ test-sentence-transformers: setup
 	$(VENV)/bin/pip install -q -c constraints.txt -c requirements.lock -e '.[sentence-transformers]'
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m sentence_transformers
 
+# dagster dev on the local instance; stops on Ctrl-C and on SIGTERM, also in the background.
 ui: setup
-	home=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}; mkdir -p $$home && [ -e $$home/dagster.yaml ] || cp dagster.local.yaml $$home/dagster.yaml; \
-	DAGSTER_HOME=$$home $(VENV)/bin/dagster dev -w workspace.yaml
+	$(PY) -m rag_assets.ui -w workspace.yaml
 
 bench: setup
 	$(PY) -m bench.run
