@@ -16,10 +16,10 @@ setup: $(STAMP)
 
 # torch: constraints.txt pins the CPU build that lies in the local wheel folder.
 $(STAMP): pyproject.toml constraints.txt requirements.lock
-	@echo "installing .[$(EXTRAS)] into $(VENV)"
+	@echo "installing .[$(EXTRAS)] into $(VENV) (quietly: 1-2 min with a warm pip cache)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
-	$(VENV)/bin/pip install -c constraints.txt -c requirements.lock -e '.[$(EXTRAS)]'
+	$(VENV)/bin/pip install -q -c constraints.txt -c requirements.lock -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 run: setup

@@ -67,13 +67,16 @@ class StoreNight(BaseModel):
 
 class NightRecord(VersionedFile):
     """One line of ``history.jsonl``: the UTC ``night`` (``YYYY-MM-DD``), when it was recorded,
-    the Dagster run, and each store's results (``stores``: store name -> its night)."""
+    the Dagster run, each store's results (``stores``: store name -> its night) and the
+    machine's 1/5/15-minute load average when recorded (``os.getloadavg``; the p95 latencies
+    were measured under it; None in lines written before it was kept)."""
 
     V1_NAMES = {"paths": "stores"}
     night: str
     recorded_at: str
     run_id: str | None = None
     stores: dict[str, StoreNight]
+    load_average: list[float] | None = None
 
 
 class CaseChange(BaseModel):
@@ -286,12 +289,25 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
                     p.miss,
                     p.not_run,
                     _num(p.latency_p95_ms, 1),
+                    "/".join(f"{x:.1f}" for x in night.load_average) if night.load_average else "-",
                     p.status,
                 ]
             )
     lines += [
         md_table(
-            ["night", "store", "recall@5", "MRR", "strong", "medium", "miss", "not run", "p95 lookup ms", "status"],
+            [
+                "night",
+                "store",
+                "recall@5",
+                "MRR",
+                "strong",
+                "medium",
+                "miss",
+                "not run",
+                "p95 lookup ms",
+                "load 1/5/15 min",
+                "status",
+            ],
             rows,
         ),
         "",

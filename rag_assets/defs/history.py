@@ -3,6 +3,7 @@
 Not downstream of the blocking regression gate: a night that regressed must show up here.
 """
 
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -58,6 +59,7 @@ def retrieval_history(
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         run_id=context.run.run_id,
         stores=stores,
+        load_average=[round(x, 2) for x in os.getloadavg()],
     )
     reports_dir = evaluation.files(settings).reports_dir
     try:
@@ -76,6 +78,7 @@ def retrieval_history(
         "verdict": "; ".join(f"{STORE_LABELS.get(p, p)}: {v}" for p, v in facts["verdict"].items()),
         **floats(metrics),
         "night": night.night,
+        "load_average": ", ".join(f"{x:.2f}" for x in night.load_average or []),
         "nights_recorded": len(nights),
         "newly_missed": len(changes["newly missed"]),
         "newly_found": len(changes["newly found"]),
