@@ -1,6 +1,7 @@
 """A one-shot ``rag lookup`` (issue 26): seconds from spawning ``rag lookup --json QUERY`` to its
 exit on the runbook corpus' data dir (imports, models, L0, store connection), beside the warm
-in-process p50 (ms) of the same queries in the same run. Goal: cold <= 2 s on a quiet machine.
+in-process p50 (ms) of the same queries in the same run, and seconds of a ``rag --help`` (issue
+46.5). Goals on a quiet machine: cold lookup <= 2 s, help <= 1 s.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from bench.latency import build_tool
 from bench.serving import RAG_CLI, rebuild_env
 
 COLD_GOAL_S = 2.0
+HELP_GOAL_S = 1.0
+
+
+def help_seconds(env: dict[str, str]) -> float:
+    """Seconds from spawning ``rag --help`` to its exit. Raises CalledProcessError."""
+    cmd = [sys.executable, "-c", RAG_CLI, "--help"]
+    return timed(lambda: subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120))[1]
 
 
 def cold_seconds(env: dict[str, str], query: str) -> float:
@@ -31,11 +39,12 @@ def cold_seconds(env: dict[str, str], query: str) -> float:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    """Fresh lookups (3, 2 with --quick), then the warm latency (ms) of one tool on the same queries
-    after a warm-up pass."""
+    """Fresh ``rag --help`` and lookups (3 each, 2 with --quick), then the warm latency (ms) of one
+    tool on the same queries after a warm-up pass."""
     queries = ctx.queries[: 2 if ctx.quick else 3]
     env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
-    log(f"cold lookup: {len(queries)} fresh `rag lookup` processes")
+    log(f"cold start: {len(queries)} fresh `rag --help` and `rag lookup` processes each")
+    help_s = summarize([help_seconds(env) for _ in queries])
     cold_s = summarize([cold_seconds(env, q) for q in queries])
     tool = build_tool(ctx.kb_settings, ctx.store("milvus"), ctx.embedder)  # untraced, as the cold runs
     try:
@@ -43,8 +52,11 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     finally:
         tool.close()
     log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
+    log(f"rag --help p50 {help_s['p50']} s (goal {HELP_GOAL_S} s)")
     return {
         "queries": queries,
+        "help_s": help_s,
+        "help_goal_s": HELP_GOAL_S,
         "cold_s": cold_s,
         "warm_ms": warm_s,
         "cold_over_warm_p50": ratio(cold_s["p50"] * 1000 if cold_s["p50"] else None, warm_s["p50"], 1),
