@@ -379,8 +379,8 @@ def _spawn(binary: Path, db: Path, port: int, log_path: Path) -> subprocess.Pope
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(binary.parent), env.get("LD_LIBRARY_PATH")) if p)
     # glog writes one log file per start into the system temp dir unless told otherwise: send its
-    # lines to stderr (milvus_server.log) at the server's level. Other temp files go to the data
-    # dir's tmp folder, the mmap cache ($HOME/.cache/milvus) under the data dir.
+    # lines to stderr (milvus_server.log) at the server's level. The engine's other temporary files
+    # go to <data dir>/milvus_tmp, its mmap cache ($HOME/.cache/milvus) under the data dir.
     env |= {
         "GLOG_logtostderr": "1",
         "GLOG_minloglevel": str(_GLOG_LEVELS.get(level.upper(), _GLOG_LEVELS["ERROR"])),
