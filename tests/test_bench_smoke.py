@@ -202,6 +202,8 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
             "warm_ms": {"p50": 50.0},
             "cold_over_warm_p50": 50.0,
             "help_s": {"p50": 0.8, "n": 3},
+            "stdio_initialize_ms": {"p50": 640.0},
+            "stdio_first_call_ms": {"p50": 2900.0},
         },
     }
     rows = {t["id"]: t for t in report.evaluate_targets(results)}
@@ -217,6 +219,7 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
         "evaluation",
         "cold_lookup",
         "cold_help",
+        "stdio_initialize",
     ]
     assert rows["overhead_milvus"]["met"] is True and rows["overhead_milvus"]["ratio"] == "10.0 %"
     assert "overhead p50 1.00 ms vs end-to-end p50 10.00 ms" in rows["overhead_milvus"]["measured"]
@@ -232,6 +235,8 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
         rows["cold_help"]["met"] is True
         and rows["cold_help"]["measured"] == "fresh `rag --help` p50 0.80 s over 3 processes"
     )
+    assert rows["stdio_initialize"]["met"] is True and rows["stdio_initialize"]["ratio"] == "640 ms"
+    assert "first tools/call (warm-up done) at 2,900 ms" in rows["stdio_initialize"]["measured"]
     results["targets"] = list(rows.values())
     assert [t["id"] for t in report.borderline(results)] == ["evaluation"]  # 909 is within 15 % of 1,000
     text = report.summary_text({"targets": results["targets"], "meta": {}})

@@ -7,14 +7,11 @@ import sys
 # Modules a command loads when it runs (models, stores, L0, evaluation, orchestration), each a
 # fraction of a second or more to import; `rag --help` needs none of them.
 HEAVY = (
-    "numpy",
     "jieba",
-    "yaml",
     "pymilvus",
     "psycopg",
     "dagster",
     "onnxruntime",
-    "rag_core.l0",
     "rag_core.recording.record",
     "rag_core.evaluation.evaluator",
     "rag_core.lookup.tool",

@@ -71,7 +71,8 @@ def test_a_document_whose_sections_together_fit_the_query_beats_one_with_a_singl
         d: max(float(v @ query) for v in vs) for d, vs in store.document_vectors(["spread.md", "single.md"]).items()
     }
     assert best_chunk["single.md"] > best_chunk["spread.md"]
-    got = centroid_similarities(store, query, ["spread.md", "single.md", "spread.md", "gone.md"])
+    got, error = centroid_similarities(store, query, ["spread.md", "single.md", "spread.md", "gone.md"])
+    assert error is None
     assert set(got) == {"spread.md", "single.md"}
     assert got["spread.md"] > got["single.md"]
 
@@ -79,7 +80,7 @@ def test_a_document_whose_sections_together_fit_the_query_beats_one_with_a_singl
 def test_title_and_centroid_cosines_are_summed_per_document():
     store = _store({"a.md": [_unit(1, 0, 0)], "b.md": [_unit(0, 1, 0)]})
     titles = _Titles({"A": _unit(1, 0, 0), "B": _unit(0, 0, 1)})
-    got = DocumentSimilarity(titles).similarities(store, _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})  # type: ignore[arg-type]
+    got, _ = DocumentSimilarity(titles).similarities(store, _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})  # type: ignore[arg-type]
     assert got == pytest.approx({"a.md": 2.0, "b.md": 0.0}, abs=1e-6)
 
 
@@ -87,15 +88,18 @@ def test_without_centroids_every_document_is_scored_by_its_title_alone(caplog):
     titles = _Titles({"A": _unit(1, 0, 0), "B": _unit(0, 1, 0)})
     similarity = DocumentSimilarity(titles)  # type: ignore[arg-type]
     with caplog.at_level(logging.WARNING):
-        broken = similarity.similarities(_BrokenStore(), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
+        broken, error = similarity.similarities(_BrokenStore(), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
     assert broken == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6)
+    assert error == "document centroids skipped: StoreError: milvus unreachable"  # the lookup says so
     assert "document centroids skipped: StoreError: milvus unreachable" in caplog.text
     # One document the store does not hold (a sidecar-only hit): titles alone, for all, so
     # the scores stay comparable.
-    partial = similarity.similarities(_store({"a.md": [_unit(0, 1, 0)]}), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"})
-    assert partial == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6)
+    partial, error = similarity.similarities(
+        _store({"a.md": [_unit(0, 1, 0)]}), _unit(1, 0, 0), {"a.md": "A", "b.md": "B"}
+    )
+    assert partial == pytest.approx({"a.md": 1.0, "b.md": 0.0}, abs=1e-6) and error is None
     # No store (it failed earlier in this lookup): not asked, titles alone.
-    assert similarity.similarities(None, _unit(1, 0, 0), {"a.md": "A"}) == pytest.approx({"a.md": 1.0})
+    assert similarity.similarities(None, _unit(1, 0, 0), {"a.md": "A"}) == (pytest.approx({"a.md": 1.0}), None)
 
 
 def test_the_document_stage_sets_each_candidates_document_similarity_when_the_query_has_a_vector():
@@ -103,6 +107,7 @@ def test_the_document_stage_sets_each_candidates_document_similarity_when_the_qu
     similarity = DocumentSimilarity(_Titles({"A": _unit(1, 0, 0), "B": _unit(0, 0, 1)}))  # type: ignore[arg-type]
     hits = [StoreHit(f"{d}#0", d, t, t, "k8s", "text", 0.5, "cosine", 0.5) for d, t in (("a.md", "A"), ("b.md", "B"))]
     candidates = [Candidate(hit=h, rrf=0.01, channels={"dense"}) for h in hits]
-    got = similarity.annotate(RetrievalOutcome(candidates, [], None, query_vector=_unit(1, 0, 0)), store)
+    got, error = similarity.annotate(RetrievalOutcome(candidates, [], None, query_vector=_unit(1, 0, 0)), store)
+    assert error is None
     assert [c.document_similarity for c in got] == pytest.approx([2.0, 0.0], abs=1e-6)
-    assert similarity.annotate(RetrievalOutcome(candidates, [], None), store) == candidates  # no query vector
+    assert similarity.annotate(RetrievalOutcome(candidates, [], None), store) == (candidates, None)  # no query vector

@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+from fakes import HOSTILE_NAMES
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk
@@ -180,6 +181,33 @@ def test_unreachable_server_fails_fast_with_redacted_uri():
 
 def test_escape_filter_value():
     assert escape_filter_value('a"b\\c') == '"a\\"b\\\\c"'
+    assert escape_filter_value("a\nb\r\nc\x1b") == '"a\\\nb\\\r\nc\x1b"'  # line breaks behind a backslash
+    with pytest.raises(ValueError, match="carriage return"):
+        escape_filter_value("a\rb")
+
+
+@pytest.mark.integration
+def test_doc_ids_and_categories_of_every_character_class_filter_exactly(store, capfd):
+    """Each name as doc id and category: its centroid rows, its category filter (both channels)
+    and its deletion find exactly it, with no error and nothing on stderr."""
+    vecs = unit(len(HOSTILE_NAMES), seed=5)
+    chunks = [
+        chunk(i, doc=name, category=name, text=f"etcd leader election {i}") for i, name in enumerate(HOSTILE_NAMES)
+    ]
+    for c in chunks:
+        store.check_chunk(c)
+    store.upsert(chunks, vecs)
+    store.flush()
+    assert sorted(store.document_vectors(HOSTILE_NAMES)) == sorted(HOSTILE_NAMES)
+    for i, name in enumerate(HOSTILE_NAMES):
+        assert [h.doc_id for h in store.search(vecs[i], 3, category=name)] == [name]
+        assert [h.doc_id for h in store.search_lexical(["etcd"], vecs[i], 3, category=name)] == [name]
+    store.delete_documents(HOSTILE_NAMES[1:6])
+    store.flush()
+    assert sorted(store.document_vectors(HOSTILE_NAMES)) == sorted(HOSTILE_NAMES[:1] + HOSTILE_NAMES[6:])
+    assert capfd.readouterr().err == ""
+    with pytest.raises(ValueError, match="field doc_id: .*carriage return"):
+        store.check_chunk(chunk(99, doc="lone\rcr.md"))  # ingest reports it in one line and skips it
 
 
 @pytest.mark.integration

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
+from fakes import HOSTILE_NAMES
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
@@ -666,3 +667,23 @@ def test_failed_rebuild_keeps_the_old_table_and_a_second_rebuild_waits_its_turn(
         fresh.ensure_schema(DIM)
         fresh.upsert([chunk(7)], unit(1, seed=3))
     assert set(store.chunk_hashes()) == {"c00007"}
+
+
+def test_doc_ids_and_categories_of_every_character_class_are_sql_parameters(store, capfd):
+    """Each name as doc id and category: centroid rows, category filter (both channels) and
+    deletion find exactly it (values travel as parameters, never in the SQL text)."""
+    vecs = unit(len(HOSTILE_NAMES), seed=5)
+    chunks = [
+        chunk(i, doc=name, category=name, text=f"etcd leader election {i}") for i, name in enumerate(HOSTILE_NAMES)
+    ]
+    for c in chunks:
+        store.check_chunk(c)
+    store.ensure_schema(DIM)
+    store.upsert(chunks, vecs)
+    assert sorted(store.document_vectors(HOSTILE_NAMES)) == sorted(HOSTILE_NAMES)
+    for i, name in enumerate(HOSTILE_NAMES):
+        assert [h.doc_id for h in store.search(vecs[i], 3, category=name)] == [name]
+        assert [h.doc_id for h in store.search_lexical(lexical_tokens("etcd"), vecs[i], 3, category=name)] == [name]
+    store.delete_documents(HOSTILE_NAMES[1:6])
+    assert sorted(store.document_vectors(HOSTILE_NAMES)) == sorted(HOSTILE_NAMES[:1] + HOSTILE_NAMES[6:])
+    assert capfd.readouterr().err == ""

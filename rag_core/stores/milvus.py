@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from rag_core.dependency_logs import route_dependency_logs
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings, redact_dsn
@@ -56,9 +57,10 @@ _QUIET_LOGGERS = ("pymilvus.client.iterator.query_iterator",)
 
 
 def _quiet_pymilvus() -> None:
-    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels set before.
+    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels and handlers.
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    route_dependency_logs()
 
 
 _quiet_pymilvus()
@@ -92,18 +94,34 @@ UPSERT_ROWS = 256
 
 
 def escape_filter_value(value: str) -> str:
-    """A Milvus filter string literal for ``value``: double-quoted, ``\\`` and ``"`` escaped.
+    """A Milvus filter string literal for ``value``: double-quoted, with ``\\``, ``"`` and line
+    breaks escaped by a backslash. ValueError when ``value`` holds a carriage return not
+    followed by a line feed, which no literal can hold.
 
-    Milvus' expression grammar reads backslash escapes inside double-quoted strings, so a value
-    holding quotes or backslashes matches only itself and cannot end the literal early.
+    What the embedded engine (milvus-lite 2.5.1) reads, checked on this machine: its grammar
+    (``Plan.g4``) refuses a raw line break inside a literal but accepts a backslash before a line
+    feed or a CR LF pair, and it takes ``\\`` and ``\\"`` as the character; escapes such as
+    ``\\n``, ``\\x0a`` or ``\\u000a`` stay as written (match nothing), while tabs, ESC, other
+    controls and any other code point match as they are. Expression templates
+    (``filter_params``) would need no quoting, but its server answers them "Unexpected error in
+    RPC handling"; a Milvus server's Go parser unquotes literals differently (``\\n``).
     """
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if "\r" in value.replace("\r\n", ""):
+        raise ValueError(f"{value!r} holds a carriage return without a line feed: Milvus filters cannot express it")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\\n").replace("\r\\\n", "\\\r\n")
+    return f'"{escaped}"'
 
 
 def check_chunk_fits(chunk: Chunk) -> None:
     """ValueError naming the chunk and field when a value (the lexical column included) exceeds
-    its Milvus VARCHAR limit in UTF-8 bytes."""
+    its Milvus VARCHAR limit in UTF-8 bytes, or when its doc id or category cannot be written in
+    a filter (``escape_filter_value``)."""
     varchar_row(chunk)
+    for field in ("doc_id", "category"):
+        try:
+            escape_filter_value(getattr(chunk, field))
+        except ValueError as exc:
+            raise ValueError(f"chunk {chunk.chunk_id}: field {field}: {exc}") from None
 
 
 def varchar_row(chunk: Chunk, lexical: str | None = None) -> dict[str, str]:
