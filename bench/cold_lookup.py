@@ -1,6 +1,7 @@
 """A one-shot ``rag lookup`` (issue 26): seconds from spawning ``rag lookup --json QUERY`` to its
 exit on the runbook corpus' data dir (imports, models, L0, store connection), beside the warm
-in-process p50 (ms) of the same queries in the same run. Goal: cold <= 2 s on a quiet machine.
+in-process p50 (ms) of the same queries in the same run, and seconds of a ``rag --help`` (issue
+46.5). Goals on a quiet machine: cold lookup <= 2 s, help <= 1 s.
 Beside it (issue 45): ms from spawning `rag serve --stdio` to its answer to ``initialize`` (goal
 <= 1 s: the models warm up in the background) and to its first ``tools/call`` answer.
 """
@@ -20,8 +21,15 @@ from bench.latency import build_tool
 from bench.serving import RAG_CLI, rebuild_env
 
 COLD_GOAL_S = 2.0
+HELP_GOAL_S = 1.0
 STDIO_INITIALIZE_GOAL_MS = 1000.0
 _INITIALIZE = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}
+
+
+def help_seconds(env: dict[str, str]) -> float:
+    """Seconds from spawning ``rag --help`` to its exit. Raises CalledProcessError."""
+    cmd = [sys.executable, "-c", RAG_CLI, "--help"]
+    return timed(lambda: subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=120))[1]
 
 
 def cold_seconds(env: dict[str, str], query: str) -> float:
@@ -69,11 +77,12 @@ def stdio_start_ms(env: dict[str, str], query: str) -> tuple[float, float]:
 
 
 def run(ctx: BenchContext) -> dict[str, Any]:
-    """Fresh lookups (3, 2 with --quick), then the warm latency (ms) of one tool on the same queries
-    after a warm-up pass."""
+    """Fresh ``rag --help`` and lookups (3 each, 2 with --quick), then the warm latency (ms) of one
+    tool on the same queries after a warm-up pass."""
     queries = ctx.queries[: 2 if ctx.quick else 3]
     env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
-    log(f"cold lookup: {len(queries)} fresh `rag lookup` processes")
+    log(f"cold start: {len(queries)} fresh `rag --help` and `rag lookup` processes each")
+    help_s = summarize([help_seconds(env) for _ in queries])
     cold_s = summarize([cold_seconds(env, q) for q in queries])
     log(f"stdio start: {len(queries)} fresh `rag serve --stdio` processes")
     initialize_ms, first_call_ms = zip(*(stdio_start_ms(env, q) for q in queries), strict=True)
@@ -83,6 +92,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     finally:
         tool.close()
     log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
+    log(f"rag --help p50 {help_s['p50']} s (goal {HELP_GOAL_S} s)")
     stdio = {"stdio_initialize_ms": summarize(initialize_ms), "stdio_first_call_ms": summarize(first_call_ms)}
     log(
         f"stdio initialize ms after process start p50 {stdio['stdio_initialize_ms']['p50']} "
@@ -90,6 +100,8 @@ def run(ctx: BenchContext) -> dict[str, Any]:
     )
     return {
         "queries": queries,
+        "help_s": help_s,
+        "help_goal_s": HELP_GOAL_S,
         "cold_s": cold_s,
         "warm_ms": warm_s,
         "cold_over_warm_p50": ratio(cold_s["p50"] * 1000 if cold_s["p50"] else None, warm_s["p50"], 1),

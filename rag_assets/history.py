@@ -90,7 +90,9 @@ class NightRecord(VersionedFile):
     chunks (``document_fingerprints``; empty when unknown), for what changed since the night before.
     ``gate``: the regression gate's verdict on the main store (``PASS``, ``FAIL: <reasons>`` or
     ``not compared: <why>``; None when unknown), ``publishing_blocked`` whether it kept the
-    reports from being published (the gate is a blocking check)."""
+    reports from being published (the gate is a blocking check). ``load_average``: the machine's
+    1/5/15-minute load when recorded (``os.getloadavg``; the p95 latencies were measured under
+    it; None in lines written before it was kept)."""
 
     V1_NAMES = {"paths": "stores"}
     night: str
@@ -98,6 +100,7 @@ class NightRecord(VersionedFile):
     run_id: str | None = None
     kind: Literal["nightly", "daytime"] = "nightly"
     stores: dict[str, StoreNight]
+    load_average: list[float] | None = None
     documents: dict[str, str] = Field(default_factory=dict)
     gate: str | None = None
     publishing_blocked: bool = False
@@ -412,12 +415,25 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
                     p.miss,
                     p.not_run,
                     _num(p.latency_p95_ms, 1),
+                    "/".join(f"{x:.1f}" for x in night.load_average) if night.load_average else "-",
                     p.status,
                 ]
             )
     lines += [
         md_table(
-            ["night", "store", "recall@5", "MRR", "strong", "medium", "miss", "not run", "p95 lookup ms", "status"],
+            [
+                "night",
+                "store",
+                "recall@5",
+                "MRR",
+                "strong",
+                "medium",
+                "miss",
+                "not run",
+                "p95 lookup ms",
+                "load 1/5/15 min",
+                "status",
+            ],
             rows,
         ),
         "",

@@ -24,22 +24,27 @@ import re
 import unicodedata
 import warnings
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 import Stemmer
 
-with warnings.catch_warnings():
-    # jieba 0.42.1 (the latest) imports pkg_resources, which warns on stderr at every import.
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-    import jieba
 
-jieba.setLogLevel(logging.WARNING)
+@lru_cache(maxsize=1)
+def _jieba() -> Any:
+    """The jieba module, imported on first use: about 0.2 s (pkg_resources included) that a
+    process without Chinese text, such as `rag --help`, does not pay."""
+    with warnings.catch_warnings():
+        # jieba 0.42.1 (the latest) imports pkg_resources, which warns on stderr at every import.
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        import jieba
+    jieba.setLogLevel(logging.WARNING)
+    return jieba
 
 
 def warm_up() -> None:
     """Load jieba's dictionary now: it loads on the first Chinese text of a process, which
     costs that call about 0.6 s (measured on this 2-core machine)."""
-    jieba.initialize()
+    _jieba().initialize()
 
 
 # Bumped whenever lexical_string changes; part of every chunk's content hash, so the next
@@ -125,7 +130,7 @@ def split_camel_words(text: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _cjk_words(run: str) -> tuple[str, ...]:
-    return tuple(w for w in jieba.cut_for_search(run) if w.strip())
+    return tuple(w for w in _jieba().cut_for_search(run) if w.strip())
 
 
 @lru_cache(maxsize=4096)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -102,7 +103,7 @@ def test_changes_between_two_nights_regressions_first():
 
 def test_two_nights_make_the_morning_page(tmp_path: Path):
     write_history(tmp_path, NIGHT_1)
-    nights, md_path = write_history(tmp_path, NIGHT_2)
+    nights, md_path = write_history(tmp_path, NIGHT_2.model_copy(update={"load_average": [2.04, 1.5, 1.0]}))
     assert [n.night for n in nights] == ["2026-11-30", "2026-12-01"]
     assert len((tmp_path / HISTORY_FILE).read_text().splitlines()) == 2
     assert (tmp_path / TREND_PNG).read_bytes()[:4] == b"\x89PNG"
@@ -117,7 +118,8 @@ def test_two_nights_make_the_morning_page(tmp_path: Path):
     assert "**main (Milvus): worse**" in md  # MRR 0.625 -> 0.583, recall@5 equal, one case newly missed
     assert "**sidecar (pgvector): mixed**" in md  # same recall@5 and MRR, yet a strong hit turned medium
     assert "- Cases changed since the previous night: 4 (1 newly missed, 1 strong to medium," in md
-    assert "| 2026-12-01 | main (Milvus) | 0.750 (+0.000) | 0.583 (-0.042) | 2 | 1 | 1 | 0 | 14.5 |" in md
+    assert "| 2026-12-01 | main (Milvus) | 0.750 (+0.000) | 0.583 (-0.042) | 2 | 1 | 1 | 0 | 14.5 | 2.0/1.5/1.0 |" in md
+    assert "| 2026-11-30 | main (Milvus) | 0.750 | 0.625 | 2 | 1 | 1 | 0 | 12.0 | - |" in md  # load not kept
     assert "- added: `ops/E.md`\n- changed: `ops/D.md`\n- removed: `ops/A.md`" in md
     assert (
         "| newly missed | `a` | about a | ops/A.md | main (Milvus) | strong, rank 1 | miss "
@@ -235,6 +237,7 @@ def test_retrieval_history_asset_over_two_nights(tmp_path: Path):
         ).asset_materialization.metadata.items()
     }
     assert meta["night"] == "2026-12-01" and meta["nights_recorded"] == 2
+    assert re.fullmatch(r"[\d.]+, [\d.]+, [\d.]+", meta["load_average"])  # when the latencies were measured
     assert meta["gate"].startswith("not compared: no stored baseline") and meta["publishing_blocked"] is False
     assert meta["newly_missed"] == 1 and meta["newly_found"] == 1  # c1 lost, c4 found: once, on both stores
     assert meta["milvus/recall@5"] == 0.75 and meta["pgvector/latency_p95_ms"] == 30.0

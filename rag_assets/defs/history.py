@@ -3,6 +3,7 @@
 Not downstream of the blocking regression gate: a night that regressed must show up here.
 """
 
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,6 +75,7 @@ def retrieval_history(
         recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
         run_id=context.run.run_id,
         stores=stores,
+        load_average=[round(x, 2) for x in os.getloadavg()],
         documents=_documents(AssetFiles.under(settings.data_dir).chunks_parquet),
         **_gate(evaluation, main),
     )
@@ -94,6 +96,7 @@ def retrieval_history(
         "verdict": "; ".join(f"{STORE_LABELS.get(p, p)}: {v}" for p, v in facts["verdict"].items()),
         **floats(metrics),
         "night": night.night,
+        "load_average": ", ".join(f"{x:.2f}" for x in night.load_average or []),
         "gate": night.gate or "unknown",
         "publishing_blocked": night.publishing_blocked,
         "nights_recorded": len(nights),

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from rag_core.cli.common import settings_or_exit
-from rag_core.recording.record import STORE_NAMES, record_fixtures
-from rag_core.recording.suites import SuiteOutcome, run_suite
 from rag_core.text import escape_controls
+
+if TYPE_CHECKING:  # the recording stack (L0, stores, models) loads when a command runs, not for --help
+    from rag_core.recording.suites import SuiteOutcome
 
 __all__ = ["register_record", "register_suites"]
 
@@ -30,6 +32,8 @@ def register_record(eval_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
     ) -> None:
         """Run the real lookup pipeline per case on one store and write JSON fixtures."""
+        from rag_core.recording.record import STORE_NAMES, record_fixtures
+
         if old_store is not None:
             typer.echo("warning: --path is deprecated, use --store", err=True)
             store = old_store
@@ -108,6 +112,7 @@ def register_suites(eval_app: typer.Typer) -> None:
         """
         from rag_core.components import make_embedder
         from rag_core.evaluation.suites import DEFAULT_SUITES_FILE, SuiteFileError, load_suites
+        from rag_core.recording.suites import run_suite
 
         settings = settings_or_exit()
         try:
