@@ -5,7 +5,9 @@ The tool's input schema is ``service.served_input_schema()`` (``tool_definition(
 optional ``sessionId``); its output schema is ``LookupResult``'s JSON schema (camelCase). A call
 returns the ``LookupResult`` JSON as structured content plus one text part (the message and the
 packed context, for a model that reads only text); ``isError`` is set when the result's status
-is ``error`` (refused arguments included). Malformed requests are the SDK's JSON-RPC errors.
+is ``error`` (refused arguments included), or when the call is refused because too many are in
+flight (text only: ``overloaded: ...; retry after N s``). Malformed requests are the SDK's
+JSON-RPC errors.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 
 from rag_core.lookup.contracts import LookupResult
 from rag_core.lookup.tool import TOOL_DESCRIPTION, TOOL_NAME
-from rag_core.serve.service import LookupService, served_input_schema
+from rag_core.serve.service import LookupService, Overloaded, served_input_schema
 
 RESOURCE_SCHEME: Final = "knowledge://"
 SERVER_NAME: Final = "rag-knowledge"
@@ -121,7 +123,10 @@ def build_mcp_server(service: LookupService, transport: str = "mcp-stdio") -> Se
             raise MCPError(types.INVALID_PARAMS, f"name: unknown tool {params.name!r} (this server has {TOOL_NAME})")
         channel = transport if ctx.request is None else "mcp-http"
         arguments = params.arguments if params.arguments is not None else {}
-        return await service.call_rendered(arguments, channel, result_content, _session_of(ctx, process_session))
+        try:
+            return await service.call_rendered(arguments, channel, result_content, _session_of(ctx, process_session))
+        except Overloaded as exc:  # a tool error the model can read and act on (HTTP says 429)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)
 
     async def list_resources(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
