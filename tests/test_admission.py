@@ -14,7 +14,7 @@ from conftest import make_settings
 from fakes import HashEmbedder
 
 import rag_core.lookup.query_transformer as query_transformer
-from rag_core.embedding._common import BaseEmbedder, EmbedDeadlineError
+from rag_core.embedding._common import BaseEmbedder, EmbedDeadlineError, EncodeGate
 from rag_core.ingest.pipeline import ingest
 from rag_core.lookup.admission import MAX_LEXICAL_TERMS, QueryWindow
 from rag_core.lookup.query_transformer import KnowledgeQueryTransformer
@@ -137,3 +137,28 @@ def test_a_query_past_its_wait_deadline_gets_an_honest_result_not_a_hang(tmp_pat
     busy.join(30)
     assert result.status in ("degraded", "error") and "busy for 0.2 s" in (result.retrieval_trace.error or "")
     assert model.order == ["hold on"]  # neither waiting query ran the model
+
+
+def test_with_two_slots_a_short_query_runs_beside_a_heavy_one_and_a_second_heavy_one_waits():
+    gate = EncodeGate(slots=2, heavy_slots=1)
+    release, events = threading.Event(), []
+
+    def encode(name: str, heavy: bool) -> None:
+        with gate.turn(0.0, heavy=heavy):
+            events.append(f"{name} runs")
+            if name == "heavy 1":
+                assert release.wait(30)
+        events.append(f"{name} done")
+
+    first = threading.Thread(target=encode, args=("heavy 1", True))
+    first.start()
+    _wait_until(lambda: events == ["heavy 1 runs"])
+    second = threading.Thread(target=encode, args=("heavy 2", True))
+    second.start()
+    _wait_until(lambda: len(gate._waiting) == 1)
+    encode("short", False)  # in this thread: returns while heavy 1 still holds its slot
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert events[:3] == ["heavy 1 runs", "short runs", "short done"]
+    assert events.index("heavy 2 runs") > events.index("heavy 1 done")

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import numpy as np
 
 from rag_core.embedding.base import Matrix, ModelIdentity, Vector, check_vectors, default_labels, fingerprint
 
-#: How much later than its arrival an encode queues per character it embeds (seconds): the
-#: cheapest waiting encode goes first, and a long one is not starved for ever (a 2,000-character
-#: query yields to the short ones arriving within 2 s of it, then runs).
-AGING_S_PER_CHAR = 1e-3
+#: How much later than its arrival an encode queues per token it embeds (seconds): the cheapest
+#: waiting encode goes first, and a long one is not starved for ever (a 512-token query yields to
+#: the short ones arriving within 1 s of it, then runs).
+AGING_S_PER_TOKEN = 2e-3
 #: Passage batches (ingest, title vectors) queue behind every query waiting.
 PASSAGE_DELAY_S = 3600.0
 
@@ -28,41 +27,60 @@ class EmbedDeadlineError(TimeoutError):
 
 
 class EncodeGate:
-    """Admits one encode at a time, the waiting encode with the earliest key first: ``arrival +
-    delay``, where the caller's ``delay`` grows with the encode's size. A FIFO lock made one
-    heavy query (or a passage batch) hold every short query behind it; here a short query
-    waits for at most the encode under way. One at a time because the CPU engines use every
-    core per encode (and not all are re-entrant)."""
+    """Admits at most ``slots`` encodes at once, of which at most ``heavy_slots`` heavy ones,
+    the waiting encode with the earliest key first: ``arrival + delay``, where the caller's
+    ``delay`` grows with the encode's size. A FIFO lock made one heavy query (or a passage
+    batch) hold every short query behind it; here a short query waits for at most the encodes
+    under way, and with more than one slot a heavy query never takes the last one."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 1, heavy_slots: int | None = None) -> None:
+        self.slots, self.heavy_slots = slots, heavy_slots if heavy_slots is not None else slots
         self._cond = threading.Condition()
-        self._waiting: list[tuple[float, int]] = []
-        self._busy = False
+        self._waiting: list[tuple[float, int, bool]] = []
+        self._running = self._heavy_running = 0
         self._seq = itertools.count()
 
+    def _may_start(self, entry: tuple[float, int, bool]) -> bool:
+        """True when ``entry`` gets a slot once every waiting encode before it that fits has one."""
+        free, heavy_free = self.slots - self._running, self.heavy_slots - self._heavy_running
+        for other in sorted(self._waiting):
+            if free <= 0:
+                return False
+            fits = not other[2] or heavy_free > 0
+            if other == entry:
+                return fits
+            if fits:
+                free, heavy_free = free - 1, heavy_free - other[2]
+        return False
+
+    @property
+    def running(self) -> int:
+        """Encodes holding a slot now."""
+        return self._running
+
     @contextmanager
-    def turn(self, delay_s: float, timeout_s: float | None = None) -> Iterator[None]:
-        """Hold the model inside the ``with`` block. Raises EmbedDeadlineError when the turn has
+    def turn(self, delay_s: float, timeout_s: float | None = None, heavy: bool = False) -> Iterator[None]:
+        """Hold a slot inside the ``with`` block. Raises EmbedDeadlineError when the turn has
         not come within ``timeout_s`` seconds (None: wait as long as it takes)."""
-        entry = (time.monotonic() + delay_s, next(self._seq))
+        entry = (time.monotonic() + delay_s, next(self._seq), heavy)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
-            heapq.heappush(self._waiting, entry)
-            while self._busy or self._waiting[0] != entry:
+            self._waiting.append(entry)
+            while not self._may_start(entry):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     self._waiting.remove(entry)
-                    heapq.heapify(self._waiting)
                     self._cond.notify_all()
                     raise EmbedDeadlineError(f"the embedding model stayed busy for {timeout_s:g} s")
                 self._cond.wait(left)
-            heapq.heappop(self._waiting)
-            self._busy = True
+            self._waiting.remove(entry)
+            self._running, self._heavy_running = self._running + 1, self._heavy_running + heavy
+            self._cond.notify_all()  # a further slot may be free for the next one
         try:
             yield
         finally:
             with self._cond:
-                self._busy = False
+                self._running, self._heavy_running = self._running - 1, self._heavy_running - heavy
                 self._cond.notify_all()
 
 
@@ -71,7 +89,8 @@ class BaseEmbedder(ABC):
 
     Subclasses give ``backend``, ``model_id``, ``dimension``, ``max_tokens``, ``count_tokens``,
     ``_settings()`` (what goes into the fingerprint) and ``_encode(texts, is_query)``. Calls go
-    through one :class:`EncodeGate`: short queries first, passage batches last; a query that
+    through one :class:`EncodeGate` (one slot unless a backend runs encodes side by side):
+    short queries first, passage batches last; a query that
     waits longer than ``query_wait_s`` (None: no limit; ``RAG_QUERY_EMBED_WAIT_S`` through the
     factory) raises EmbedDeadlineError, which the lookup answers as a failed L1 search.
     """
@@ -83,8 +102,11 @@ class BaseEmbedder(ABC):
         self.query_wait_s: float | None = None
         self._gate = EncodeGate()
 
-    def _query_turn(self, texts: Sequence[str]) -> Any:
-        return self._gate.turn(AGING_S_PER_CHAR * sum(map(len, texts)), self.query_wait_s)
+    def _query_turn(self, texts: Sequence[str]) -> AbstractContextManager[None]:
+        """The gate's turn for a query encode of ``texts``: its cost is their tokens, heavy past
+        a quarter of the model's window."""
+        tokens = sum(map(self.count_tokens, texts))
+        return self._gate.turn(AGING_S_PER_TOKEN * tokens, self.query_wait_s, tokens > self.max_tokens // 4)
 
     @property
     @abstractmethod
