@@ -10,7 +10,8 @@ golden cases), Chinese questions (the Chinese golden cases) and short questions 
 An agent told to back off (HTTP 429, MCP "overloaded" tool error) waits the Retry-After it was
 given. Per cell: answered calls per second, p50/p95/p99 ms of the normal queries, p50 of the
 maximum-size ones, errors (anything but an answer or a deliberate refusal: a non-200, a
-``status="error"`` result), refusals, and trace rows against answered calls. At the largest agent
+``status="error"`` result), refusals, and trace rows against answered calls (error results
+included: they are answers, and traced). At the largest agent
 count the stage times of the trace rows say where the time goes.
 
     python -m bench.serving_load [--seconds 4] [--agents 1,4,16,64]
@@ -46,7 +47,8 @@ from rag_core.traces.recorder import ToolInvocationRecorder
 
 AGENTS = (1, 4, 16, 64)
 MAX_SIZE_SHARE = 0.05
-#: An answer: "ok" (with its latency), "refused" (429 / overloaded, with the seconds to wait) or "error".
+#: "ok", "error" (a ``status="error"`` result: answered and traced), "failed" (no result: a non-200
+#: HTTP status other than 429) or "refused" (429 / overloaded), with the seconds to wait when refused.
 Outcome = tuple[str, float]
 
 
@@ -92,11 +94,12 @@ class Cell:
     normal_ms: list[float] = field(default_factory=list)
     max_ms: list[float] = field(default_factory=list)
     errors: int = 0
+    failed: int = 0
     refused: int = 0
     trace_rows: int = 0
 
     def row(self, way: str, agents: int) -> list[Any]:
-        answered = len(self.normal_ms) + len(self.max_ms)
+        answered = len(self.normal_ms) + len(self.max_ms) + self.errors
         s, m = summarize(self.normal_ms), summarize(self.max_ms)
         return [
             agents,
@@ -104,7 +107,7 @@ class Cell:
             f"{answered / self.seconds:.1f}",
             f"{s['p50']} / {s['p95']} / {s['p99']}",
             m["p50"],
-            self.errors,
+            self.errors + self.failed,
             self.refused,
             f"{self.trace_rows} / {answered}",
         ]
@@ -124,15 +127,20 @@ async def _agents(
             big = rng.random() < MAX_SIZE_SHARE
             query = biggest if big else rng.choice(normal)
             start = time.perf_counter()
-            kind, value = await call(i, query)
+            try:
+                kind, value = await call(i, query)
+            except Exception:  # a transport failure counts, and the agent goes on
+                kind, value = "failed", 0.0
             ms = (time.perf_counter() - start) * 1000
             if kind == "ok":
                 (cell.max_ms if big else cell.normal_ms).append(ms)
             elif kind == "refused":
                 cell.refused += 1
                 await asyncio.sleep(min(value, max(stop - time.monotonic(), 0)))
-            else:
+            elif kind == "error":
                 cell.errors += 1
+            else:
+                cell.failed += 1
 
     await asyncio.gather(*(agent(i) for i in range(agents)))
     cell.seconds = time.monotonic() - began  # calls under way at the stop are waited for
@@ -181,8 +189,9 @@ async def _callers(
         response = await http.post("/v1/lookup", content=body, headers={"content-type": "application/json"})
         if response.status_code == 429:
             return "refused", float(response.headers.get("retry-after", retry_s))
-        ok = response.status_code == 200 and response.json()["status"] != "error"
-        return ("ok", 0.0) if ok else ("error", 0.0)
+        if response.status_code != 200:
+            return "failed", 0.0
+        return ("error", 0.0) if response.json()["status"] == "error" else ("ok", 0.0)
 
     async def over_mcp(agent: int, query: str) -> Outcome:
         answer = await sessions[agent].call_tool("lookup_knowledge", {"query": query})
