@@ -159,15 +159,16 @@ class LookupKnowledgeTool(LookupComponents):
         return result, tq, outcome.candidates, second
 
     def _query_window(self) -> QueryWindow | None:
-        """The embedding model's query window (admission by its tokens); None when L1 is off or
-        the model does not load (L0 still answers; the retrieval records the load error)."""
+        """The embedding model's query window (admission by its tokens); None when L1 is off, or
+        the model does not load or tells no window (L0 still answers; the retrieval records a
+        load error)."""
         if not self.settings.l1_enabled:
             return None
         try:
             embedder = self.embedder
+            return QueryWindow(embedder.max_tokens, embedder.count_tokens)
         except Exception:
             return None
-        return QueryWindow(embedder.max_tokens, embedder.count_tokens)
 
     def _retrieve(self, tq: TransformedQuery, timings: StageTimings) -> tuple[RetrievalOutcome, SidecarStatus]:
         """L1 on the main store (the sidecar beside it), guarded by :class:`IndexGuard`."""

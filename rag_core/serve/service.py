@@ -112,14 +112,14 @@ class Overloaded(Exception):
 
 def in_flight_limit(configured: int) -> int:
     """``RAG_SERVE_MAX_IN_FLIGHT``, 0 meaning one per CPU core: lookups share one embedding model
-    that uses every core, so more in flight only wait longer (bench/serving_load.py: at 4 in
-    flight on 2 cores the normal p50 was 3.4x its one-agent value)."""
+    that uses every core, so more in flight only wait longer (bench/serving_load.py, one encode
+    at a time: at 4 in flight on 2 cores the normal p50 was 3.4x its one-agent value)."""
     return configured or os.cpu_count() or 1
 
 
 class LookupService:
     """``LookupService(tool)``: the served tool. ``await call(arguments, transport)`` returns the
-    tool's ``LookupResult`` (never raises); ``start()`` loads the model and stores (``ready``
+    tool's ``LookupResult`` (raises only :class:`Overloaded`); ``start()`` loads the model and stores (``ready``
     until then False); ``drain(timeout)`` waits for in-flight calls; ``close()`` closes the tool
     (its recorder flushes the trace queue, spooling what the store cannot take). At most
     ``max_in_flight`` calls run or queue at once: one more raises :class:`Overloaded`."""
