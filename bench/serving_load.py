@@ -226,6 +226,7 @@ def run(seconds: float = 4.0, agent_counts: tuple[int, ...] = AGENTS) -> dict[st
         normal, _ = query_mix(settings.serve_max_query_chars)
         tool = ingested_tool(settings, make_embedder(settings), recorder, normal)  # warm: not counted
         server, thread, base = _serve(tool)
+        # getattr: the same bench runs on code from before the setting (the "before" figures)
         retry_s = float(getattr(settings, "serve_retry_after_s", 1))
         try:
             load_before = os.getloadavg()[0]
