@@ -246,4 +246,5 @@ class LookupResultAssembler:
             retrieved_domains_this_session=session_domains,
             message=message,
             status=status,
+            query_truncated=trace.query_truncated,
         )

@@ -137,6 +137,9 @@ class LookupResult(CamelModel):
     retrieved_domains_this_session: list[str]
     message: str
     status: Status = "ok"
+    #: Part of the query was left out: past RAG_MAX_QUERY_CHARS, or past the embedding model's
+    #: query window in tokens (rag_core.lookup.admission); ``retrievalTrace.queryTruncated`` too.
+    query_truncated: bool = False
 
     @computed_field  # type: ignore[prop-decorator]
     @property
