@@ -226,7 +226,7 @@ class RagSettings(BaseSettings):
         ge=0,
         le=10_000,
         description="Lookups `rag serve` runs or queues at once; past it HTTP answers 429 with Retry-After and "
-        "MCP a tool error (0 = one per CPU core: more only queue behind the shared embedding model)",
+        "MCP a tool error (0 = 8 per CPU core: a bound on the queue behind the shared embedding model)",
     )
     serve_retry_after_s: int = Field(
         1, ge=1, le=3600, description="Seconds a refused (over-limit) caller is told to wait (Retry-After)"

@@ -131,6 +131,9 @@ def check_arguments(arguments: object, max_query_chars: int) -> CallArguments | 
     return CallArguments(raw, session_id)
 
 
+IN_FLIGHT_PER_CORE = 8
+
+
 class Overloaded(Exception):
     """A call refused because ``limit`` lookups are already in flight (``RAG_SERVE_MAX_IN_FLIGHT``);
     the caller should retry after ``retry_after_s`` seconds. Nothing was looked up or traced."""
@@ -143,10 +146,11 @@ class Overloaded(Exception):
 
 
 def in_flight_limit(configured: int) -> int:
-    """``RAG_SERVE_MAX_IN_FLIGHT``, 0 meaning one per CPU core: lookups share one embedding model
-    that uses every core, so more in flight only wait longer (bench/serving_load.py, one encode
-    at a time: at 4 in flight on 2 cores the normal p50 was 3.4x its one-agent value)."""
-    return configured or os.cpu_count() or 1
+    """``RAG_SERVE_MAX_IN_FLIGHT``, 0 meaning ``IN_FLIGHT_PER_CORE`` per CPU core. It bounds the
+    queue, not the parallelism (the embedder's gate runs one encode per core): a normal lookup
+    takes 50-100 ms of model time, so 8 queued per core wait under about a second, while one per
+    core refused the third of four concurrent agents on 2 cores."""
+    return configured or IN_FLIGHT_PER_CORE * (os.cpu_count() or 1)
 
 
 class LookupService:
