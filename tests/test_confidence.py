@@ -41,7 +41,7 @@ def _entry(doc: str, final: float, rank: int, **contrib: float) -> RerankEntry:
 
 
 def _pair(weights: list[float], bias: float) -> PairModel:
-    return PairModel(np.zeros(N), np.ones(N), np.array(weights, dtype=float), bias, np.zeros(0), np.zeros(0))
+    return PairModel(np.zeros(N), np.ones(N), np.array(weights, dtype=float), bias)
 
 
 def _similarity_model(slope: float, bias: float) -> ConfidenceModel:
@@ -85,16 +85,15 @@ def test_signals_read_the_top_block_and_its_rerank_entry():
         signals([], [], L0Hints())
 
 
-def test_pair_model_is_a_standardised_logistic_then_isotonic_map():
+def test_pair_model_is_a_standardised_logistic():
     x = np.arange(N, dtype=float)
     mean, scale, w = np.full(N, 1.0), np.full(N, 2.0), np.linspace(-0.5, 0.5, N)
-    plain = PairModel(mean, scale, w, 0.3, np.zeros(0), np.zeros(0))
+    model = PairModel(mean, scale, w, 0.3)
     expected = 1 / (1 + math.exp(-(float(np.dot(w, (x - 1.0) / 2.0)) + 0.3)))
-    assert plain.probability(x) == pytest.approx(expected)
-    mapped = PairModel(mean, scale, w, 0.3, np.array([0.0, 1.0]), np.array([0.2, 0.4]))
-    assert mapped.probability(x) == pytest.approx(0.2 + 0.2 * expected)
-    again = PairModel.from_json(json.loads(json.dumps(mapped.to_json())))
-    assert again.probability(x) == pytest.approx(mapped.probability(x), abs=1e-5)
+    assert model.probability(x) == pytest.approx(expected)
+    assert model.contributions(x).sum() + 0.3 == pytest.approx(math.log(expected / (1 - expected)))
+    again = PairModel.from_json(json.loads(json.dumps(model.to_json())))
+    assert again.probability(x) == pytest.approx(model.probability(x), abs=1e-5)
 
 
 def test_language_pair_picks_its_model_and_falls_back_to_pooled():

@@ -109,14 +109,15 @@ def test_suite_rows_score_rank_and_claims():
     assert row["before"]["answerable_claimed"] == 2 and row["before"]["claimed_top1_right"] == 1
 
 
-def test_subsample_keeps_titles_and_one_variant_per_document(tmp_path):
+def test_subsample_keeps_one_variant_per_section_and_caps_each_index(tmp_path):
     items = [
         KnownItem(f"en:a.md:{h}:{k}", f"{h} {k}", "a.md", "en", "en", "en", k, h)
         for h in ("Meaning", "Impact")
         for k in ("section", "typo")
     ] + [KnownItem("en:a.md:title", "a", "a.md", "en", "en", "en", "title")]
     picked = subsample(items)
-    assert len(picked) == 2 and [i.kind for i in picked].count("title") == 1 and subsample(items) == picked
+    assert sorted(i.heading for i in picked) == ["", "Impact", "Meaning"] and subsample(items) == picked
+    assert len(subsample(items, per_index=2)) == 2
     for name in ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j"):
         (tmp_path / f"{name}.md").write_text("x", encoding="utf-8")
     held = held_out_docs(tmp_path, share=0.5)

@@ -275,7 +275,10 @@ def test_document_similarity_uses_the_stores_centroids_unless_the_store_failed_t
 
 def test_relevance_levels(make_tool):
     tool = make_tool()
-    assert tool.lookup("RedisMemoryHigh alert: redis memory above 90%").relevance_level == RelevanceLevel.PRECISE
+    # Calibrated levels (rag_core.lookup.confidence): the named runbook first is claimed, not WEAK.
+    named = tool.lookup("RedisMemoryHigh alert: redis memory above 90%")
+    assert named.relevance_level in (RelevanceLevel.PRECISE, RelevanceLevel.RELEVANT)
+    assert named.evidence_blocks[0].doc_id == "cache/RedisMemoryHigh.md" and named.confidence >= 0.8
     assert tool.lookup("qwzx plorb vvvt").relevance_level in (RelevanceLevel.WEAK, RelevanceLevel.NONE)
 
 

@@ -29,7 +29,7 @@ from rag_core.evaluation.reports import (
     write_baseline_report,
     write_comparison_report,
 )
-from rag_core.model_profiles import PROFILES_PATH, model_profile, write_profile
+from rag_core.model_profiles import PROFILES_PATH, model_profile, profile_key, write_profile
 
 __all__ = ["eval_app"]
 
@@ -409,7 +409,7 @@ def confidence_cmd(
     confidence = ccv.cross_validate(samples, seed=seed)
     rows = ccv.figures(samples, confidence)
     meta = {
-        "profile": f"{settings.embedding_backend}:{settings.embedding_model or ''}",
+        "profile": profile_key(settings.embedding_backend, settings.embedding_model),
         "ensemble_backend": settings.ensemble_backend,
         "fitted": datetime.now(UTC).strftime("%Y-%m-%d"),
         "by": "rag eval confidence --fit",

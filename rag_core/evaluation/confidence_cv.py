@@ -5,24 +5,24 @@ Data (one :class:`Sample` per query, through the real lookup pipeline on in-memo
 :func:`rag_core.evaluation.cv.in_memory_tool`):
 
 - **answerable**: the known-item queries of :mod:`rag_core.evaluation.known_items` (every kind,
-  both languages and the cross-lingual ones), label 1 when the top evidence block is the
-  expected document, else 0;
+  both languages and the cross-lingual ones; :func:`subsample`: at most :data:`PER_INDEX` per
+  index), label 1 when the top evidence block is the expected document, else 0;
 - **held out**: the documents whose stable hash falls in :data:`HOLDOUT_SHARE` are removed from a
-  copy of each corpus, and their known items asked on it become questions with no answer
-  (label 0): near misses by construction (same style, same domain, the answer just absent);
+  copy of each corpus, and (up to :data:`HELD_OUT_PER_CORPUS` of) their known items asked on it
+  become questions with no answer (label 0): near misses by construction (same style, same
+  domain, the answer just absent);
 - **written**: the unanswerable golden cases over the runbook corpora (``golden/unanswerable``;
   label 0).
 
 Fit (scikit-learn): per language pair (query script -> top block script) with at least
 :data:`MIN_PER_CLASS` samples of each label, else the pooled model: a standardised L2 logistic
-regression over :data:`~rag_core.lookup.confidence.SIGNALS` (Platt-style, multivariate),
-then an isotonic regression of its out-of-fold probabilities (Zadrozny & Elkan 2002) on the
-training part, so the bands' floors hold. Judged by :data:`FOLDS`-fold ``GroupKFold`` by
-document (a held-out document's answerable and unanswerable queries stay in one fold; a
-written case is its own group): expected calibration error per query language, per band the
-top-1 precision, unanswerable labelled PRECISE/RELEVANT and ``found``, and the share of
-answerable queries labelled PRECISE/RELEVANT, beside the same figures for the levels the
-pipeline gave before (similarity thresholds) on the same queries.
+regression over :data:`~rag_core.lookup.confidence.SIGNALS` (Platt scaling, multivariate; an
+isotonic map on top was tried and calibrated no better on this little data). Judged by
+:data:`FOLDS`-fold ``GroupKFold`` by document (a held-out document's answerable and
+unanswerable queries stay in one fold; a written case is its own group): expected calibration
+error per query language, per band the top-1 precision, unanswerable labelled PRECISE/RELEVANT
+and ``found``, and the share of answerable queries labelled PRECISE/RELEVANT, beside the same
+figures for the levels the pipeline gave before (similarity thresholds) on the same queries.
 
 Needs scikit-learn (the ``cv`` extra); the JSON it writes needs only NumPy.
 """
@@ -168,7 +168,7 @@ def _sample(tool: Any, item_id: str, query: str, expected: Sequence[str], **kw: 
 def _run(
     name: str,
     knowledge: Path,
-    jobs: list[tuple[str, str, Sequence[str], dict[str, Any]]],
+    jobs: Sequence[tuple[str, str, Sequence[str], Mapping[str, Any]]],
     base: RagSettings,
     root: Path,
     shared: dict[str, Any],
@@ -299,46 +299,24 @@ def suite_rows(suites: Mapping[str, Sequence[Sample]], model: ConfidenceModel) -
     return rows
 
 
-def fit_pair(
-    x: np.ndarray,
-    y: np.ndarray,
-    iso_x: np.ndarray | None = None,
-    iso_p: np.ndarray | None = None,
-    iso_y: np.ndarray | None = None,
-) -> PairModel:
-    """A :class:`PairModel`: logistic regression on standardised ``x``; the isotonic map is
-    fitted on (``iso_p`` probabilities, ``iso_y`` labels) when given (out-of-fold predictions)."""
-    from sklearn.isotonic import IsotonicRegression
+def fit_pair(x: np.ndarray, y: np.ndarray) -> PairModel:
+    """A :class:`PairModel`: L2 logistic regression (``C``) on ``x`` standardised."""
     from sklearn.linear_model import LogisticRegression
 
     mean = x.mean(axis=0)
     scale = x.std(axis=0)
     scale[scale < 1e-9] = 1.0
     lr = LogisticRegression(C=C, max_iter=2000).fit((x - mean) / scale, y)
-    model = PairModel(mean, scale, lr.coef_[0].astype(np.float64), float(lr.intercept_[0]), np.zeros(0), np.zeros(0))
-    if iso_p is not None and iso_y is not None and len(np.unique(iso_y)) == 2:
-        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(iso_p, iso_y)
-        model = PairModel(mean, scale, model.weights, model.bias, iso.X_thresholds_, iso.y_thresholds_)
-    return model
+    return PairModel(mean, scale, lr.coef_[0].astype(np.float64), float(lr.intercept_[0]))
 
 
-def _fit_models(samples: Sequence[Sample], inner_folds: int = 3) -> tuple[dict[str, PairModel], PairModel]:
-    """Pair models and the pooled one on ``samples`` (with signals), each with an isotonic map
-    from inner ``GroupKFold`` out-of-fold probabilities."""
-    from sklearn.model_selection import GroupKFold
+def _fit_models(samples: Sequence[Sample]) -> tuple[dict[str, PairModel], PairModel]:
+    """Pair models (pairs with ``MIN_PER_CLASS`` samples of each label) and the pooled one on
+    ``samples`` with signals."""
 
     def one(chosen: Sequence[Sample]) -> PairModel:
         x = np.vstack([s.x for s in chosen if s.x is not None])
-        y = np.array([s.label for s in chosen])
-        groups = [s.group for s in chosen]
-        oof = np.zeros(len(chosen))
-        for train, test in GroupKFold(n_splits=inner_folds).split(x, y, groups):
-            if len(np.unique(y[train])) < 2:
-                oof[test] = y[train].mean()
-                continue
-            m = fit_pair(x[train], y[train])
-            oof[test] = [m.probability(row) for row in x[test]]
-        return fit_pair(x, y, iso_p=oof, iso_y=y)
+        return fit_pair(x, np.array([s.label for s in chosen]))
 
     usable = [s for s in samples if s.x is not None]
     pairs = {}
@@ -402,7 +380,7 @@ def figures(samples: Sequence[Sample], confidence: np.ndarray) -> list[dict[str,
                 "unanswerable_found": sum(found[i] for i in una),
             }
         cal = [i for i in m if not np.isnan(confidence[i])]
-        row["ece"] = expected_calibration_error([confidence[i] for i in cal], [samples[i].label for i in cal])
+        row["ece"] = expected_calibration_error([confidence[i] for i in cal], [bool(samples[i].label) for i in cal])
         row["calibrated_n"] = len(cal)
         row["reliability"] = [
             b.model_dump()

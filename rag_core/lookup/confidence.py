@@ -1,9 +1,9 @@
 """The calibrated ``confidence`` of a lookup and the relevance bands it sets (issue 43).
 
-``confidence`` is the estimated probability that the top evidence block answers the query. It is
-a logistic model over the rerank signals of the top block (:data:`SIGNALS`, :func:`signals`),
-one per embedding-model profile and language pair (query script -> top block script, e.g.
-``cjk->latin``), fitted and cross-validated by ``rag eval calibrate --confidence``
+``confidence`` is the estimated probability that the top evidence block answers the query: a
+logistic model (Platt scaling over several signals) of the top block's rerank signals
+(:data:`SIGNALS`, :func:`signals`), one per embedding-model profile and language pair (query
+script -> top block script, e.g. ``cjk->latin``), fitted and cross-validated by ``rag eval confidence``
 (:mod:`rag_core.evaluation.confidence_cv`, scikit-learn) and stored as JSON under
 ``rag_core/lookup/calibration/``; inference here is NumPy only. Where no file fits the models in
 use, there is no confidence (None) and the similarity thresholds of ``assess_relevance`` set
@@ -111,16 +111,13 @@ def band(confidence: float) -> RelevanceLevel:
 
 @dataclass(frozen=True)
 class PairModel:
-    """One language pair's model: standardise by ``mean`` / ``scale``, logit = ``weights`` .
-    z + ``bias``, probability = sigmoid(logit), then the isotonic map (``iso_x`` -> ``iso_y``,
-    piecewise linear; empty: none)."""
+    """One language pair's model (Platt-style logistic): standardise by ``mean`` / ``scale``,
+    logit = ``weights`` . z + ``bias``, probability = sigmoid(logit)."""
 
     mean: np.ndarray
     scale: np.ndarray
     weights: np.ndarray
     bias: float
-    iso_x: np.ndarray
-    iso_y: np.ndarray
 
     def contributions(self, x: np.ndarray) -> np.ndarray:
         """Per-signal logit contributions of ``x`` (positive: raised the confidence)."""
@@ -129,30 +126,16 @@ class PairModel:
     def probability(self, x: np.ndarray) -> float:
         """The calibrated probability of signals ``x``, in [0, 1]."""
         logit = float(self.contributions(x).sum()) + self.bias
-        p = 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, logit))))
-        if len(self.iso_x):
-            p = float(np.interp(p, self.iso_x, self.iso_y))
-        return min(1.0, max(0.0, p))
+        return 1.0 / (1.0 + math.exp(-max(-50.0, min(50.0, logit))))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PairModel:
-        iso = data.get("isotonic") or {"x": [], "y": []}
-        return cls(
-            mean=np.array(data["mean"], dtype=np.float64),
-            scale=np.array(data["scale"], dtype=np.float64),
-            weights=np.array(data["weights"], dtype=np.float64),
-            bias=float(data["bias"]),
-            iso_x=np.array(iso["x"], dtype=np.float64),
-            iso_y=np.array(iso["y"], dtype=np.float64),
-        )
+        return cls(*(np.array(data[k], dtype=np.float64) for k in ("mean", "scale", "weights")), float(data["bias"]))
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "mean": [round(float(v), 6) for v in self.mean],
-            "scale": [round(float(v), 6) for v in self.scale],
-            "weights": [round(float(v), 6) for v in self.weights],
+            **{k: [round(float(v), 6) for v in getattr(self, k)] for k in ("mean", "scale", "weights")},
             "bias": round(self.bias, 6),
-            "isotonic": {"x": [round(float(v), 6) for v in self.iso_x], "y": [round(float(v), 6) for v in self.iso_y]},
         }
 
 
