@@ -398,7 +398,7 @@ def confidence_cmd(
         raise _fail("no corpus: the runbook suites' corpora in ../shared are missing")
     settings = settings_or_exit()
     root = cache or settings.data_dir / "cv"
-    items = ccv.subsample(generate(corpora, seed), seed)
+    items = ccv.subsample(generate(corpora, seed), seed=seed)
     by_dir = {s.knowledge_dir.resolve(): s for s in load_suites() if s.name.endswith("-unanswerable")}
     written = {
         lang: [c for c in load_cases(by_dir[p.resolve()].cases) if c.unanswerable]

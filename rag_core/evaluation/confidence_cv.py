@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 FOLDS = 5
 HOLDOUT_SHARE = 0.2
-PER_INDEX = 30  # known items per index (subsample)
+PER_INDEX = 25  # known items per index (subsample)
 HELD_OUT_PER_CORPUS = 25  # held-out-document queries per corpus
 MIN_PER_CLASS = 40
 C = 1.0
@@ -91,7 +91,7 @@ class Sample:
     x: np.ndarray | None
     level_before: str
     found_before: bool
-    #: The doc ranking (evidence blocks, then the other candidates' docs); () in older caches.
+    #: The doc ranking (evidence blocks, then the other candidates' docs).
     ranking: tuple[str, ...] = ()
     expected: tuple[str, ...] = ()
 
