@@ -130,7 +130,8 @@ class PairModel:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PairModel:
-        return cls(*(np.array(data[k], dtype=np.float64) for k in ("mean", "scale", "weights")), float(data["bias"]))
+        mean, scale, weights = (np.array(data[k], dtype=np.float64) for k in ("mean", "scale", "weights"))
+        return cls(mean, scale, weights, float(data["bias"]))
 
     def to_json(self) -> dict[str, Any]:
         return {
