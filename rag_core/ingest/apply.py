@@ -14,7 +14,7 @@ Documents the embed stage skipped (a bad vector) keep their stored chunks (not a
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from types import TracebackType
 
@@ -124,9 +124,18 @@ class StoreWriter:
     left incomplete) is filled batch by batch inside one ``VectorStore.rebuild()``, swapped in when
     the context exits normally and discarded on an exception (Ctrl-C, a full disk): the previous
     index stays served. A new store carries the incomplete marker until ``finish``.
+    ``before_write(store name)`` runs once before the first write into a served (not fresh) index:
+    the caller records there that the apply is under way (``index_state.mark_apply_started``).
     """
 
-    def __init__(self, store: VectorStore, state: StoreState, identity: ModelIdentity, rebuild: bool) -> None:
+    def __init__(
+        self,
+        store: VectorStore,
+        state: StoreState,
+        identity: ModelIdentity,
+        rebuild: bool,
+        before_write: Callable[[str], None] | None = None,
+    ) -> None:
         recorded = state.recorded
         self.store, self.identity = store, identity
         self.drop = rebuild or (recorded is not None and recorded.dimension != identity.dimension)
@@ -136,6 +145,7 @@ class StoreWriter:
         self._digest, self._planned_rows = state.digest(), len(state.held)
         self._stack = ExitStack()
         self._target: VectorStore | None = None
+        self._before_write = before_write
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -155,6 +165,8 @@ class StoreWriter:
                 f"planned against {self._planned_rows}; another ingest wrote in between): nothing written, "
                 "plan again"
             )
+        if not self.fresh and self._before_write is not None:
+            self._before_write(self.store.name)
         target = self._stack.enter_context(self.store.rebuild()) if self.fresh else self.store
         target.ensure_schema(self.identity.dimension)
         if self.fresh or self.recorded != self.identity:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,8 +188,10 @@ def plan_ingest(
     prune: bool = False,
     max_remove_share: float = 0.5,
     unavailable: Mapping[str, str] | None = None,
+    rewrite: Collection[str] = (),
 ) -> IngestPlan:
-    """The ``IngestPlan`` bringing each store of ``states`` in step with ``chunked``.
+    """The ``IngestPlan`` bringing each store of ``states`` in step with ``chunked``; a store
+    named in ``rewrite`` (left part-written by a fault) is planned whole, as in a rebuild.
 
     Raises IngestRefusedError when the scan found no document, or a store would lose more
     than ``max_remove_share`` of its documents, unless ``prune``. Documents that failed to load
@@ -206,7 +208,7 @@ def plan_ingest(
             max_remove_share,
         )
     protected = {i.path for i in skipped}
-    stores = {s.name: plan_store(s, chunked.chunks, identity, protected, rebuild) for s in states}
+    stores = {s.name: plan_store(s, chunked.chunks, identity, protected, rebuild or s.name in rewrite) for s in states}
     return IngestPlan(
         str(scan.root),
         identity,
