@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SAMPLE_KNOWLEDGE_DIR, make_settings
-from fakes import HashEmbedder
+from fakes import HashEmbedder, HoldingStore
 
 from rag_core.health import check_health
 from rag_core.ingest.index_lock import IndexBusyError, index_lock
@@ -80,24 +80,6 @@ def test_rag_ingest_refused_is_one_line_exit_1(tmp_path, monkeypatch):
     assert res.exit_code == 1, res.output
     [line] = [ln for ln in res.output.replace("\n", " ").split("ingest failed:")[1:]]
     assert "dagster run 1234 step milvus_collection" in line and f"pid {os.getpid()}" in line
-
-
-class HoldingStore:
-    """A real store whose first upsert waits (up to ``timeout`` s) until ``release`` is set: the
-    ingest that writes it is mid-apply while another one starts."""
-
-    def __init__(self, inner, timeout: float = 120.0) -> None:
-        self.inner, self.timeout = inner, timeout
-        self.name, self.score_label = inner.name, inner.score_label
-        self.writing, self.release = threading.Event(), threading.Event()
-
-    def upsert(self, chunks, vectors):
-        self.writing.set()
-        self.release.wait(self.timeout)
-        self.inner.upsert(chunks, vectors)
-
-    def __getattr__(self, attr):
-        return getattr(self.inner, attr)
 
 
 @pytest.mark.integration  # the real model and the embedded Milvus server

@@ -109,8 +109,8 @@ def _left_behind(settings: RagSettings) -> str:
     if not stores:
         return ""
     return (
-        f"; {', '.join(stores)} now hold part of this run's changes until the next `rag ingest`, "
-        "which rewrites them whole from the embedding cache"
+        f"; the served index of {', '.join(stores)} now holds part of this run's changes until the next "
+        "`rag ingest`, which rewrites it whole from the embedding cache"
     )
 
 

@@ -58,7 +58,7 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     skipped = embeddings.skipped_documents
     upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
     delete = _deletions(store_plan, skipped)
-    if store_plan.drop or store_plan.model_changed:
+    if store_plan.drop or store_plan.rewrite:
         # Every chunk is written: into a new collection/table, swapped in whole when done.
         with store.rebuild() as fresh:
             _write(fresh, plan, None, upsert, [], embeddings)
@@ -126,6 +126,7 @@ class StoreWriter:
     index stays served. A new store carries the incomplete marker until ``finish``.
     ``before_write(store name)`` runs once before the first write into a served (not fresh) index:
     the caller records there that the apply is under way (``index_state.mark_apply_started``).
+    ``rewrite``: fresh although the model is the same (a store a faulted ingest left part-written).
     """
 
     def __init__(
@@ -135,11 +136,12 @@ class StoreWriter:
         identity: ModelIdentity,
         rebuild: bool,
         before_write: Callable[[str], None] | None = None,
+        rewrite: bool = False,
     ) -> None:
         recorded = state.recorded
         self.store, self.identity = store, identity
         self.drop = rebuild or (recorded is not None and recorded.dimension != identity.dimension)
-        self.fresh = self.drop or (recorded is not None and recorded != identity)
+        self.fresh = self.drop or rewrite or (recorded is not None and recorded != identity)
         self.recorded = recorded
         self.changes = StoreChanges()
         self._digest, self._planned_rows = state.digest(), len(state.held)

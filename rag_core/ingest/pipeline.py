@@ -239,7 +239,7 @@ def _ingest_locked(
             # Entered first, left last: the L0 index replaces the old one only after every store did.
             l0 = stack.enter_context(_L0Writer(settings.l0_index_path))
             writers = [
-                stack.enter_context(StoreWriter(st, s, run.identity, rebuild or st.name in rewrite, before_write))
+                stack.enter_context(StoreWriter(st, s, run.identity, rebuild, before_write, st.name in rewrite))
                 for st, s in zip(stores, states, strict=True)
             ]
             bar = stack.enter_context(_Progress(len(doc_ids), progress))
@@ -257,7 +257,7 @@ def _ingest_locked(
         ) from None
     for writer, store in zip(writers, stores, strict=True):
         report.stores[store.name] = writer.changes
-        if writer.fresh and not writer.drop and writer.recorded is not None:
+        if writer.fresh and not writer.drop and writer.recorded is not None and writer.recorded != run.identity:
             log.warning(
                 "%s was built with %s; re-embedding every chunk with %s",
                 store.name,
@@ -324,7 +324,7 @@ class _Run:
                 held = {cid: h for doc in batch_ids for cid, h in by_doc.pop(doc, {}).items()}
                 state = StoreState(name, held, recorded)
                 plans[name] = plan_store(
-                    state, chunked.chunks, self.identity, protected, self.rebuild or name in self.rewrite
+                    state, chunked.chunks, self.identity, protected, self.rebuild, name in self.rewrite
                 )
             plan = IngestPlan(
                 str(self.root),
