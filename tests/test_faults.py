@@ -632,7 +632,7 @@ class FaultRun:
         batch = apply_stage.UPSERT_BATCH
         apply_stage.UPSERT_BATCH = 8
         try:
-            self.ingest(stores=[DiskFullAfter(self.stores[0], ok=2), self.stores[1]])
+            self.ingest(stores=[DiskFullAfter(self.stores[0], ok=1), self.stores[1]])
             raised = "nothing"
         except OSError as exc:
             raised = f"OSError({exc.strerror})"
@@ -679,7 +679,7 @@ class FaultRun:
         )
         return self.emit(
             "row 10",
-            f"ENOSPC mid-batch in the 3rd Milvus upsert of an ingest changing {len(edited)} documents",
+            f"ENOSPC mid-batch in the 2nd Milvus upsert of an ingest changing {len(edited)} documents",
             did,
             lost,
             failed,

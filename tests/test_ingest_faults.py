@@ -74,7 +74,7 @@ def test_a_write_fault_mid_ingest_is_named_and_the_rerun_ranks_like_a_clean_buil
     change_corpus(kb_copy)
     monkeypatch.setattr(apply_stage, "UPSERT_BATCH", 4)
     with pytest.raises(OSError) as info:
-        ingest(settings, embedder, [DiskFullAfter(store, ok=2)], progress=False)
+        ingest(settings, embedder, [DiskFullAfter(store, ok=1)], progress=False)
     assert info.value.errno == errno.ENOSPC
     # Said: the store is recorded as part-written by this process, and the health check names it.
     assert pending_applies(settings)["milvus"]["pid"] == os.getpid()
