@@ -16,10 +16,10 @@ setup: $(STAMP)
 
 # torch: constraints.txt pins the CPU build that lies in the local wheel folder.
 $(STAMP): pyproject.toml constraints.txt requirements.lock
-	@echo "installing .[$(EXTRAS)] into $(VENV)"
+	@echo "installing .[$(EXTRAS)] into $(VENV) (quietly: 1-2 min with a warm pip cache)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q -U pip
-	$(VENV)/bin/pip install -c constraints.txt -c requirements.lock -e '.[$(EXTRAS)]'
+	$(VENV)/bin/pip install -q -c constraints.txt -c requirements.lock -e '.[$(EXTRAS)]'
 	touch $(STAMP)
 
 run: setup
@@ -33,13 +33,14 @@ test-sentence-transformers: setup
 	$(VENV)/bin/pip install -q -c constraints.txt -c requirements.lock -e '.[sentence-transformers]'
 	$(VENV)/bin/pytest -q -p no:cacheprovider -m sentence_transformers
 
+# dagster dev on the local instance; stops on Ctrl-C and on SIGTERM, also in the background.
 ui: setup
-	home=$${DAGSTER_HOME:-$(CURDIR)/.dagster_home}; mkdir -p $$home && [ -e $$home/dagster.yaml ] || cp dagster.local.yaml $$home/dagster.yaml; \
-	DAGSTER_HOME=$$home $(VENV)/bin/dagster dev -w workspace.yaml
+	$(PY) -m rag_assets.ui -w workspace.yaml
 
 bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.kb_scale $(KB_SCALE_ARGS)
+	$(PY) -m bench.messy_kb
 	$(PY) -m bench.serving_latency
 	$(PY) -m bench.dagster_embed
 

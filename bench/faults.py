@@ -20,7 +20,7 @@ from bench.common import RUNBOOKS, log, parse_command_line
 from rag_core.settings import PROJECT_ROOT
 
 TESTS = PROJECT_ROOT / "tests" / "test_faults.py"
-FAULTS = ("row1", "row2", "row5", "row6", "row7", "row8", "trace", "row9", "row10")
+FAULTS = ("row1", "row2", "row5", "row6", "row7", "row8", "trace", "filters", "row9", "row10")
 
 
 class FaultRows:

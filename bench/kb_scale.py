@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from functools import partial
@@ -207,9 +207,10 @@ class FastFakeEmbedder:
 
 
 class ThinStore:
-    """A ``VectorStore`` that keeps chunk ids, doc ids and hashes only (what planning reads), in
-    a SQLite file, so the ingest process's memory is the pipeline's, not a store's (a real store
-    holds its rows in its own server). ``rebuild`` fills a second file swapped in at the end."""
+    """A ``VectorStore`` that keeps chunk ids, doc ids and hashes only (what planning reads; and the
+    doc ids holding a centroid, without the vector), in a SQLite file, so the ingest process's
+    memory is the pipeline's, not a store's (a real store holds its rows in its own server).
+    ``rebuild`` fills a second file swapped in at the end."""
 
     name, score_label = "thin", "none"
 
@@ -218,6 +219,7 @@ class ThinStore:
         self.db = sqlite3.connect(self.path)
         self.db.execute("CREATE TABLE IF NOT EXISTS held (cid TEXT PRIMARY KEY, doc TEXT, hash TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS centroid (doc TEXT PRIMARY KEY)")  # which docs have one
 
     def ensure_schema(self, dim: int) -> None: ...
 
@@ -240,6 +242,17 @@ class ThinStore:
 
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM held").fetchone()[0])
+
+    def centroid_doc_ids(self) -> set[str]:
+        return {doc for (doc,) in self.db.execute("SELECT doc FROM centroid")}
+
+    def put_centroids(self, centroids: Mapping[str, np.ndarray]) -> None:
+        with self.db:
+            self.db.executemany("INSERT OR REPLACE INTO centroid VALUES (?)", [(d,) for d in centroids])
+
+    def delete_centroids(self, doc_ids: Sequence[str]) -> None:
+        with self.db:
+            self.db.executemany("DELETE FROM centroid WHERE doc = ?", [(d,) for d in doc_ids])
 
     def close(self) -> None:
         self.db.close()
@@ -848,7 +861,7 @@ def _lookup_lines(lk: dict[str, Any]) -> list[str]:
     ]
 
 
-API_HEAD = ("corpus", "rows", "store", "search", "centroid (document_vectors)", "BM25 (search_lexical)",
+API_HEAD = ("corpus", "rows", "store", "search", "centroid (document_centroids)", "BM25 (search_lexical)",
             "BM25 top-k at Milvus' k-th score", "server MB")  # fmt: skip
 
 

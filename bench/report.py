@@ -12,7 +12,7 @@ from functools import reduce
 from pathlib import Path
 from typing import Any
 
-from bench.cold_lookup import COLD_GOAL_S
+from bench.cold_lookup import COLD_GOAL_S, HELP_GOAL_S, STDIO_INITIALIZE_GOAL_MS
 from bench.common import RESULTS_DIR
 from bench.embed_throughput import summary_lines
 from bench.engine import BM25_P50_MAX_MS, LOOKUP_VS_FLOOR_MAX, LOOKUP_VS_PG_MAX
@@ -167,6 +167,13 @@ GOALS: tuple[Goal, ...] = (
          "<=", COLD_GOAL_S, ("cold_lookup",),
          _read("fresh `rag lookup` p50 {cold_s[p50]:2} s over {cold_s[n]} processes beside warm in-process p50 "
                "{warm_ms[p50]:1} ms ({cold_over_warm_p50:1}x)", "cold_s.p50"), lambda v: f"{v:.2f} s"),
+    Goal("cold_help", f"`rag --help` (fresh process) <= {HELP_GOAL_S:g} s", f"<= {HELP_GOAL_S:g} s", "<=", HELP_GOAL_S,
+         ("cold_lookup",), _read("fresh `rag --help` p50 {help_s[p50]:2} s over {help_s[n]} processes", "help_s.p50"),
+         lambda v: f"{v:.2f} s"),
+    Goal("stdio_initialize", f"`rag serve --stdio` answers initialize <= {STDIO_INITIALIZE_GOAL_MS:g} ms after start",
+         f"<= {STDIO_INITIALIZE_GOAL_MS:g} ms", "<=", STDIO_INITIALIZE_GOAL_MS, ("cold_lookup",),
+         _read("initialize p50 {stdio_initialize_ms[p50]:0} ms after process start, the first tools/call (warm-up "
+               "done) at {stdio_first_call_ms[p50]:0} ms", "stdio_initialize_ms.p50"), lambda v: f"{v:.0f} ms"),
     # issue 14 (bench/engine.py)
     *(Goal(f"engine_lookup_vs_{other}", f"Runbook lookup p50, Milvus path vs {label}", f"<= {limit}x", "<=", limit,
            ("latency", "vs_floor"), _read(f"Milvus {{milvus[p50]}} ms, {other} {{{other}[p50]}} ms",

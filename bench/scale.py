@@ -24,6 +24,7 @@ import numpy as np
 
 from bench.common import guarded, log, progress, ratio, server_memory, timed
 from bench.harness import Target, call_ms, measure, section
+from rag_core.ingest.centroids import centroid
 from rag_core.models import Chunk
 from rag_core.text import lexical_string
 
@@ -197,7 +198,7 @@ def store_entry(configs: list[dict[str, Any]], **more: Any) -> dict[str, Any]:
 
 def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]) -> dict[str, Any]:
     """The product calls on the first ``n`` queries, closing the store: ``store.search`` (latency,
-    recall, unfiltered and filtered), ``document_vectors`` of the top hits' documents (``centroid_ms``)
+    recall, unfiltered and filtered), ``document_centroids`` of the top hits' documents (``centroid_ms``)
     and ``search_lexical`` with ``terms`` (words per query; ``lexical_ms``, and ``lexical_scores``: each
     query's top-k BM25 scores, for ``_bm25_vs_milvus``)."""
     docs: list[list[str]] = []
@@ -209,7 +210,7 @@ def product_search(store: Any, ds: Dataset, k: int, n: int, terms: Sequence[str]
 
     with closing(store):
         out = measure_config("store.search", search, ds, k, single_queries=n)
-        out["centroid_ms"] = call_ms(store.document_vectors, docs[2::2], docs[:1])
+        out["centroid_ms"] = call_ms(store.document_centroids, docs[2::2], docs[:1])
         pairs = list(zip(terms, ds.Q, strict=False))[:n]
         lexical = Target("lexical", lambda _h, x: store.search_lexical(x[0].split(), x[1], k))
         timing = measure([lexical], pairs, warmup=pairs[:1])["lexical"]  # the timed calls' hits are the scores'
@@ -258,6 +259,15 @@ def rows_as_chunks(ds: Dataset, base: BaseData) -> list[Chunk]:
     ]
 
 
+def centroids_of(chunks: Sequence[Chunk], X: np.ndarray) -> dict[str, np.ndarray]:
+    """Doc id -> the centroid of its rows of ``X`` (chunk-id order), as ingest computes it."""
+    rows: dict[str, list[tuple[str, int]]] = {}
+    for i, c in enumerate(chunks):
+        rows.setdefault(c.doc_id, []).append((c.chunk_id, i))
+    found = {d: centroid(X[[i for _, i in sorted(pairs)]]) for d, pairs in rows.items()}
+    return {d: c for d, c in found.items() if c is not None}
+
+
 def bulk_load(store: Any, run: ScaleRun, sr: SizeRun, write: str, index: str, drop: bool = False) -> dict[str, float]:
     """Fill ``store`` (product schema; dropped first when ``drop``) by ``store.bulk_load``, closing it;
     the setup figures ``<write>_s``, ``<write>_rows_per_s`` and ``<index>_s``."""
@@ -265,7 +275,9 @@ def bulk_load(store: Any, run: ScaleRun, sr: SizeRun, write: str, index: str, dr
         if drop:
             store.drop()  # a table left by an interrupted run
         store.ensure_schema(sr.ds.X.shape[1])
-        done = store.bulk_load(rows_as_chunks(sr.ds, run.base), sr.ds.X)
+        chunks = rows_as_chunks(sr.ds, run.base)
+        done = store.bulk_load(chunks, sr.ds.X)
+        store.put_centroids(centroids_of(chunks, sr.ds.X))  # as ingest stores them (not timed)
     return {
         f"{write}_s": round(done.write_s, 2),
         f"{write}_rows_per_s": round(done.rows / done.write_s, 1),

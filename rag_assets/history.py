@@ -11,8 +11,9 @@ chart over the last 30 nights (``history-trend.png``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from datetime import UTC, datetime
+import hashlib
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,9 +33,18 @@ TREND_NIGHTS = 30
 EPSILON = 0.0005
 STORE_LABELS = {"milvus": "main (Milvus)", "pgvector": "sidecar (pgvector)"}
 
-Change = Literal["newly missed", "newly found", "rank worse", "rank better"]
+Change = Literal["newly missed", "newly found", "strong to medium", "medium to strong", "rank worse", "rank better"]
 #: Order of the changed-cases table: regressions first.
-CHANGE_ORDER: tuple[Change, ...] = ("newly missed", "rank worse", "newly found", "rank better")
+CHANGE_ORDER: tuple[Change, ...] = (
+    "newly missed",
+    "strong to medium",
+    "rank worse",
+    "newly found",
+    "medium to strong",
+    "rank better",
+)
+#: Changes that make a store's verdict at least "mixed" whatever its metrics did.
+_LOSSES = ("newly missed", "strong to medium")
 
 
 class HistoryError(ValueError):
@@ -42,10 +52,15 @@ class HistoryError(ValueError):
 
 
 class CaseState(BaseModel):
-    """One case on one night: hit level (strong/medium/miss/not_run), first-hit rank (1 = top)."""
+    """One case on one night: hit level (strong/medium/miss/not_run), first-hit rank (1 = top),
+    and what the morning view needs to say why it changed: the query, the expected docs and the
+    evaluator's failed checks (e.g. the expected keywords missing from the top evidence)."""
 
     hit_level: str
     first_hit_rank: int | None = None
+    query: str = ""
+    expected_docs: list[str] = Field(default_factory=list)
+    failed_checks: list[str] = Field(default_factory=list)
 
 
 class StoreNight(BaseModel):
@@ -67,13 +82,33 @@ class StoreNight(BaseModel):
 
 class NightRecord(VersionedFile):
     """One line of ``history.jsonl``: the UTC ``night`` (``YYYY-MM-DD``), when it was recorded,
-    the Dagster run, and each store's results (``stores``: store name -> its night)."""
+    the Dagster run, and each store's results (``stores``: store name -> its night).
+
+    ``kind``: ``nightly`` for a run of a daily partition (``night`` = the partition key; a re-run
+    of that partition replaces it), ``daytime`` for any other run (``night`` = the day it ran;
+    kept beside the nights, never replacing one). ``documents``: doc id -> fingerprint of its
+    chunks (``document_fingerprints``; empty when unknown), for what changed since the night before.
+    ``gate``: the regression gate's verdict on the main store (``PASS``, ``FAIL: <reasons>`` or
+    ``not compared: <why>``; None when unknown), ``publishing_blocked`` whether it kept the
+    reports from being published (the gate is a blocking check). ``load_average``: the machine's
+    1/5/15-minute load when recorded (``os.getloadavg``; the p95 latencies were measured under
+    it; None in lines written before it was kept)."""
 
     V1_NAMES = {"paths": "stores"}
     night: str
     recorded_at: str
     run_id: str | None = None
+    kind: Literal["nightly", "daytime"] = "nightly"
     stores: dict[str, StoreNight]
+    load_average: list[float] | None = None
+    documents: dict[str, str] = Field(default_factory=dict)
+    gate: str | None = None
+    publishing_blocked: bool = False
+
+    @property
+    def label(self) -> str:
+        """``2026-12-01``, or ``2026-12-01 daytime 14:05`` for a daytime run."""
+        return self.night if self.kind == "nightly" else f"{self.night} daytime {self.recorded_at[11:16]}"
 
 
 class CaseChange(BaseModel):
@@ -116,8 +151,53 @@ def store_night(report: EvaluationReport, fixtures: FixtureSet | None) -> StoreN
         miss=s.miss,
         not_run=s.not_run,
         latency_p95_ms=None if p95_ms is None else round(p95_ms, 2),
-        cases={c.case_id: CaseState(hit_level=c.hit_level, first_hit_rank=c.first_hit_rank) for c in report.cases},
+        cases={
+            c.case_id: CaseState(
+                hit_level=c.hit_level,
+                first_hit_rank=c.first_hit_rank,
+                query=c.query,
+                expected_docs=c.expected_docs,
+                failed_checks=c.failed_checks,
+            )
+            for c in report.cases
+        },
     )
+
+
+def document_fingerprints(chunks: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """Doc id -> a fingerprint of its chunks' content hashes, from ``(doc_id, content_hash)``
+    pairs (the ``chunks`` table): equal when the document's indexed content is equal."""
+    hashes: dict[str, list[str]] = {}
+    for doc_id, content_hash in chunks:
+        hashes.setdefault(doc_id, []).append(content_hash)
+    return {d: hashlib.sha256("\n".join(sorted(h)).encode()).hexdigest()[:16] for d, h in sorted(hashes.items())}
+
+
+def document_changes(before: NightRecord, after: NightRecord) -> dict[str, list[str]]:
+    """Doc ids ``added``, ``changed`` and ``removed`` from ``before`` to ``after`` (all empty
+    when either night did not record its documents)."""
+    old, new = before.documents, after.documents
+    if not old or not new:
+        return {"added": [], "changed": [], "removed": []}
+    return {
+        "added": sorted(new.keys() - old.keys()),
+        "changed": sorted(d for d in new.keys() & old.keys() if new[d] != old[d]),
+        "removed": sorted(old.keys() - new.keys()),
+    }
+
+
+def why(change: CaseChange, documents: Mapping[str, list[str]]) -> str:
+    """What happened to the case, in words: its expected document deleted or changed (from
+    ``documents``, ``document_changes``), and what the evaluator found (the failed checks of a
+    strong hit turned medium, the missing document of a miss, the rank move)."""
+    expected = change.after.expected_docs or change.before.expected_docs
+    parts = [f"document deleted: {d}" for d in expected if d in documents.get("removed", [])]
+    parts += [f"document changed: {d}" for d in expected if d in documents.get("changed", [])]
+    if change.change in ("strong to medium", "newly missed"):
+        parts += change.after.failed_checks
+    elif change.change.startswith("rank"):
+        parts.append(f"first hit at rank {change.before.first_hit_rank} -> {change.after.first_hit_rank}")
+    return "; ".join(parts)
 
 
 def night_of(report: EvaluationReport, now: datetime | None = None) -> str:
@@ -154,19 +234,36 @@ def load_history(path: Path) -> list[NightRecord]:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "line"
             raise HistoryError(f"{path}:{number}: not a night record ({where}: {first['msg']})") from None
-    return sorted(nights, key=lambda n: n.night)
+    return sorted(nights, key=_order)
+
+
+def _order(night: NightRecord) -> tuple[str, int, str]:
+    return night.night, night.kind != "nightly", night.recorded_at
 
 
 def append_night(path: Path, night: NightRecord) -> list[NightRecord]:
-    """Add ``night`` to the history file (replacing a record of the same night); returns the
-    nights, oldest first. The file is rewritten atomically."""
-    nights = [n for n in load_history(path) if n.night != night.night] + [night]
-    nights.sort(key=lambda n: n.night)
+    """Add ``night`` to the history file (a nightly record replaces the nightly record of the
+    same night; a daytime one is added); returns the records, oldest first (a day's nightly
+    record before its daytime runs). The file is rewritten atomically."""
+    kept = load_history(path)
+    if night.kind == "nightly":
+        kept = [n for n in kept if (n.night, n.kind) != (night.night, "nightly")]
+    nights = sorted([*kept, night], key=_order)
     write_text_atomic(path, "".join(n.model_dump_json() + "\n" for n in nights))
     return nights
 
 
 # --- comparing nights ------------------------------------------------------------------------
+
+
+def previous_of(nights: Sequence[NightRecord]) -> NightRecord | None:
+    """The record the latest one is compared with: for a nightly record the night before it
+    (daytime runs in between are skipped), for a daytime run the record before it."""
+    if len(nights) < 2:
+        return None
+    if nights[-1].kind == "daytime":
+        return nights[-2]
+    return next((n for n in reversed(nights[:-1]) if n.kind == "nightly"), None)
 
 
 def _found(state: CaseState) -> bool:
@@ -176,8 +273,9 @@ def _found(state: CaseState) -> bool:
 def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
     """Cases whose outcome changed from ``before`` to ``after`` on each store both nights ran.
 
-    newly missed: found (strong/medium) -> miss; newly found: miss -> found; rank worse /
-    better: found both nights with a different first-hit rank. not_run cases are left out.
+    newly missed: found (strong/medium) -> miss; newly found: miss -> found; strong to medium
+    (the document still ranks, the expected keywords or breadcrumb are gone) and back; rank
+    worse / better: found both nights with a different first-hit rank. not_run cases are left out.
     Sorted regressions first, then by store and case id.
     """
     changes = []
@@ -194,6 +292,10 @@ def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
                 change = "newly missed"
             elif old.hit_level == "miss" and _found(new):
                 change = "newly found"
+            elif (old.hit_level, new.hit_level) == ("strong", "medium"):
+                change = "strong to medium"
+            elif (old.hit_level, new.hit_level) == ("medium", "strong"):
+                change = "medium to strong"
             elif _found(old) and _found(new) and old.first_hit_rank != new.first_hit_rank:
                 worse = (new.first_hit_rank or 10**6) > (old.first_hit_rank or 10**6)
                 change = "rank worse" if worse else "rank better"
@@ -204,13 +306,36 @@ def case_changes(before: NightRecord, after: NightRecord) -> list[CaseChange]:
     return changes
 
 
+def grouped_changes(changes: Sequence[CaseChange]) -> list[tuple[Change, str, list[CaseChange]]]:
+    """``changes`` once per case and kind of change, with the store(s) it happened on, in
+    ``case_changes``' order: "2 newly missed" means two cases, whichever stores they are on."""
+    groups: dict[tuple[Change, str], list[CaseChange]] = {}
+    for c in changes:
+        groups.setdefault((c.change, c.case_id), []).append(c)
+    return [(change, case_id, group) for (change, case_id), group in groups.items()]
+
+
+def stores_named(group: Sequence[CaseChange]) -> str:
+    """The stores of one grouped change, as the report labels them (``main (Milvus), sidecar (pgvector)``)."""
+    return ", ".join(STORE_LABELS.get(c.store, c.store) for c in group)
+
+
+def outcomes(group: Sequence[CaseChange], when: Literal["before", "after"]) -> str:
+    """The case's outcome before or after, once when every store agrees, else per store."""
+    texts = {c.store: case_outcome(getattr(c, when)) for c in group}
+    if len(set(texts.values())) == 1:
+        return next(iter(texts.values()))
+    return "; ".join(f"{STORE_LABELS.get(store, store)}: {text}" for store, text in texts.items())
+
+
 def _delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
 
 
 def verdict(before: NightRecord | None, after: NightRecord, changes: Sequence[CaseChange]) -> dict[str, str]:
     """Per store: ``better``, ``worse``, ``mixed``, ``unchanged`` or ``first night`` (recall@5 and
-    MRR against the previous night; a newly missed case alone makes a store at least mixed)."""
+    MRR against the previous night; a newly missed case or a strong hit turned medium alone
+    makes a store at least mixed)."""
     out = {}
     for store, now in after.stores.items():
         then = before.stores.get(store) if before else None
@@ -223,7 +348,7 @@ def verdict(before: NightRecord | None, after: NightRecord, changes: Sequence[Ca
             if d is not None and abs(d) > EPSILON
         ]
         ups, downs = sum(d > 0 for d in deltas), sum(d < 0 for d in deltas)
-        missed = any(c.store == store and c.change == "newly missed" for c in changes)
+        missed = any(c.store == store and c.change in _LOSSES for c in changes)
         if downs and not ups:
             out[store] = "worse"
         elif ups and not downs:
@@ -255,15 +380,19 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     """``history.md``: verdict, the nights table (newest first, Δ against the night before),
     the changed cases, the trend chart. ``nights`` oldest first, at least one."""
     latest = nights[-1]
-    previous = nights[-2] if len(nights) > 1 else None
+    previous = previous_of(nights)
     changes = case_changes(previous, latest) if previous else []
     verdicts = verdict(previous, latest, changes)
-    against = f" against {previous.night}" if previous else " (no earlier night recorded)"
-    lines = [f"# Retrieval history: night {latest.night}{against}", ""]
+    against = f" against {previous.label}" if previous else " (no earlier night recorded)"
+    lines = [f"# Retrieval history: night {latest.label}{against}", ""]
     lines += [f"- **{STORE_LABELS.get(p, p)}: {v}**" for p, v in verdicts.items()]
-    counts = {c: sum(1 for x in changes if x.change == c) for c in CHANGE_ORDER}
+    if latest.gate is not None:
+        published = "publishing **blocked**" if latest.publishing_blocked else "reports published"
+        lines.append(f"- Gate against the stored baseline: **{latest.gate}**; {published}")
+    grouped = grouped_changes(changes)
+    counts = {c: sum(1 for change, _, _ in grouped if change == c) for c in CHANGE_ORDER}
     lines += [
-        f"- Cases changed since the previous night: {len(changes)} ("
+        f"- Cases changed since the previous night: {len({case for _, case, _ in grouped})} ("
         + ", ".join(f"{n} {c}" for c, n in counts.items())
         + ")",
         "",
@@ -277,7 +406,7 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
             b = before.stores.get(store) if before else None
             rows.append(
                 [
-                    night.night,
+                    night.label,
                     STORE_LABELS.get(store, store),
                     _num(p.recall_at_5) + _signed(_delta(b.recall_at_5, p.recall_at_5) if b else None),
                     _num(p.mrr) + _signed(_delta(b.mrr, p.mrr) if b else None),
@@ -286,27 +415,46 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
                     p.miss,
                     p.not_run,
                     _num(p.latency_p95_ms, 1),
+                    "/".join(f"{x:.1f}" for x in night.load_average) if night.load_average else "-",
                     p.status,
                 ]
             )
     lines += [
         md_table(
-            ["night", "store", "recall@5", "MRR", "strong", "medium", "miss", "not run", "p95 lookup ms", "status"],
+            [
+                "night",
+                "store",
+                "recall@5",
+                "MRR",
+                "strong",
+                "medium",
+                "miss",
+                "not run",
+                "p95 lookup ms",
+                "load 1/5/15 min",
+                "status",
+            ],
             rows,
         ),
         "",
     ]
-    lines += [f"## Cases changed since {previous.night}" if previous else "## Cases changed", ""]
+    documents = document_changes(previous, latest) if previous else {}
+    if any(documents.values()):
+        lines += [f"## Documents since {previous.label if previous else ''}", ""]
+        lines += [f"- {kind}: {', '.join(f'`{d}`' for d in docs)}" for kind, docs in documents.items() if docs]
+        lines += [""]
+    lines += [f"## Cases changed since {previous.label}" if previous else "## Cases changed", ""]
     if not changes:
         lines += ["_None._" if previous else "_Nothing to compare with yet: this is the first night._"]
     else:
         lines += [
             md_table(
-                ["change", "store", "case", "before", "after"],
+                ["change", "case", "query", "expected doc", "store(s)", "before", "after", "why"],
                 [
-                    [c.change, STORE_LABELS.get(c.store, c.store), f"`{c.case_id}`", case_outcome(c.before)]
-                    + [case_outcome(c.after)]
-                    for c in changes
+                    [change, f"`{case_id}`", group[0].after.query, ", ".join(group[0].after.expected_docs)]
+                    + [stores_named(group), outcomes(group, "before"), outcomes(group, "after")]
+                    + ["; ".join(dict.fromkeys(why(c, documents) for c in group))]
+                    for change, case_id, group in grouped
                 ],
             )
         ]
@@ -320,20 +468,45 @@ def render_history_markdown(nights: Sequence[NightRecord], chart_file: str | Non
     return "\n".join(lines) + "\n"
 
 
+def trend_limits(values: Sequence[float | None]) -> tuple[float, float]:
+    """The recall@5 / MRR axis range: the data's range with 15% margin (at least 0.02), inside
+    [0, 1.05], so a drop of a few hundredths is visible instead of flattened on 0-1."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return 0.0, 1.05
+    low, high = min(present), max(present)
+    pad = max(0.02, 0.15 * (high - low))
+    return max(0.0, low - pad), min(1.05, high + pad)
+
+
+def worse_nights(nights: Sequence[NightRecord]) -> list[str]:
+    """The nights (``night`` keys) whose verdict against the night before was ``worse`` on
+    some store, or where a store did not run: the ones the trend chart marks."""
+    out = []
+    for before, after in zip(nights, nights[1:], strict=False):
+        verdicts = verdict(before, after, case_changes(before, after))
+        if "worse" in verdicts.values() or any(p.status != "available" for p in after.stores.values()):
+            out.append(after.night)
+    return out
+
+
 def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
-    """PNG: recall@5 and MRR (top, 0-1) and p95 lookup latency in ms (bottom) per night and
-    store, over the last ``TREND_NIGHTS`` nights."""
+    """PNG: recall@5 and MRR (top, axis scaled to the data by ``trend_limits``) and p95 lookup
+    latency in ms (bottom) per night and store, over the last ``TREND_NIGHTS`` nights; nights of
+    ``worse_nights`` shaded red; legends beside the plots, never over a point."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
-    shown = list(nights[-TREND_NIGHTS:])
+    # One point per night: daytime runs are kept apart (the table lists them), unless there is nothing else.
+    shown = [n for n in nights if n.kind == "nightly"][-TREND_NIGHTS:] or list(nights[-TREND_NIGHTS:])
     days = [datetime.fromisoformat(n.night) for n in shown]
     stores = list(dict.fromkeys(p for n in shown for p in n.stores))
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 5), dpi=100, sharex=True)
     try:
+        rates: list[float | None] = []
         for index, store in enumerate(stores):
             label, color = STORE_LABELS.get(store, store), f"C{index}"  # one colour per store
             # Equal values on one night put the stores' markers on one spot: later stores get
@@ -343,19 +516,30 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
                 style["markerfacecolor"] = "none"
             series = [n.stores.get(store) for n in shown]
             recall, mrr = [s.recall_at_5 if s else None for s in series], [s.mrr if s else None for s in series]
+            rates += recall + mrr
             top.plot(days, recall, marker="o", label=f"{label} recall@5", **style)
             top.plot(days, mrr, marker="s", linestyle="--", label=f"{label} MRR", **style)
             bottom.plot(days, [s.latency_p95_ms if s else None for s in series], marker="o", label=label, **style)
+        for index, night in enumerate(worse_nights(shown)):
+            day = datetime.fromisoformat(night)
+            for axis in (top, bottom):
+                axis.axvspan(
+                    day - timedelta(hours=10),
+                    day + timedelta(hours=10),
+                    color="red",
+                    alpha=0.15,
+                    label="worse night" if index == 0 and axis is top else None,
+                )
         bottom.xaxis.set_major_locator(mdates.DayLocator(interval=max(1, len(shown) // 10)))
         bottom.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
-        top.set_ylim(0, 1.05)
+        top.set_ylim(*trend_limits(rates))
         top.set_ylabel("recall@5 / MRR")
         top.grid(True, alpha=0.3)
-        top.legend(loc="lower left", fontsize="small")
+        top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         top.set_title(f"Golden retrieval, last {len(shown)} night(s)")
         bottom.set_ylabel("p95 lookup (ms)")
         bottom.grid(True, alpha=0.3)
-        bottom.legend(loc="upper left", fontsize="small")
+        bottom.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
         fig.autofmt_xdate()
         fig.tight_layout()
         png_path.parent.mkdir(parents=True, exist_ok=True)
@@ -365,23 +549,31 @@ def write_trend_chart(nights: Sequence[NightRecord], png_path: Path) -> Path:
     return png_path
 
 
-def write_history(reports_dir: Path, night: NightRecord) -> tuple[list[NightRecord], Path]:
+def write_history(
+    reports_dir: Path, night: NightRecord, appendix: Sequence[str] = ()
+) -> tuple[list[NightRecord], Path]:
     """Append ``night`` to ``<reports_dir>/history.jsonl``, write the trend PNG and
-    ``history.md``; returns the nights (oldest first) and the Markdown path."""
+    ``history.md`` (with the Markdown reports of ``appendix`` after it, their headings one level
+    down); returns the nights (oldest first) and the Markdown path."""
     nights = append_night(reports_dir / HISTORY_FILE, night)
     write_trend_chart(nights, reports_dir / TREND_PNG)
-    md = write_text_atomic(reports_dir / HISTORY_MD, render_history_markdown(nights))
+    sections = ["\n".join("#" + line if line.startswith("#") else line for line in a.splitlines()) for a in appendix]
+    md = write_text_atomic(reports_dir / HISTORY_MD, "\n".join([render_history_markdown(nights), *sections]))
     return nights, md
 
 
 def summary(nights: Sequence[NightRecord]) -> dict[str, Any]:
     """JSON-ready summary of the latest night against the previous one (for metadata)."""
     latest = nights[-1]
-    previous = nights[-2] if len(nights) > 1 else None
+    previous = previous_of(nights)
     changes = case_changes(previous, latest) if previous else []
+    grouped = grouped_changes(changes)
     return {
         "night": latest.night,
         "previous_night": previous.night if previous else None,
         "verdict": verdict(previous, latest, changes),
-        "changes": {c: [f"{x.store}:{x.case_id}" for x in changes if x.change == c] for c in CHANGE_ORDER},
+        "changes": {
+            c: [f"{case_id} ({', '.join(x.store for x in group)})" for change, case_id, group in grouped if change == c]
+            for c in CHANGE_ORDER
+        },
     }

@@ -77,6 +77,16 @@ class AssetFiles:
         return self.data_dir / "traces" / "tool_invocation" / f"day={day}" / "part-0.parquet"
 
     @property
+    def signals_dir(self) -> Path:
+        """One ``<day>.json`` of production signals per trace partition (``production_signals``)."""
+        return self.reports_dir / "signals"
+
+    @property
+    def candidates_dir(self) -> Path:
+        """One ``<day>.yaml`` of mined candidate cases per trace partition (``mined_cases``)."""
+        return self.reports_dir / "candidates"
+
+    @property
     def outputs_dir(self) -> Path:
         """Outputs that have no file of their own elsewhere (the scan, the plan, ...)."""
         return self.data_dir / "dagster"

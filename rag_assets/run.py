@@ -22,7 +22,13 @@ import logging
 import os
 import shutil
 import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TextIO
 
 from rag_assets.layout import DEFAULT_DAGSTER_HOME, LOCAL_INSTANCE_YAML
 from rag_assets.timing import DAILY_PARTITIONS, TRACE_START_DATE, today_key
@@ -57,6 +63,7 @@ def _metadata_value(value) -> object:
 
 
 HEADLINE_KEYS = (
+    "verdict",
     "status",
     "reason",
     "dagster/row_count",
@@ -85,7 +92,7 @@ def _headline(metadata: dict) -> str:
                 continue
             shown = f"{value:.3f}" if isinstance(value, float) else str(value)
             parts.append(f"{key.removeprefix('dagster/')}={shown}")
-    return ", ".join(parts)
+    return ", ".join(parts) or "(no headline figures: see the asset in `make ui`)"
 
 
 def print_result(title: str, result, out=None) -> dict[str, dict]:
@@ -137,6 +144,72 @@ def print_locations(materialized: dict[str, dict], home: Path, out=None) -> None
     print(f"  {'Dagster instance':30} {home}  (browse it with `make ui`)", file=out)
 
 
+#: Seconds between two looks at the run's events (each a small query of the instance's SQLite).
+PROGRESS_POLL_S = 1.0
+_STEP_EVENTS = {"STEP_START": "started", "STEP_SUCCESS": "done", "STEP_FAILURE": "FAILED"}
+
+
+def _step_line(entry: Any, started: dict[str, float], began: float) -> str:
+    """``  [seconds since began] step: started`` / ``done in N s`` / ``FAILED in N s`` (``began``:
+    epoch seconds; ``started``: step start times, updated)."""
+    step, what = entry.step_key, _STEP_EVENTS[entry.dagster_event.event_type_value]
+    elapsed = entry.timestamp - began
+    if what == "started":
+        started[step] = entry.timestamp
+        return f"  [{elapsed:6.1f} s] {step}: started"
+    return f"  [{elapsed:6.1f} s] {step}: {what} in {entry.timestamp - started.get(step, entry.timestamp):.1f} s"
+
+
+@contextmanager
+def stage_progress(instance: Any, run_tag: str, out: TextIO | None = None) -> Iterator[None]:
+    """While the body runs, print a line per step of the run tagged ``rag/progress=run_tag`` as it
+    starts, succeeds or fails, with the seconds since the body began and each step's duration:
+    a job of several minutes is not silent. Reads the instance's event log (a thread)."""
+    import dagster as dg
+
+    out = out or sys.stdout
+    began, stop = time.time(), threading.Event()
+    kinds = {getattr(dg.DagsterEventType, name) for name in _STEP_EVENTS}
+
+    def watch() -> None:
+        run_id, cursor, started = None, None, dict[str, float]()
+        while True:
+            done = stop.wait(PROGRESS_POLL_S)
+            if run_id is None:
+                runs = instance.get_runs(filters=dg.RunsFilter(tags={"rag/progress": run_tag}), limit=1)
+                run_id = runs[0].run_id if runs else None
+            if run_id is not None:
+                page = instance.get_records_for_run(run_id, cursor=cursor, of_type=kinds)
+                cursor = page.cursor
+                for record in page.records:
+                    print(_step_line(record.event_log_entry, started, began), file=out, flush=True)
+            if done:
+                return
+
+    watcher = threading.Thread(target=watch, name="stage-progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+
+
+def _launch(instance: Any, job_name: str, tags: dict[str, str], partition_key: str | None = None) -> Any:
+    from rag_assets.launch import launch_job
+
+    run_tag = uuid.uuid4().hex
+    print(f"\n{job_name}: running (a line per step)", flush=True)
+    with stage_progress(instance, run_tag):
+        return launch_job(
+            instance,
+            job_name,
+            run_config=RUN_CONFIG,
+            tags={**tags, "rag/progress": run_tag},
+            partition_key=partition_key,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; see the module docstring. Returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m rag_assets.run", description=__doc__.split("\n")[0])
@@ -161,13 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     import dagster as dg
 
     from rag_assets.defs.schedules import STORE_TAGS
-    from rag_assets.launch import launch_job
 
     instance = dg.DagsterInstance.get()
     tags = {**STORE_TAGS, "rag/trigger": "rag_assets.run"}
-    refresh = launch_job(instance, "refresh_job", run_config=RUN_CONFIG, tags=tags)
+    refresh = _launch(instance, "refresh_job", tags)
     materialized = print_result("refresh_job", refresh)
-    traces = launch_job(instance, "trace_export_job", run_config=RUN_CONFIG, tags=tags, partition_key=day)
+    traces = _launch(instance, "trace_export_job", tags, partition_key=day)
     materialized.update(print_result(f"trace_export_job [{day}]", traces))
     print_locations(materialized, home)
     ok = refresh.success and traces.success

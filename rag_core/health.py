@@ -9,7 +9,7 @@ sample of chunk ids with their content hashes. ``check_health`` compares a store
 * sample: ``fetch(ids)`` returns every sampled chunk with the recorded hash, the hash recomputed
   from the stored title/breadcrumb/category/text matches (the row is not damaged), the stored
   vector passes the shared vector check, and searching with it finds the chunk itself first
-  (the vector index answers correctly).
+  (the vector index answers correctly); the sampled chunks' documents have a stored centroid.
 
 A store an ingest left part-written (``apply_pending.json``: a write fault, a kill) fails too.
 
@@ -39,7 +39,7 @@ from rag_core.ingest.index_state import (
 )
 from rag_core.models import content_hash
 from rag_core.settings import RagSettings
-from rag_core.stores.base import VectorStore
+from rag_core.stores.base import MissingCentroidsError, VectorStore
 from rag_core.stores.vectors import VectorCheckError, check_query_vector
 
 PROBE_SIZE = 8  # of the sampled chunks, those searched for with their own vector
@@ -205,6 +205,7 @@ def _check_sample(store: VectorStore, sample: dict[str, str], health: StoreHealt
             if not hits or hits[0].chunk_id != cid and hits[0].similarity < _SELF_MATCH:
                 misses.append(cid)
     health.checked_chunks = len(rows)
+    _check_centroids(store, sorted({row.doc_id for row in rows.values()}), health)
     if damaged:
         health.fail(
             f"{len(damaged)} sampled chunks have content that does not match their hash "
@@ -216,4 +217,18 @@ def _check_sample(store: VectorStore, sample: dict[str, str], health: StoreHealt
         health.fail(
             f"the vector index does not find {len(misses)} of {probes} sampled chunks by their own "
             f"vector (damaged index, e.g. {misses[0]}): rebuild with `rag ingest --rebuild`"
+        )
+
+
+def _check_centroids(store: VectorStore, doc_ids: list[str], health: StoreHealth) -> None:
+    """Every document of the sample has its centroid (the document-similarity signal)."""
+    try:
+        missing = set(doc_ids) - set(store.document_centroids(doc_ids))
+    except MissingCentroidsError as exc:
+        health.fail(str(exc))
+        return
+    if missing:
+        health.fail(
+            f"{len(missing)} of {len(doc_ids)} sampled documents have no stored centroid "
+            f"(e.g. {min(missing)}): run `rag ingest`"
         )

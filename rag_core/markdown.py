@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rag_core.text import escape_controls
+
 __all__ = ["md_cell", "md_table", "md_table_lines"]
 
 
 def md_cell(value: Any) -> str:
-    """Text safe inside a table cell: ``—`` for None or empty, ``|`` escaped, line breaks as spaces."""
+    """Text safe inside a table cell: ``—`` for None or empty, ``|`` escaped, control characters
+    written out (``\\n``, ``\\x1b``: ``rag_core.text.escape_controls``), so a doc id or a query
+    cannot break the row or reach a terminal that shows the report raw."""
     text = "—" if value is None or value == "" else str(value)
-    return text.replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return escape_controls(text).replace("|", "\\|")
 
 
 def md_table_lines(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:

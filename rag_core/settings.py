@@ -187,6 +187,14 @@ class RagSettings(BaseSettings):
     session_max: int = Field(10_000, ge=1)
     session_ttl_seconds: int = Field(3600, ge=1)
     trace_enabled: bool = True
+    # Production signals and mined cases from the daily trace partition (rag_assets.defs.signals).
+    trace_slow_ms: float = Field(
+        2000.0, gt=0, description="Latency SLO in ms: a lookup above it counts as slow in the production signals"
+    )
+    trace_reask_window_s: float = Field(
+        600.0, gt=0, description="The same query again in one session within this many seconds is a re-ask"
+    )
+    trace_scrub_ips: bool = Field(False, description="Mask IP addresses in mined cases (they may identify a host)")
 
     # `rag serve` (rag_core.serve): MCP over stdio / streamable HTTP and the HTTP/JSON endpoint.
     serve_host: str = Field("127.0.0.1", description="Bind address of `rag serve` (loopback by default)")

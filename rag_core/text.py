@@ -24,22 +24,27 @@ import re
 import unicodedata
 import warnings
 from functools import lru_cache
-from typing import cast
+from typing import Any, cast
 
 import Stemmer
 
-with warnings.catch_warnings():
-    # jieba 0.42.1 (the latest) imports pkg_resources, which warns on stderr at every import.
-    warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
-    import jieba
 
-jieba.setLogLevel(logging.WARNING)
+@lru_cache(maxsize=1)
+def _jieba() -> Any:
+    """The jieba module, imported on first use: about 0.2 s (pkg_resources included) that a
+    process without Chinese text, such as `rag --help`, does not pay."""
+    with warnings.catch_warnings():
+        # jieba 0.42.1 (the latest) imports pkg_resources, which warns on stderr at every import.
+        warnings.filterwarnings("ignore", message="pkg_resources is deprecated", category=UserWarning)
+        import jieba
+    jieba.setLogLevel(logging.WARNING)
+    return jieba
 
 
 def warm_up() -> None:
     """Load jieba's dictionary now: it loads on the first Chinese text of a process, which
     costs that call about 0.6 s (measured on this 2-core machine)."""
-    jieba.initialize()
+    _jieba().initialize()
 
 
 # Bumped whenever lexical_string changes; part of every chunk's content hash, so the next
@@ -73,6 +78,33 @@ def normalize(text: str) -> str:
     return "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch)[0] != "C")
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# Besides the C0/C1 controls and DEL (category Cc): characters that move the cursor or reorder
+# what a terminal shows (line/paragraph separators; the bidirectional controls of "Trojan
+# Source", CVE-2021-42574).
+_INVISIBLE = frozenset("\u2028\u2029\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written out visibly, for a terminal or a report
+    line: ``\\n``, ``\\r``, ``\\t``, other C0/C1 controls and DEL as ``\\xNN``, line separators,
+    bidi controls and lone surrogates as ``\\uNNNN``; everything else (backslashes included)
+    unchanged. A file name or a stored query then cannot start a line of its own, move the
+    cursor or send an escape sequence to the operator's terminal."""
+    if text.isprintable():  # the common case: nothing to escape (every character above is non-printable)
+        return text
+    return "".join(_escape_char(ch) for ch in text)
+
+
+def _escape_char(ch: str) -> str:
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    if unicodedata.category(ch) == "Cc":
+        return f"\\x{ord(ch):02x}"
+    # Cs: a lone surrogate (an undecodable byte of a file name) cannot be written to a terminal.
+    return f"\\u{ord(ch):04x}" if ch in _INVISIBLE or unicodedata.category(ch) == "Cs" else ch
+
+
 _STEMMER = Stemmer.Stemmer("english")
 _stem_lock = __import__("threading").Lock()
 
@@ -98,7 +130,7 @@ def split_camel_words(text: str) -> str:
 
 @lru_cache(maxsize=4096)
 def _cjk_words(run: str) -> tuple[str, ...]:
-    return tuple(w for w in jieba.cut_for_search(run) if w.strip())
+    return tuple(w for w in _jieba().cut_for_search(run) if w.strip())
 
 
 @lru_cache(maxsize=4096)

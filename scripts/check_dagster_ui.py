@@ -62,11 +62,14 @@ EXPECTED_LINEAGE: dict[str, list[str]] = {
     "retrieval_history": ["golden_evaluation_milvus", "golden_evaluation_pgvector"],
     "tool_invocation": [],
     "trace_tables": ["tool_invocation"],
+    "production_signals": ["trace_tables"],
+    "mined_cases": ["trace_tables"],
     # One self-contained asset per golden suite (golden/suites.yaml): ingest, record, evaluate.
     "golden_suite_sample": [],
     "golden_suite_runbooks_en": [],
     "golden_suite_runbooks_en_hard": [],
     "golden_suite_runbooks_zh": [],
+    "golden_suite_production": [],
 }
 
 QUERY = "{ assetNodes { assetKey { path } dependencyKeys { path } groupName } }"

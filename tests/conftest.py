@@ -2,6 +2,8 @@
 
 import os
 import shutil
+import threading
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -31,6 +33,36 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "sentence_transformers" in item.keywords:
             item.add_marker(skip)
+
+
+# `make test` runs quiet (-q, a dot per test): a shared fixture that takes minutes (an ingest with
+# the real model, a whole Dagster job) says what it is building once it passes this many seconds,
+# and how long it took.
+SLOW_FIXTURE_S = 20.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if fixturedef.scope not in ("session", "module", "package") or reporter is None or capture is None:
+        yield
+        return
+    what = f"set-up of {fixturedef.argname} ({fixturedef.scope} fixture)"
+
+    def say(text: str) -> None:
+        with capture.global_and_fixture_disabled():  # past the output capture, onto the terminal
+            reporter.write_line(f"{what}: {text}")
+
+    timer = threading.Timer(SLOW_FIXTURE_S, say, args=("still running...",))
+    start = time.monotonic()
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        if time.monotonic() - start >= SLOW_FIXTURE_S:
+            say(f"done in {time.monotonic() - start:.0f} s")
 
 
 # Embedded servers started by tests (and by CLI subprocesses) go away on their own when a run

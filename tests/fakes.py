@@ -195,3 +195,29 @@ class DiskFullAfter:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.inner, attr)
+
+
+#: Doc ids / categories with a character of every class a filter or a terminal treats specially:
+#: line breaks (LF, CR LF), tab, ESC (a CSI sequence), BEL, DEL, C1 controls, quotes, backslashes
+#: (also trailing), bidi and zero-width format characters, NBSP, the line separator, private use,
+#: an astral format character, emoji, CJK, and the filter grammar's own brackets and operators.
+HOSTILE_NAMES = [
+    "plain.md",
+    "new\nline.md",
+    "crlf\r\nline.md",
+    "tab\there.md",
+    "esc\x1b[2J\x1b[31mred.md",
+    "bell\x07.md",
+    "del\x7f.md",
+    "c1\x85\x9b.md",
+    "quote\"d'.md",
+    "back\\slash.md",
+    "trailing\\",
+    "bidi\u202eevil\u200b.md",
+    "nbsp\u00a0ls\u2028.md",
+    "pua\ue000.md",
+    "tag\U000e0001.md",
+    "emoji😀.md",
+    "中文文档.md",
+    'ops ] ) || doc_id != "" && [x, y] {p} %_.md',
+]

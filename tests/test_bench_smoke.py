@@ -197,7 +197,14 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
         "latency": {"paths": {"milvus": _latency_path(1.0, 10.0), "pgvector": _latency_path(3.0, 10.0)}},
         "ingestion": {"error": "RuntimeError: no model"},
         "evaluation": {"cases": 1000, "total_s": 1.1, "load_s": 0.6, "evaluate_s": 0.5, "cases_per_s": 909.1},
-        "cold_lookup": {"cold_s": {"p50": 2.5, "n": 3}, "warm_ms": {"p50": 50.0}, "cold_over_warm_p50": 50.0},
+        "cold_lookup": {
+            "cold_s": {"p50": 2.5, "n": 3},
+            "warm_ms": {"p50": 50.0},
+            "cold_over_warm_p50": 50.0,
+            "help_s": {"p50": 0.8, "n": 3},
+            "stdio_initialize_ms": {"p50": 640.0},
+            "stdio_first_call_ms": {"p50": 2900.0},
+        },
     }
     rows = {t["id"]: t for t in report.evaluate_targets(results)}
     # engine rows appear only when the engine benchmark / the 100k scale size ran
@@ -211,6 +218,8 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
         "reingest",
         "evaluation",
         "cold_lookup",
+        "cold_help",
+        "stdio_initialize",
     ]
     assert rows["overhead_milvus"]["met"] is True and rows["overhead_milvus"]["ratio"] == "10.0 %"
     assert "overhead p50 1.00 ms vs end-to-end p50 10.00 ms" in rows["overhead_milvus"]["measured"]
@@ -222,6 +231,12 @@ def test_targets_table_reads_met_missing_failed_and_borderline():
     assert rows["cold_lookup"]["met"] is False and rows["cold_lookup"]["ratio"] == "2.50 s"
     cold = "fresh `rag lookup` p50 2.50 s over 3 processes beside warm in-process p50 50.0 ms"
     assert cold in rows["cold_lookup"]["measured"]
+    assert (
+        rows["cold_help"]["met"] is True
+        and rows["cold_help"]["measured"] == "fresh `rag --help` p50 0.80 s over 3 processes"
+    )
+    assert rows["stdio_initialize"]["met"] is True and rows["stdio_initialize"]["ratio"] == "640 ms"
+    assert "first tools/call (warm-up done) at 2,900 ms" in rows["stdio_initialize"]["measured"]
     results["targets"] = list(rows.values())
     assert [t["id"] for t in report.borderline(results)] == ["evaluation"]  # 909 is within 15 % of 1,000
     text = report.summary_text({"targets": results["targets"], "meta": {}})

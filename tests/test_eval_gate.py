@@ -27,15 +27,16 @@ CASES = [
 IDS = [c.id for c in CASES]
 
 
-def _evaluate(directory: Path, ranks: dict[str, int | None]) -> EvaluationReport:
-    """Fixtures where case i's expected doc sits at ``ranks[id]`` (None: not retrieved)."""
+def _evaluate(directory: Path, ranks: dict[str, int | None], lost: set[str] = frozenset()) -> EvaluationReport:
+    """Fixtures where case i's expected doc sits at ``ranks[id]`` (None: not retrieved); the
+    cases in ``lost`` lack the expected keyword (an answer section removed: medium, not strong)."""
     fixtures = []
     for i, cid in enumerate(IDS):
         rank = ranks.get(cid, 1)
         docs = [f"o/{j}.md" for j in range(6)]
         if rank is not None:
             docs.insert(rank - 1, f"k/{i}.md")
-        fixtures.append(make_fixture(cid, docs, content="the needle"))
+        fixtures.append(make_fixture(cid, docs, content="the haystack" if cid in lost else "the needle"))
     write_fixture_dir(directory, fixtures)
     return evaluate(CASES, load_fixtures(directory, IDS))
 
@@ -81,6 +82,17 @@ def test_degraded_fixtures_fail(tmp_path: Path, baseline: EvaluationReport):
     # The reverse direction is an improvement: newly found, and the gate passes.
     better = compare(degraded, baseline)
     assert better.passed and better.newly_found == ["c04", "c05", "c06", "c07"]
+
+
+def test_strong_to_medium_at_the_same_rank_is_gated_like_recall(tmp_path: Path, baseline: EvaluationReport):
+    # The documents still rank first, but two lost their answer section: recall and MRR unchanged.
+    lost = _evaluate(tmp_path / "lost", {"c01": 2, "c02": 3}, lost={"c08", "c09"})
+    result = compare(baseline, lost)
+    assert result.current_recall_at_5 == result.baseline_recall_at_5 and result.current_mrr == result.baseline_mrr
+    assert not result.passed
+    assert result.reasons == ["strong hits dropped 1.000 -> 0.833 (-0.167, tolerance 0.020)"]
+    text = result.to_markdown()
+    assert "strong hits (share): 1.000 -> 0.833" in text and "the verdict does not use it" in text
 
 
 def test_small_drop_within_tolerance_passes(tmp_path: Path, baseline: EvaluationReport):

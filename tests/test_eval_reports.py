@@ -19,6 +19,7 @@ from rag_core.evaluation.reports import (
     write_comparison_report,
 )
 from rag_core.evaluation.testing import make_fixture, make_manifest, write_fixture_dir
+from rag_core.markdown import md_table_lines
 
 CASES = [
     GoldenCase(
@@ -288,3 +289,9 @@ def test_cli_json_output_is_the_report_data(tmp_path: Path):
 
     done = _cli("gate", "--baseline", str(out / "baseline.json"), "--current", str(out / "baseline.json"), "--json")
     assert done.exit_code == 0 and json.loads(done.output)["passed"] is True
+
+
+def test_a_doc_id_or_query_with_control_characters_cannot_break_a_report_line():
+    lines = md_table_lines(["doc_id", "query"], [["a.md\n| forged | row |", "clear \x1b[2J\r\nscreen"]])
+    assert len(lines) == 3
+    assert lines[2] == "| a.md\\n\\| forged \\| row \\| | clear \\x1b[2J\\r\\nscreen |"

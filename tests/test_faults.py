@@ -686,6 +686,30 @@ class FaultRun:
             raised != "nothing" and named and said and same_rows and differ == 0,
         )
 
+    def filters_doc_ids(self) -> str:
+        """Doc ids with a line feed, CR LF, tab, ESC, quotes and a backslash (issue 44.4): ingested,
+        looked up (status ok, so no store call lost a signal) and deleted again through filters."""
+        text = (self.kb / "kubernetes" / "KubePodCrashLooping.md").read_text()
+        names = ["new\nline.md", "crlf\r\nline.md", 'tab\tesc\x1b[2J "q" back\\slash.md']
+        ids = {f"kubernetes/{n}" for n in names}
+        before = self.hashes()
+        for name in names:
+            (self.kb / "kubernetes" / name).write_text(text)
+        self.ingest()
+        tool = self.tool()
+        failed, _, results = run_lookups(tool, ["pod keeps restarting with back-off"] * 3)
+        tool.close()
+        found = {b.doc_id for r in results for b in r.evidence_blocks} & ids
+        not_ok = sum(r.status != "ok" for r in results)
+        for name in names:
+            (self.kb / "kubernetes" / name).unlink()
+        self.ingest()
+        after = self.hashes()
+        left = sum(doc_id in ids for rows in after.values() for doc_id, _ in rows.values())
+        did = f"{len(found)}/{len(ids)} among the evidence, {not_ok} lookups not ok, {left} rows left after deletion"
+        injected = "copies of KubePodCrashLooping.md named with LF, CR LF, tab, ESC, quotes, backslash"
+        return self.emit("filter", injected, did, rows_lost(before, after), failed + not_ok, bool(found) and not left)
+
 
 FAULTS = (
     "row1_wipe",
@@ -695,6 +719,7 @@ FAULTS = (
     "row7_damaged_index",
     "row8_rebuild",
     "trace_outage",
+    "filters_doc_ids",
     "row9_concurrent_ingests",
     "row10_write_fault",
 )

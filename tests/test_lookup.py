@@ -44,9 +44,11 @@ class Faulty:
             raise StoreError("Milvus full-text search failed: timed out")
         return [] if self._maybe_fail(category) else self.inner.search_lexical(terms, vector, top_k, category)
 
-    def document_vectors(self, doc_ids):
-        self.calls.append(("document_vectors", tuple(doc_ids)))
-        return self.inner.document_vectors(doc_ids)
+    def document_centroids(self, doc_ids):
+        self.calls.append(("document_centroids", tuple(doc_ids)))
+        if self.mode == "documents_down":
+            raise StoreError("Milvus query failed: Invalid expr")
+        return self.inner.document_centroids(doc_ids)
 
     def __getattr__(self, attr):
         return getattr(self.inner, attr)
@@ -270,6 +272,14 @@ def test_document_similarity_uses_the_stores_centroids_unless_the_store_failed_t
     assert r.found and r.retrieval_trace.layer != "L0" and r.status == "degraded"
     assert "part of the knowledge search failed" in r.message and "lexical: StoreError" in r.message
     assert r.retrieval_trace.error is None and any(a.error for a in r.retrieval_trace.attempts)
+    assert tool.recorded[-1]["status"] == "degraded"
+
+
+def test_a_store_failure_in_the_document_stage_degrades_the_lookup_instead_of_a_silent_ok(make_tool, store):
+    tool = make_tool(store_override=Faulty(store, "documents_down"))
+    r = tool.lookup("the checkout page is slow and customers abandon their carts")
+    assert r.found and r.evidence_blocks and r.status == "degraded"
+    assert "document centroids skipped: StoreError: Milvus query failed" in r.message
     assert tool.recorded[-1]["status"] == "degraded"
 
 

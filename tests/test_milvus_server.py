@@ -372,3 +372,25 @@ def test_watchdog_stops_a_server_whose_data_dir_was_deleted(tmp_path):
     shutil.rmtree(data)
     assert watch("milvus", state.pid, 0.5, stopper("milvus", data, state.pid), poll=0.2) == "stopped"
     assert wait_until(lambda: not milvus_server._serves(state.pid, state.db_path), 10)
+
+
+def test_server_writes_nothing_outside_its_data_dir(tmp_path, monkeypatch):
+    """The engine's log (glog), temp files and cache stay under the data dir: nothing in the
+    system temp dir (TMPDIR) or the home directory of the process that started it."""
+    tmp, home, data = tmp_path / "tmp", tmp_path / "home", tmp_path / "data"
+    for d in (tmp, home, data):
+        d.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("RAG_MILVUS_LOG_LEVEL", "INFO")  # glog writes files at every level
+    store = MilvusStore("", "chunks", embedded_dir=data)
+    try:
+        store.ensure_schema(DIM)
+        store.upsert([chunk(i) for i in range(5)], unit(5))
+        store.flush()
+        assert store.search(unit(1)[0], 3)
+    finally:
+        store.close()
+        milvus_server.stop_server(data)
+    assert not list(tmp.iterdir()) and not list(home.iterdir())
+    assert "Start milvus-local success" in (data / milvus_server.LOG_NAME).read_text()

@@ -5,10 +5,11 @@ import time
 
 import numpy as np
 import pytest
+from fakes import HOSTILE_NAMES
 
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk
-from rag_core.stores.base import DimensionMismatchError, StoreError
+from rag_core.stores.base import DimensionMismatchError, MissingCentroidsError, StoreError
 from rag_core.stores.milvus import MilvusStore, escape_filter_value
 
 DIM = 16
@@ -92,15 +93,32 @@ def test_delete_by_document_and_chunk(store):
 
 
 @pytest.mark.integration
-def test_document_vectors_are_every_chunk_of_the_named_documents(store):
-    vecs = unit(4)
+def test_document_centroids_are_one_stored_row_per_document(store):
+    vecs = unit(3)
     evil = 'b" or doc_id != "'
-    store.upsert([chunk(1, doc="a.md"), chunk(0, doc="a.md"), chunk(2, doc=evil), chunk(3, doc="c.md")], vecs)
-    found = store.document_vectors(["a.md", evil, "missing.md"])
+    store.upsert([chunk(0, doc="a.md"), chunk(1, doc=evil), chunk(2, doc="c.md")], vecs)
+    assert store.centroid_doc_ids() == set()
+    store.put_centroids({"a.md": vecs[0], evil: vecs[1], "c.md": vecs[2]})
+    found = store.document_centroids(["a.md", evil, "missing.md", "a.md"])
     assert set(found) == {"a.md", evil}
-    np.testing.assert_allclose(found["a.md"], vecs[[1, 0]], atol=1e-6)  # chunk-id order: c0, c1
-    np.testing.assert_allclose(found[evil], vecs[2:3], atol=1e-6)
-    assert store.document_vectors([]) == {}
+    np.testing.assert_array_equal(found["a.md"], vecs[0])  # float32 stored exactly
+    store.put_centroids({"a.md": vecs[2]})  # replaced by doc id
+    np.testing.assert_array_equal(store.document_centroids(["a.md"])["a.md"], vecs[2])
+    store.delete_centroids([evil, "missing.md"])
+    assert store.centroid_doc_ids() == {"a.md", "c.md"}
+    assert store.document_centroids([]) == {}
+
+
+@pytest.mark.integration
+def test_an_index_built_before_centroids_says_it_needs_an_ingest_until_ensure_schema(store):
+    store.upsert([chunk(0)], unit(1))
+    store._call("drop", lambda c: c.drop_collection(store.centroid_collection))  # as the previous version left it
+    store.close()
+    with pytest.raises(MissingCentroidsError, match="run `rag ingest`"):
+        store.document_centroids(["d.md"])
+    assert store.centroid_doc_ids() == set()
+    store.ensure_schema(DIM)  # what the next ingest does first
+    assert store.document_centroids(["d.md"]) == {}
 
 
 @pytest.mark.integration
@@ -180,6 +198,37 @@ def test_unreachable_server_fails_fast_with_redacted_uri():
 
 def test_escape_filter_value():
     assert escape_filter_value('a"b\\c') == '"a\\"b\\\\c"'
+    assert escape_filter_value("a\nb\r\nc\x1b") == '"a\\\nb\\\r\nc\x1b"'  # line breaks behind a backslash
+    with pytest.raises(ValueError, match="carriage return"):
+        escape_filter_value("a\rb")
+
+
+@pytest.mark.integration
+def test_doc_ids_and_categories_of_every_character_class_filter_exactly(store, capfd):
+    """Each name as doc id and category: its centroid rows, its category filter (both channels)
+    and its deletion find exactly it, with no error and nothing on stderr."""
+    vecs = unit(len(HOSTILE_NAMES), seed=5)
+    chunks = [
+        chunk(i, doc=name, category=name, text=f"etcd leader election {i}") for i, name in enumerate(HOSTILE_NAMES)
+    ]
+    for c in chunks:
+        store.check_chunk(c)
+    store.upsert(chunks, vecs)
+    store.put_centroids(dict(zip(HOSTILE_NAMES, vecs, strict=True)))
+    store.flush()
+    assert sorted(store.document_centroids(HOSTILE_NAMES)) == sorted(HOSTILE_NAMES)
+    for i, name in enumerate(HOSTILE_NAMES):
+        assert [h.doc_id for h in store.search(vecs[i], 3, category=name)] == [name]
+        assert [h.doc_id for h in store.search_lexical(["etcd"], vecs[i], 3, category=name)] == [name]
+    store.delete_documents(HOSTILE_NAMES[1:6])
+    store.delete_centroids(HOSTILE_NAMES[1:6])
+    store.flush()
+    kept = sorted(HOSTILE_NAMES[:1] + HOSTILE_NAMES[6:])
+    assert sorted(store.document_centroids(HOSTILE_NAMES)) == kept
+    assert sorted({doc_id for doc_id, _ in store.chunk_hashes().values()}) == kept
+    assert capfd.readouterr().err == ""
+    with pytest.raises(ValueError, match="field doc_id: .*carriage return"):
+        store.check_chunk(chunk(99, doc="lone\rcr.md"))  # ingest reports it in one line and skips it
 
 
 @pytest.mark.integration
@@ -218,9 +267,11 @@ def test_rebuild_switches_a_reader_from_the_old_index_to_the_new_one_whole(store
     until the switch, the new one after it, never an empty or partial index."""
     old = unit(6)
     store.upsert([chunk(i) for i in range(6)], old)
+    store.put_centroids({"d.md": old[0]})
     store.flush()
     reader = twin(store)
     assert reader.count() == 6
+    np.testing.assert_array_equal(reader.document_centroids(["d.md"])["d.md"], old[0])
     new = unit(4, seed=1)
     with store.rebuild() as fresh:
         fresh.ensure_schema(DIM)
@@ -228,11 +279,14 @@ def test_rebuild_switches_a_reader_from_the_old_index_to_the_new_one_whole(store
         fresh.flush()
         assert reader.count() == 6 and reader.search(old[5], 1)[0].chunk_id == "c5"  # the old index, whole
         fresh.upsert([chunk(i, text=f"new {i}") for i in range(2, 4)], new[2:])
+        fresh.put_centroids({"d.md": new[1]})
         fresh.flush()
     hits = reader.search(new[3], 1)  # the reader's collection is gone: it follows the switch
     assert hits[0].chunk_id == "c3" and hits[0].text == "new 3"
     assert reader.count() == store.count() == 4
-    assert collections(store) == {fresh.collection, "chunks__live"}  # the old collection is dropped
+    np.testing.assert_array_equal(reader.document_centroids(["d.md"])["d.md"], new[1])  # the new index's
+    # The old collection and its centroids are dropped.
+    assert collections(store) == {fresh.collection, fresh.centroid_collection, "chunks__live"}
     reader.close()
 
 
@@ -245,7 +299,7 @@ def test_failed_rebuild_keeps_the_old_index_and_drops_the_partial_one(store, fas
         fresh.upsert([chunk(9)], unit(1, seed=2))
         raise RuntimeError("embedding died")
     assert set(store.chunk_hashes()) == {"c0", "c1", "c2"}
-    assert collections(store) == {"chunks"}
+    assert collections(store) == {"chunks", "chunks__centroids"}
     # A build left by a killed run (no handler ran) is dropped when the next rebuild starts.
     leftover = twin(store, "chunks__build_1_abcdef")
     leftover.ensure_schema(DIM)
@@ -254,7 +308,7 @@ def test_failed_rebuild_keeps_the_old_index_and_drops_the_partial_one(store, fas
         fresh.ensure_schema(DIM)
         fresh.upsert([chunk(7)], unit(1, seed=3))
     assert set(store.chunk_hashes()) == {"c7"}
-    assert collections(store) == {fresh.collection, "chunks__live"}
+    assert collections(store) == {fresh.collection, fresh.centroid_collection, "chunks__live"}
 
 
 @pytest.mark.integration

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 import pytest
+from fakes import HOSTILE_NAMES
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
@@ -22,7 +23,7 @@ from rag_core.models import Chunk
 from rag_core.secrets import redacted
 from rag_core.settings import RagSettings
 from rag_core.stores import pgvector as pgvector_module
-from rag_core.stores.base import DimensionMismatchError, StoreError
+from rag_core.stores.base import DimensionMismatchError, MissingCentroidsError, StoreError
 from rag_core.stores.pgserver import resolve_dsn, stop_embedded
 from rag_core.stores.pgvector import PgVectorStore
 from rag_core.text import lexical_tokens, tokenize
@@ -165,14 +166,42 @@ def test_upsert_update_delete_and_count(store):
     assert store.count() == 0
 
 
-def test_document_vectors_are_every_chunk_of_the_named_documents(store):
-    assert store.document_vectors(["doc-a.md"]) == {}  # no table yet
+def test_document_centroids_are_one_stored_row_per_document(store):
+    assert store.document_centroids(["doc-a.md"]) == {}  # no table yet
     store.ensure_schema(DIM)
     vecs = unit(3)
-    store.upsert([chunk(2), chunk(1), chunk(3, doc="doc-b.md")], vecs)
-    found = store.document_vectors(["doc-a.md", "missing.md"])
+    store.upsert([chunk(1), chunk(2, doc="doc-b.md")], vecs[:2])
+    store.put_centroids({"doc-a.md": vecs[0], "doc-b.md": vecs[1]})
+    found = store.document_centroids(["doc-a.md", "missing.md"])
     assert list(found) == ["doc-a.md"]
-    np.testing.assert_allclose(found["doc-a.md"], vecs[[1, 0]], atol=1e-6)  # chunk-id order
+    np.testing.assert_array_equal(found["doc-a.md"], vecs[0])  # float4 stored exactly
+    store.put_centroids({"doc-a.md": vecs[2]})
+    np.testing.assert_array_equal(store.document_centroids(["doc-a.md"])["doc-a.md"], vecs[2])
+    store.delete_centroids(["doc-b.md", "missing.md"])
+    assert store.centroid_doc_ids() == {"doc-a.md"}
+    with store.rebuild() as fresh:
+        fresh.ensure_schema(DIM)
+        fresh.upsert([chunk(3)], vecs[2:3])
+        fresh.put_centroids({"doc-c.md": vecs[2]})
+    assert store.centroid_doc_ids() == {"doc-c.md"}  # swapped in with its chunks
+    with store.rebuild() as fresh:  # a second rebuild: the swapped-in names do not collide
+        fresh.ensure_schema(DIM)
+        fresh.put_centroids({"doc-d.md": vecs[1]})
+    assert store.centroid_doc_ids() == {"doc-d.md"}
+    store.drop()
+    assert store.centroid_doc_ids() == set()
+
+
+def test_a_table_built_before_centroids_says_it_needs_an_ingest_until_ensure_schema(store):
+    store.ensure_schema(DIM)
+    store.upsert([chunk(1)], unit(1))
+    store._run(
+        "drop", lambda conn: conn.execute(sql.SQL("DROP TABLE {c}").format(c=sql.Identifier(store.centroid_table)))
+    )
+    with pytest.raises(MissingCentroidsError, match="run `rag ingest`"):
+        store.document_centroids(["doc-a.md"])
+    store.ensure_schema(DIM)  # what the next ingest does first
+    assert store.document_centroids(["doc-a.md"]) == {}
 
 
 @pytest.mark.parametrize(("bad", "kind"), [(np.nan, "non-finite"), (0.0, "all-zero")])
@@ -639,7 +668,7 @@ def test_rebuild_swaps_the_new_table_in_whole_for_another_reader(store, pg_dsn, 
             r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (f"{pg_table}%",))
         }
         indexes = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename = %s", (pg_table,))}
-    assert tables == {pg_table}
+    assert tables == {pg_table, store.centroid_table}  # the old ones dropped, the new ones renamed
     assert indexes == {f"{pg_table}_{s}" for s in ("pkey", "embedding_hnsw", "category", "doc_id", "lexical_tsv_gin")}
     reader.close()
 
@@ -666,3 +695,27 @@ def test_failed_rebuild_keeps_the_old_table_and_a_second_rebuild_waits_its_turn(
         fresh.ensure_schema(DIM)
         fresh.upsert([chunk(7)], unit(1, seed=3))
     assert set(store.chunk_hashes()) == {"c00007"}
+
+
+def test_doc_ids_and_categories_of_every_character_class_are_sql_parameters(store, capfd):
+    """Each name as doc id and category: centroid rows, category filter (both channels) and
+    deletion find exactly it (values travel as parameters, never in the SQL text)."""
+    vecs = unit(len(HOSTILE_NAMES), seed=5)
+    chunks = [
+        chunk(i, doc=name, category=name, text=f"etcd leader election {i}") for i, name in enumerate(HOSTILE_NAMES)
+    ]
+    for c in chunks:
+        store.check_chunk(c)
+    store.ensure_schema(DIM)
+    store.upsert(chunks, vecs)
+    store.put_centroids(dict(zip(HOSTILE_NAMES, vecs, strict=True)))
+    assert sorted(store.document_centroids(HOSTILE_NAMES)) == sorted(HOSTILE_NAMES)
+    for i, name in enumerate(HOSTILE_NAMES):
+        assert [h.doc_id for h in store.search(vecs[i], 3, category=name)] == [name]
+        assert [h.doc_id for h in store.search_lexical(lexical_tokens("etcd"), vecs[i], 3, category=name)] == [name]
+    store.delete_documents(HOSTILE_NAMES[1:6])
+    store.delete_centroids(HOSTILE_NAMES[1:6])
+    kept = sorted(HOSTILE_NAMES[:1] + HOSTILE_NAMES[6:])
+    assert sorted(store.document_centroids(HOSTILE_NAMES)) == kept
+    assert sorted({doc_id for doc_id, _ in store.chunk_hashes().values()}) == kept
+    assert capfd.readouterr().err == ""

@@ -31,8 +31,8 @@ from rag_core.ingest.pipeline import ingest  # noqa: E402
 from rag_core.lookup.contracts import LookupResult  # noqa: E402
 from rag_core.lookup.tool import LookupKnowledgeTool, tool_definition  # noqa: E402
 from rag_core.serve.http_app import result_json_bytes, served_app  # noqa: E402
-from rag_core.serve.mcp_server import build_mcp_server, output_schema  # noqa: E402
-from rag_core.serve.runner import ServeConfigError, check_bind  # noqa: E402
+from rag_core.serve.mcp_server import build_mcp_server, output_schema, server_version  # noqa: E402
+from rag_core.serve.runner import ServeConfigError, bound_socket, check_bind  # noqa: E402
 from rag_core.serve.service import LookupService, check_arguments  # noqa: E402
 from rag_core.stores.memory import InMemoryStore  # noqa: E402
 from rag_core.traces.recorder import MemoryRecorder  # noqa: E402
@@ -100,6 +100,12 @@ def test_bad_arguments_are_one_line_naming_the_argument(arguments, named):
     assert named in rejection.error and "\n" not in rejection.error
 
 
+def test_lone_surrogates_and_nul_are_read_as_replacement_characters():
+    checked = check_arguments({"query": "etcd \ud800 down\x00now \udfff", "sessionId": "c\udc80"}, 100)
+    assert (checked.query, checked.session_id) == ("etcd \ufffd down\ufffdnow \ufffd", "c\ufffd")
+    checked.query.encode("utf-8")  # what failed the HTTP answer's encoding (a 500)
+
+
 def test_good_arguments_pass():
     checked = check_arguments({"query": "why is redis slow", "sessionId": "s1"}, 100)
     assert (checked.query, checked.session_id) == ("why is redis slow", "s1")
@@ -110,6 +116,32 @@ def test_non_loopback_bind_without_token_is_refused_naming_the_setting(tmp_path)
         check_bind(make_settings(tmp_path, serve_host="0.0.0.0"))
     check_bind(make_settings(tmp_path, serve_host="0.0.0.0", serve_token=SecretStr("t0ken")))
     check_bind(make_settings(tmp_path, serve_host="::1"))
+
+
+def test_busy_port_is_refused_naming_the_port_and_the_setting(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServeConfigError, match=f"port {port} on 127.0.0.1 is already in use.*RAG_SERVE_PORT"):
+            bound_socket(make_settings(tmp_path, serve_port=port))
+
+
+def test_rag_serve_on_a_busy_port_exits_2_before_it_says_it_serves(tmp_path, monkeypatch, caplog):
+    from typer.testing import CliRunner
+
+    from rag_core.cli.commands import app
+
+    monkeypatch.setenv("RAG_DATA_DIR", str(tmp_path))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = CliRunner().invoke(app, ["serve", "--port", str(port)])
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"port {port}" in lines[0] and "--port or RAG_SERVE_PORT" in lines[0]
+    assert "serving" not in caplog.text + res.output
 
 
 # --- MCP, in-memory transport of the SDK ------------------------------------------------------
@@ -188,6 +220,53 @@ def test_output_schema_accepts_and_refuses_what_the_models_schema_does(make_serv
             assert model.is_valid(bad) == served.is_valid(bad), bad
             refused += not model.is_valid(bad)
     assert refused > 200  # the mutations do reach validated fields
+
+
+def test_mcp_interop_nullable_session_resource_template_and_version(make_service):
+    """A strict-schema client passes every property (sessionId null); resources/templates/list
+    names knowledge://{docId}; serverInfo.version is the package's."""
+    service = make_service()
+
+    async def run():
+        async with Client(build_mcp_server(service)) as client:
+            [tool] = (await client.list_tools()).tools
+            result = await client.call_tool("lookup_knowledge", {"query": QUERY, "sessionId": None})
+            templates = await client.list_resource_templates()
+            return tool, result, templates, client.server_info
+
+    tool, result, templates, info = asyncio.run(run())
+    assert "null" in tool.input_schema["properties"]["sessionId"]["type"]
+    assert Draft202012Validator(tool.input_schema).is_valid({"query": QUERY, "sessionId": None})
+    assert not result.is_error and result.structured_content["sessionId"].startswith("mcp-")
+    assert [t.uri_template for t in templates.resource_templates] == ["knowledge://{docId}"]
+    assert info.version == server_version() and info.version not in ("", "0")
+
+
+def test_calls_wait_for_the_background_warm_up_within_their_deadline(make_service, monkeypatch):
+    """While the warm-up runs, tools/list answers and a call waits; past ``READY_WAIT_S`` the call
+    gets the structured "still loading" error; once warm, calls answer."""
+    import rag_core.serve.service as service_module
+
+    service, release = make_service(), threading.Event()
+    warm_up = service.tool.warm_up
+    monkeypatch.setattr(service.tool, "warm_up", lambda: release.wait(30) and warm_up())
+    monkeypatch.setattr(service_module, "READY_WAIT_S", 0.3)
+    service.start_in_background()
+
+    async def run():
+        async with Client(build_mcp_server(service)) as client:
+            listed = await client.list_tools()
+            early = await client.call_tool("lookup_knowledge", {"query": QUERY})
+            monkeypatch.setattr(service_module, "READY_WAIT_S", 60.0)
+            waiting = asyncio.create_task(client.call_tool("lookup_knowledge", {"query": QUERY}))
+            await asyncio.sleep(0.1)
+            release.set()
+            return listed, early, await waiting
+
+    listed, early, late = asyncio.run(run())
+    assert [t.name for t in listed.tools] == ["lookup_knowledge"]
+    assert early.is_error and "still loading the model and stores" in early.structured_content["message"]
+    assert not late.is_error and late.structured_content["found"] and service.ready
 
 
 def test_mcp_bad_query_is_the_tools_error_result_and_traced(make_service):
@@ -283,6 +362,23 @@ def test_http_bad_requests_are_one_line_errors_never_tracebacks(make_service):
     assert [r["status"] for r in service.recorder.rows] == ["error", "error"]  # refused calls are traced too
 
 
+def test_openapi_declares_the_bearer_scheme_and_the_readiness_body(make_service):
+    with TestClient(served_app(make_service(), start=False)) as http:
+        openapi = http.get("/openapi.json").json()
+        not_ready = http.get("/readyz")
+    assert openapi["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "RAG_SERVE_TOKEN, when it is set",
+    }
+    assert {"bearer": []} in openapi["paths"]["/v1/lookup"]["post"]["security"]
+    schema = openapi["paths"]["/readyz"]["get"]["responses"]["503"]["content"]["application/json"]["schema"]
+    body_schema = openapi["components"]["schemas"][schema["$ref"].rsplit("/", 1)[1]]
+    assert not_ready.status_code == 503 and set(body_schema["required"]) <= set(not_ready.json())
+    assert Draft202012Validator({**body_schema, "components": openapi["components"]}).is_valid(not_ready.json())
+    assert openapi["info"]["version"] == server_version()
+
+
 def test_token_protects_lookup_and_mcp_but_not_health(make_service, caplog):
     secret = "s3cr3t-t0ken-value"
     service = make_service(serve_token=SecretStr(secret), serve_host="0.0.0.0")
@@ -294,6 +390,10 @@ def test_token_protects_lookup_and_mcp_but_not_health(make_service, caplog):
         mcp = http.post("/mcp", json={}, headers={"Authorization": "Bearer nope"})
         ok = http.post("/v1/lookup", json={"query": QUERY}, headers={"Authorization": f"Bearer {secret}"})
     assert no.status_code == wrong.status_code == mcp.status_code == 401
+    # RFC 6750 with an error code: a token problem, not an OAuth discovery challenge
+    challenge = no.headers["www-authenticate"]
+    assert challenge.startswith("Bearer realm=") and 'error="invalid_token"' in challenge
+    assert "resource_metadata" not in challenge and mcp.headers["www-authenticate"] == challenge
     assert "authorization:" in no.json()["error"] and "RAG_SERVE_TOKEN" in no.json()["error"]
     assert ok.status_code == 200 and ok.json()["found"]
     assert secret not in caplog.text and secret not in str(service.readiness())
@@ -388,3 +488,120 @@ def test_a_thousand_malformed_requests_crash_nothing(live_server):
         after = http.post("/v1/lookup", json={"query": QUERY})
     assert after.status_code == 200 and _doc_ids(after.json()) == _doc_ids(_python_answer(service))
     assert {413, 422} <= set(statuses)  # the mix reached the size and the validation refusals
+
+
+def test_mcp_sdk_client_at_mcp_with_a_slash_and_batches_over_http(live_server):
+    """``/mcp/`` is served as ``/mcp`` (no 307); a JSON-RPC batch gets one JSON-RPC error."""
+    _, base = live_server
+
+    async def run():
+        async with Client(f"{base}/mcp/") as client:
+            return await client.call_tool("lookup_knowledge", {"query": QUERY})
+
+    result = asyncio.run(run())
+    assert not result.is_error and result.structured_content["found"]
+    batch = [{"jsonrpc": "2.0", "id": 1, "method": "ping"}, {"jsonrpc": "2.0", "id": 2, "method": "ping"}]
+    with httpx.Client(base_url=base, timeout=30) as http:
+        slash = http.post("/mcp/", json=batch, headers={"accept": "application/json, text/event-stream"})
+        plain = http.post("/mcp", json=batch, headers={"accept": "application/json, text/event-stream"})
+    for response in (slash, plain):
+        body = response.json()
+        assert response.status_code == 400 and body["jsonrpc"] == "2.0" and body["id"] is None
+        assert body["error"]["code"] == -32600 and "batch" in body["error"]["message"]
+        assert len(response.text) < 300  # one line, no validation dump
+
+
+# --- every door answers cleanly: a seeded corpus of what a client can send ------------------
+
+#: Pieces of a JSON string literal (bytes as sent): lone surrogates as escapes and as raw
+#: (CESU-8) bytes, NUL escaped and raw, overlong and invalid UTF-8, a valid pair, controls.
+NASTY_PIECES = [
+    rb"\ud800",
+    rb"\udfff",
+    rb"\udc00\ud800",
+    rb"\uDBFF x",
+    b"\xed\xa0\x80",
+    b"\xed\xbf\xbf",
+    rb"\u0000",
+    b"\x00",
+    b"\xc0\xaf",
+    b"\xe0\x80\xaf",
+    b"\xf8\x88\x80\x80\x80",
+    b"\xff\xfe",
+    b"\x80",
+    rb"\ud83d\ude00",
+    "\u00e9t\u00e9 \u202e \ufeff \ufffd".encode(),
+    rb"\u001b[31m",
+    b"\t",
+    rb"\\ud800",
+]
+
+
+def nasty_queries(n: int, seed: int = 45) -> list[bytes]:
+    """``n`` seeded JSON string bodies (without quotes): 1-4 nasty pieces among words."""
+    rng = random.Random(seed)
+    words = [b"etcd", b"down", b"RedisMemoryHigh", b"kafka", b"lag", b"\xe6\x9c\x8d\xe5\x8a\xa1"]
+    out = []
+    for _ in range(n):
+        parts = [rng.choice(words) for _ in range(rng.randint(1, 3))]
+        for _ in range(rng.randint(1, 4)):
+            parts.insert(rng.randint(0, len(parts)), rng.choice(NASTY_PIECES))
+        out.append(b" ".join(parts))
+    return out
+
+
+def holds_uncarriable(query: bytes) -> bool:
+    """True when the JSON string, read as Python reads it, holds a lone surrogate or NUL (the note is for)."""
+    try:
+        text = json.loads(b'"' + query + b'"')
+    except ValueError:
+        return False
+    return any("\ud800" <= ch <= "\udfff" or ch == "\x00" for ch in text)
+
+
+def test_every_http_door_answers_nasty_queries_cleanly_on_one_connection(live_server):
+    """POST /v1/lookup and MCP tools/call over streamable HTTP, on one keep-alive connection
+    each: every nasty query gets a 4xx or a structured result (never a 5xx), a query holding
+    lone surrogates or NUL answers with them read as U+FFFD and says so, and the connection
+    keeps serving."""
+    service, base = live_server
+    queries = nasty_queries(120)
+    headers = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+    with httpx.Client(base_url=base, timeout=60, headers=headers) as http:
+        init = http.post(
+            "/mcp",
+            json={
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "fuzz", "version": "1"},
+                },
+            },
+        )
+        session = {"mcp-session-id": init.headers["mcp-session-id"], "mcp-protocol-version": "2025-06-18"}
+        http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+        statuses = {"http": [], "mcp": []}
+        for i, query in enumerate(queries, 1):
+            plain = http.post("/v1/lookup", content=b'{"query": "' + query + b'"}')
+            rpc = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": ' % i
+            rpc += b'{"name": "lookup_knowledge", "arguments": {"query": "' + query + b'"}}}'
+            mcp = http.post("/mcp", content=rpc, headers=session)
+            statuses["http"].append(plain.status_code)
+            statuses["mcp"].append(mcp.status_code)
+            for response in (plain, mcp):
+                assert response.status_code < 500 and "Traceback" not in response.text, (query, response.text[:300])
+            if plain.status_code == 200 and holds_uncarriable(query):
+                assert "\ufffd" in plain.json()["query"] and "U+FFFD" in plain.json()["message"]
+            if mcp.status_code == 200:
+                answer = mcp.json()
+                assert answer["id"] == i and "result" in answer, answer
+                if holds_uncarriable(query):
+                    assert "U+FFFD" in answer["result"]["structuredContent"]["message"]
+        after = http.post("/v1/lookup", json={"query": QUERY})
+    assert after.status_code == 200 and _doc_ids(after.json()) == _doc_ids(_python_answer(service))
+    # the corpus reached both outcomes on both doors: answered, and refused as not JSON
+    assert {200} < set(statuses["http"]) and {200} < set(statuses["mcp"])
+    assert sum(s == 200 for s in statuses["mcp"]) >= sum(holds_uncarriable(q) for q in queries) > 10

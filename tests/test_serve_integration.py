@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,8 +24,11 @@ import pytest
 pytest.importorskip("mcp", reason="the serve extra (mcp, fastapi) is not installed")
 
 from mcp import Client, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+from test_serve import holds_uncarriable, nasty_queries  # noqa: E402
 
 from rag_core.lookup.tool import LookupKnowledgeTool  # noqa: E402
+from rag_core.serve.mcp_server import server_version  # noqa: E402
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
@@ -103,6 +108,111 @@ def test_mcp_sdk_client_over_stdio_answers_like_python(sample_kb, python_answers
     assert answers == python_answers and all(answers.values())
 
 
+READY_LINE = "lookup_knowledge ready"
+
+
+def test_stdio_answers_initialize_and_tools_list_while_the_models_warm_up(sample_kb, python_answers, tmp_path):
+    """`rag -v serve --stdio` logs READY_LINE once its warm-up (model, L0 index, stores) is done:
+    the MCP SDK client's initialize and tools/list complete before it, and a tools/call then
+    waits for it and answers like Python."""
+    stderr = tmp_path / "stderr.txt"
+    params = StdioServerParameters(
+        command=RAG[0], args=[*RAG[1:], "-v", "serve", "--stdio"], env=_env(sample_kb), cwd=REPO
+    )
+
+    async def run():
+        with stderr.open("w") as errlog:
+            async with Client(stdio_client(params, errlog=errlog)) as client:
+                tools = [t.name for t in (await client.list_tools()).tools]
+                warm_at_list = READY_LINE in stderr.read_text()
+                result = await client.call_tool("lookup_knowledge", {"query": QUERIES[0]})
+                return tools, warm_at_list, result
+
+    tools, warm_at_list, result = asyncio.run(run())
+    assert tools == ["lookup_knowledge"] and not warm_at_list
+    assert READY_LINE in stderr.read_text()
+    assert not result.is_error and _doc_ids(result.structured_content) == python_answers[QUERIES[0]]
+
+
+class StdioLines:
+    """`rag serve --stdio` spoken to line by line: ``send(bytes)``, ``answer(timeout)`` -> the
+    next JSON line on stdout (None when none came in time)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [*RAG, "serve", "--stdio"], cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        self._lines: queue.Queue[bytes] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._lines.put(line)
+
+    def send(self, line: bytes) -> None:
+        self.process.stdin.write(line + b"\n")
+        self.process.stdin.flush()
+
+    def answer(self, timeout: float = 120) -> dict | None:
+        try:
+            return json.loads(self._lines.get(timeout=timeout))
+        except queue.Empty:
+            return None
+
+    def close(self) -> int:
+        self.process.stdin.close()
+        return self.process.wait(60)
+
+
+def test_stdio_answers_every_line_a_client_can_send(sample_kb, python_answers):
+    """The seeded corpus of nasty queries (lone surrogates escaped and raw, NUL, overlong
+    UTF-8), a batch, a non-JSON line and a non-message over one stdio session: each line gets
+    exactly one JSON-RPC answer (a result for every tools/call that is JSON, lone surrogates
+    read as U+FFFD and said so; a parse error for one with a raw control character), and the
+    session keeps serving."""
+    stdio = StdioLines(_env(sample_kb))
+    try:
+        init = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "fuzz", "version": "1"}}
+        stdio.send(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}).encode())
+        assert stdio.answer()["result"]["serverInfo"]["version"]
+        stdio.send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}')
+        for line, code in [
+            (b"etcd is down", -32700),
+            (b'[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]', -32600),
+            (b'{"id": 2}', -32600),
+        ]:
+            stdio.send(line)
+            answer = stdio.answer()
+            assert answer is not None and answer["error"]["code"] == code, (line, answer)
+        for i, query in enumerate(nasty_queries(40), 10):
+            rpc = b'{"jsonrpc": "2.0", "id": %d, "method": "tools/call", "params": ' % i
+            stdio.send(rpc + b'{"name": "lookup_knowledge", "arguments": {"query": "' + query + b'"}}}')
+            answer = stdio.answer()
+            assert answer is not None, query
+            try:  # what the server reads: the line as UTF-8, undecodable bytes as U+FFFD
+                json.loads('"' + query.decode("utf-8", "replace") + '"')
+            except ValueError:  # a raw control character: not JSON
+                assert answer["error"]["code"] == -32700, (query, answer)
+                continue
+            assert answer["id"] == i and "result" in answer, (query, answer)
+            if holds_uncarriable(query):
+                assert "U+FFFD" in answer["result"]["structuredContent"]["message"]
+        stdio.send(
+            json.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 99,
+                    "method": "tools/call",
+                    "params": {"name": "lookup_knowledge", "arguments": {"query": QUERIES[0]}},
+                }
+            ).encode()
+        )
+        last = stdio.answer()
+        assert _doc_ids(last["result"]["structuredContent"]) == python_answers[QUERIES[0]]
+    finally:
+        assert stdio.close() == 0
+
+
 def test_mcp_sdk_client_over_streamable_http_answers_like_python(http_server, python_answers):
     tools, answers = asyncio.run(_mcp_doc_ids(f"{http_server}/mcp"))
     assert tools == ["lookup_knowledge"]
@@ -141,14 +251,17 @@ def _run_js_client(args: list[str], env: dict[str, str] | None = None) -> dict:
 
 
 def test_typescript_sdk_client_over_streamable_http_answers_like_python(http_server, python_answers):
-    out = _run_js_client(["--http", f"{http_server}/mcp", *QUERIES])
-    assert out["tools"] == ["lookup_knowledge"]
+    # at /mcp/: served as /mcp, no 307 (the AI SDK refuses one)
+    out = _run_js_client(["--http", f"{http_server}/mcp/", *QUERIES])
+    assert out["tools"] == ["lookup_knowledge"] and out["templates"] == ["knowledge://{docId}"]
+    assert out["server"]["version"] == server_version()
     assert out["errors"] == {}
     assert out["answers"] == python_answers and all(out["answers"].values())
 
 
 def test_typescript_sdk_client_over_stdio_answers_like_python(sample_kb, python_answers):
     out = _run_js_client(["--stdio", *RAG, "serve", "--stdio", "--", *QUERIES], env=_env(sample_kb))
-    assert out["tools"] == ["lookup_knowledge"]
+    assert out["tools"] == ["lookup_knowledge"] and out["templates"] == ["knowledge://{docId}"]
+    assert out["server"]["version"] == server_version()
     assert out["errors"] == {}
     assert out["answers"] == python_answers

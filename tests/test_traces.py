@@ -307,7 +307,7 @@ def test_table_columns_are_the_row_fields():
 def test_rows_are_cleaned_once_at_construction_not_in_the_spool_or_store(trace_store, tmp_path, monkeypatch):
     calls: list[object] = []
     real = trace_rows._scrub
-    monkeypatch.setattr(trace_rows, "_scrub", lambda v: calls.append(v) or real(v))
+    monkeypatch.setattr(trace_rows, "_scrub", lambda v, *more: calls.append(v) or real(v, *more))
     built = row(1, error="postgresql://admin:hunter2pw@db/rag refused", retrieval_details={"token": "abc"})
     assert calls and built.error == "postgresql://admin:***@db/rag refused"
     assert built.retrieval_details == {"token": "***"}

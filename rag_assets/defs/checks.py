@@ -4,6 +4,8 @@ Each check takes the value of the asset it checks as an input (loaded by the IO 
 a file path of its own.
 """
 
+from dataclasses import dataclass
+
 import dagster as dg
 
 from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource
@@ -12,6 +14,7 @@ from rag_assets.metadata import floats, md_table
 from rag_core.evaluation.cases import GoldenCase
 from rag_core.evaluation.evaluator import EvaluationReport
 from rag_core.evaluation.fixtures import FixtureManifest
+from rag_core.evaluation.gate import GateResult
 from rag_core.evaluation.reports import ComparisonReport
 from rag_core.ingest.plan import DocumentScan
 
@@ -25,41 +28,23 @@ HOW_TO_BASELINE = (
 def baseline_regression(
     rag: RagSettingsResource, evaluation: EvaluationConfigResource, baseline_report: EvaluationReport
 ) -> dg.AssetCheckResult:
-    """The main store against the stored baseline: fails when recall@5 or MRR drops more than
-    the tolerance, a case goes strong -> miss, or a case that ran in the baseline no longer runs.
+    """The main store against the stored baseline (``rag_core.evaluation.gate``): fails when
+    recall@5, MRR or the share of strong hits drops more than the tolerance, a case goes
+    strong -> miss, or a case that ran in the baseline no longer runs.
 
     Blocking: ``publish_reports`` does not run in a run where this fails. Passes, with a note,
     when no baseline is stored yet or the baseline shares no case with the current golden set.
     """
-    from rag_core.evaluation.gate import compare
-    from rag_core.evaluation.reports import load_report
-
     stored = evaluation.baseline()
     current_path = evaluation.files(rag.get_settings()).baseline_json
-    if not stored.is_file():
-        note = HOW_TO_BASELINE.format(current=current_path, baseline=stored, folder=stored.parent)
+    result = gate_against_baseline(evaluation, baseline_report)
+    if isinstance(result, NotCompared):
+        description = result.reason
+        if not stored.is_file():
+            description += "; " + HOW_TO_BASELINE.format(current=current_path, baseline=stored, folder=stored.parent)
         return dg.AssetCheckResult(
-            passed=True,
-            description=f"no stored baseline at {stored}; {note}",
-            metadata={"baseline": str(stored), "compared": False},
+            passed=result.passed, description=description[:1000], metadata={"baseline": str(stored), "compared": False}
         )
-    try:
-        baseline = load_report(stored)
-    except (OSError, ValueError) as exc:
-        return dg.AssetCheckResult(
-            passed=False,
-            description=f"stored baseline {stored} unreadable: {exc}"[:1000],
-            metadata={"baseline": str(stored)},
-        )
-    current = baseline_report
-    if not {c.case_id for c in baseline.cases} & {c.case_id for c in current.cases}:
-        return dg.AssetCheckResult(
-            passed=True,
-            metadata={"baseline": str(stored), "compared": False},
-            description=f"baseline {stored} has no case in common with the current golden set "
-            "(another corpus?); nothing compared",
-        )
-    result = compare(baseline, current, evaluation.recall_tolerance, evaluation.mrr_tolerance)
     return dg.AssetCheckResult(
         passed=result.passed,
         description="; ".join(result.reasons) or f"no regression over {result.compared_cases} cases",
@@ -75,11 +60,42 @@ def baseline_regression(
                     "current_recall@5": result.current_recall_at_5,
                     "baseline_mrr": result.baseline_mrr,
                     "current_mrr": result.current_mrr,
-                    "p_value": result.significance.p_value if result.significance else None,
+                    # Shown beside the verdict, which does not use it (see the gate's Markdown).
+                    "mrr_change_p_value_not_gated": result.significance.p_value if result.significance else None,
                 }
             ),
         },
     )
+
+
+@dataclass(frozen=True)
+class NotCompared:
+    """Why the gate compared nothing, and whether that passes (an unreadable baseline does not)."""
+
+    passed: bool
+    reason: str
+
+
+def gate_against_baseline(evaluation: EvaluationConfigResource, current: EvaluationReport) -> GateResult | NotCompared:
+    """The gate of ``current`` (the main store) against the stored baseline, or why nothing was
+    compared (no baseline stored, baseline unreadable, no case in common). Shared by the
+    blocking check and the morning view."""
+    from rag_core.evaluation.gate import compare
+    from rag_core.evaluation.reports import load_report
+
+    stored = evaluation.baseline()
+    if not stored.is_file():
+        return NotCompared(True, f"no stored baseline at {stored}")
+    try:
+        baseline = load_report(stored)
+    except (OSError, ValueError) as exc:
+        return NotCompared(False, f"stored baseline {stored} unreadable: {exc}")
+    if not {c.case_id for c in baseline.cases} & {c.case_id for c in current.cases}:
+        return NotCompared(
+            True,
+            f"baseline {stored} has no case in common with the current golden set (another corpus?); nothing compared",
+        )
+    return compare(baseline, current, evaluation.recall_tolerance, evaluation.mrr_tolerance)
 
 
 def _lowest_overlap_rows(comparison: ComparisonReport, limit: int = 10) -> list[list]:

@@ -21,7 +21,7 @@ from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_CRON, TIMEZONE, previous
 
 INGEST_GROUPS = ("ingest", "index")
 EVALUATION_GROUPS = ("evaluation", "reports", "traces")
-TRACE_ASSETS = dg.AssetSelection.assets("trace_tables")
+TRACE_ASSETS = dg.AssetSelection.assets("trace_tables", "production_signals", "mined_cases")
 EXECUTABLE = dg.AssetSelection.all() - dg.AssetSelection.assets("tool_invocation")
 #: Every job touches the shared stores; dagster.production.yaml limits runs with this tag to one.
 STORE_TAGS = {"rag/stores": "shared"}
@@ -67,7 +67,7 @@ trace_export_job = dg.define_asset_job(
     selection=TRACE_ASSETS,
     partitions_def=DAILY_PARTITIONS,
     tags=STORE_TAGS,
-    description="Export one day of tool_invocation rows to Parquet.",
+    description="Export one day of tool_invocation rows to Parquet; its production signals and mined cases.",
 )
 
 

@@ -7,6 +7,7 @@ are missing (``../shared`` not mounted) materializes with ``status=skipped`` and
 """
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -72,6 +73,8 @@ def _suite_asset(suite: GoldenSuite) -> dg.AssetsDefinition:
             metadata["gate_report"] = dg.MetadataValue.md(outcome.gate.to_markdown())
         if outcome.current_files is not None:
             metadata["report"] = dg.MetadataValue.path(str(outcome.current_files.markdown_path))
+        if outcome.gaps_file is not None:
+            metadata["knowledge_gaps"] = dg.MetadataValue.md(Path(outcome.gaps_file).read_text(encoding="utf-8"))
         return dg.MaterializeResult(metadata=metadata)
 
     return _asset

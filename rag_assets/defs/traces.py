@@ -1,4 +1,5 @@
-"""Traces group: daily exports of the ``tool_invocation`` table to Parquet.
+"""Traces group: daily exports of the ``tool_invocation`` table to Parquet, and the day's
+production signals (``production_signals``).
 
 A partition is one UTC day; its file is ``<data_dir>/traces/tool_invocation/day=<key>/
 part-0.parquet`` (hive layout, so ``pl.scan_parquet(".../tool_invocation/**/*.parquet")``
@@ -9,17 +10,20 @@ export holds every lookup of the day, the nightly evaluation's own lookups inclu
 import json
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
 import polars as pl
 
-from rag_assets.defs.resources import RagSettingsResource, TraceStoreResource
+from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResource, TraceStoreResource
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table, table_schema
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
+from rag_core.fileio import write_text_atomic
 from rag_core.lookup.trace_row import RetrievalDetails
-from rag_core.traces.rows import TraceRow
+from rag_core.traces.rows import PRODUCTION_ORIGINS, TraceRow
+from rag_core.traces.signals import SIGNALS, day_signals, drift, flag_lookups
 
 # The table's columns come from TraceRow's fields (text unless listed), with the details JSON as
 # text last and the details the reports need flattened before it.
@@ -164,3 +168,102 @@ def trace_tables(
             "path": dg.MetadataValue.path(str(path)),
         },
     )
+
+
+def frame_rows(frame: pl.DataFrame) -> list[TraceRow]:
+    """The ``TraceRow`` s of a ``trace_tables`` frame (its details JSON text parsed back)."""
+    rows = []
+    for record in frame.select(*_ROW_COLUMNS, "retrieval_details").iter_rows(named=True):
+        text = record["retrieval_details"]
+        rows.append(TraceRow.from_stored({**record, "retrieval_details": json.loads(text) if text else None}))
+    return rows
+
+
+@dg.asset(
+    group_name="traces",
+    partitions_def=DAILY_PARTITIONS,
+    kinds={"json", "markdown"},
+    freshness_policy=NIGHTLY_FRESHNESS,
+)
+def production_signals(
+    context: dg.AssetExecutionContext,
+    rag: RagSettingsResource,
+    evaluation: EvaluationConfigResource,
+    trace_tables: pl.DataFrame,
+) -> dg.MaterializeResult:
+    """How production lookups went on one UTC day, per origin (the nightly evaluation's own
+    lookups left out): lookups and the shares of each signal of ``rag_core.traces.signals``
+    (weak, L0 fallback, degraded, retried, truncated, slow, re-asked, store disagreement), each
+    beside its trend over the last nights and a drift flag against the trailing weeks.
+
+    Writes ``<reports>/signals/<day>.json`` (the trend's source; re-materializing a day rewrites
+    it) and ``<day>.md`` (shown in the morning view); headline figures of all production origins
+    as metadata values, detail in Markdown.
+    """
+    settings = rag.get_settings()
+    day = context.partition_key
+    flagged = flag_lookups(frame_rows(trace_tables), settings.trace_slow_ms, settings.trace_reask_window_s)
+    figures = day_signals(flagged)
+    signals_dir = evaluation.files(settings).signals_dir
+    trailing = _earlier_figures(signals_dir, day)
+    drifts = {o: drift(f, [n[o] for n in trailing if o in n]) for o, f in figures.items()}
+    path = write_text_atomic(signals_dir / f"{day}.json", json.dumps({"day": day, "figures": figures}, indent=2))
+    markdown = signals_markdown(day, figures, trailing, drifts, settings.trace_slow_ms)
+    write_text_atomic(signals_dir / f"{day}.md", markdown)  # the morning view shows the latest
+    headline = figures.get("production", {})
+    evaluation_rows = sum(1 for f in flagged if f.origin not in PRODUCTION_ORIGINS)
+    return dg.MaterializeResult(
+        metadata={
+            "production_lookups": int(headline.get("lookups", 0)),
+            "evaluation_lookups_left_out": evaluation_rows,
+            **floats({f"{s}_share": float(headline[s]) for s in SIGNALS if s in headline}),
+            "drift": "; ".join(f"{o}: {s} {d}" for o, ds in drifts.items() for s, d in ds.items()) or "none",
+            "lookups_per_origin": dg.MetadataValue.json({o: f["lookups"] for o, f in figures.items()}),
+            "signals": dg.MetadataValue.md(markdown),
+            "path": dg.MetadataValue.path(str(path)),
+        }
+    )
+
+
+def _earlier_figures(signals_dir: Path, day: str) -> list[dict[str, Any]]:
+    """The figures of the days before ``day`` that have a signals file, oldest first."""
+    out = []
+    for path in sorted(signals_dir.glob("*.json")):
+        if path.stem < day:
+            try:
+                out.append(json.loads(path.read_text(encoding="utf-8"))["figures"])
+            except (OSError, ValueError, KeyError) as exc:
+                raise dg.Failure(f"{path}: unreadable production signals ({exc}); delete or fix the file") from None
+    return out
+
+
+def signals_markdown(
+    day: str,
+    figures: dict[str, dict[str, Any]],
+    trailing: list[dict[str, Any]],
+    drifts: dict[str, dict[str, str]],
+    slow_ms: float,
+) -> str:
+    """The day's production signals as Markdown: one table per origin, each signal's share, the
+    last 7 nights before it (oldest first) and its drift flag."""
+    parts = [f"# Production signals {day}", "", f"Production lookups only; slow SLO {slow_ms:g} ms."]
+    if not figures:
+        parts.append("\nNo production lookups this day.")
+    for origin, f in figures.items():
+        history = [n[origin] for n in trailing if origin in n][-7:]
+        rows = [
+            [
+                signal,
+                f"{f[signal]:.1%}",
+                " ".join(f"{n.get(signal, 0.0):.0%}" for n in history) or "-",
+                drifts[origin].get(signal, ""),
+            ]
+            for signal in SIGNALS
+        ]
+        parts += [
+            "",
+            f"## {origin}: {f['lookups']} lookups",
+            "",
+            md_table(["signal", "share", "last nights", "drift"], rows),
+        ]
+    return "\n".join(parts) + "\n"

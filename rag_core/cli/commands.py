@@ -11,8 +11,8 @@ from typing import Any
 import typer
 
 from rag_core.cli.common import console, embedder_or_exit, settings_or_exit
-from rag_core.cli.views import table
 from rag_core.settings import RagSettings
+from rag_core.text import escape_controls
 
 app = typer.Typer(help="Knowledge retrieval for agents (lookup_knowledge).", no_args_is_help=True)
 
@@ -91,7 +91,7 @@ def ingest(
         print_ingest_report(console, report)
     if report.partial:  # exit 3: the index is usable, but some documents are missing from it
         failed = [i for i in report.skipped if is_failure(i)]
-        names = sorted({i.path for i in failed})
+        names = sorted({escape_controls(i.path) for i in failed})
         more = f" and {len(names) - 10} more (listed above)" if len(names) > 10 else ""
         console.print(
             f"[yellow]partial ingest: {len(failed)} document(s) skipped: {', '.join(names[:10])}{more}[/yellow]",
@@ -122,20 +122,23 @@ def lookup(
     wide: bool | None = typer.Option(
         None, "--wide/--stacked", help="Evidence as one table / one stanza per block (default: by terminal width)"
     ),
+    explain: bool = typer.Option(
+        False, "--explain", help="Also show the attempts, hit reasons, rerank arithmetic and the context pack"
+    ),
 ) -> None:
-    """Run lookup_knowledge and print the evidence (or the JSON contract)."""
+    """Run lookup_knowledge and print the verdict and the evidence per document (or the JSON contract)."""
     from rag_core.cli.views import print_lookup
     from rag_core.lookup.tool import LookupKnowledgeTool
 
     tool = LookupKnowledgeTool(settings_or_exit())
     try:
-        result = tool.lookup(query, session_id=session)
+        result = tool.lookup(query, session_id=session, transport="cli")
     finally:
         tool.close()
     if as_json:
         print(json.dumps(result.to_json(), indent=2, ensure_ascii=False))
     else:
-        print_lookup(console, result, wide)
+        print_lookup(console, result, wide, explain)
 
 
 @app.command()
@@ -182,18 +185,9 @@ def traces(
     if as_json:
         print(json.dumps([r.model_dump(mode="json") for r in rows], indent=2, ensure_ascii=False))
         return
-    t = table("created_at", "session", "layer", "status", "latency ms", "input", "error")
-    for r in rows:
-        t.add_row(
-            str(r.created_at)[:19],
-            r.session_id or "",
-            r.retrieval_layer or "",
-            r.status or "",
-            f"{r.latency_ms:.1f}" if r.latency_ms is not None else "",
-            (r.input or "")[:60],
-            (r.error or "")[:60],
-        )
-    console.print(t)
+    from rag_core.cli.views import print_traces
+
+    print_traces(console, rows)
 
 
 @app.command()
@@ -286,21 +280,6 @@ def _server_rows(settings: RagSettings) -> list[dict[str, Any]]:
     return rows
 
 
-def _print_servers(rows: list[dict[str, Any]], title: str) -> None:
-    t = table("server", "state", "pid", "uri", "engine", "uptime s", "data", title=title)
-    for r in rows:
-        t.add_row(
-            r["server"],
-            "running" if r["running"] else "not running",
-            str(r.get("pid", "")),
-            r.get("uri", ""),
-            f"{r.get('engine', '')} {r.get('engine_version', '')}".strip(),
-            f"{r['uptime_s']:.0f}" if "uptime_s" in r else "",
-            r.get("db_path") or r.get("data_dir", ""),
-        )
-    console.print(t)
-
-
 @server_app.command("status")
 def server_status(as_json: bool = typer.Option(False, "--json", help="Print JSON")) -> None:
     """Show the embedded servers of the data dir (pid, URI, engine, uptime, data)."""
@@ -308,7 +287,9 @@ def server_status(as_json: bool = typer.Option(False, "--json", help="Print JSON
     if as_json:
         print(json.dumps(rows, indent=2))
     else:
-        _print_servers(rows, "embedded servers")
+        from rag_core.cli.views import print_servers
+
+        print_servers(console, rows, "embedded servers")
 
 
 @server_app.command("stop")
@@ -342,9 +323,11 @@ def _mount_eval() -> None:
     except ImportError:  # evaluation package not importable: the rest of the CLI still works
         return
     from rag_core.cli.recording import register_record, register_suites
+    from rag_core.cli.review import register_review
 
     register_record(eval_app)
     register_suites(eval_app)
+    register_review(eval_app)
     app.add_typer(eval_app, name="eval", help="Golden retrieval evaluation")
 
 

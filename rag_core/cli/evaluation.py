@@ -10,26 +10,20 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from rag_core.evaluation.calibrate import CaseScore, calibrate, case_scores, model_of_fixtures
-from rag_core.evaluation.cases import CaseFileError, GoldenCase, load_cases
-from rag_core.evaluation.evaluator import EvaluationReport, evaluate
-from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
-from rag_core.evaluation.formats import FormatVersionError
-from rag_core.evaluation.gate import compare as gate_compare
-from rag_core.evaluation.reports import (
-    ReportFiles,
-    load_report,
-    summary_rows,
-    write_baseline_report,
-    write_comparison_report,
-)
 from rag_core.model_profiles import PROFILES_PATH, model_profile, write_profile
+
+if TYPE_CHECKING:  # the evaluation modules load when a command runs, not for `rag --help`
+    from rag_core.evaluation.calibrate import CaseScore
+    from rag_core.evaluation.cases import GoldenCase
+    from rag_core.evaluation.evaluator import EvaluationReport
+    from rag_core.evaluation.fixtures import FixtureSet
+    from rag_core.evaluation.reports import ReportFiles
 
 __all__ = ["eval_app"]
 
@@ -63,6 +57,8 @@ def _parse_ks(text: str) -> list[int]:
 
 
 def _cases(path: Path) -> list[GoldenCase]:
+    from rag_core.evaluation.cases import CaseFileError, load_cases
+
     try:
         return load_cases(path)
     except CaseFileError as exc:
@@ -70,6 +66,9 @@ def _cases(path: Path) -> list[GoldenCase]:
 
 
 def _fixtures(directory: Path, cases: list[GoldenCase], *, required: bool) -> FixtureSet:
+    from rag_core.evaluation.fixtures import load_fixtures
+    from rag_core.evaluation.formats import FormatVersionError
+
     if required and not directory.is_dir():
         raise _fail(f"fixtures directory {directory} not found (record it with `rag eval record`)")
     try:
@@ -89,6 +88,8 @@ def _file_list(files: ReportFiles) -> list[str]:
 
 
 def _print_summary(columns: list[tuple[str, EvaluationReport]]) -> None:
+    from rag_core.evaluation.reports import summary_rows
+
     first = columns[0][1]
     table = Table(title="Golden retrieval evaluation")
     table.add_column("metric")
@@ -111,6 +112,9 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Evaluate one store's fixtures; write <name>.json, <name>.md and a recall@K chart."""
+    from rag_core.evaluation.evaluator import evaluate
+    from rag_core.evaluation.reports import write_baseline_report
+
     golden = _cases(cases)
     report = evaluate(golden, _fixtures(fixtures, golden, required=True), _parse_ks(k), strong_k)
     files = write_baseline_report(report, out, name).files
@@ -133,6 +137,9 @@ def compare(
     as_json: JsonOpt = False,
 ) -> None:
     """Main store and sidecar side by side; works when the sidecar is missing or unavailable."""
+    from rag_core.evaluation.evaluator import evaluate
+    from rag_core.evaluation.reports import write_comparison_report
+
     golden = _cases(cases)
     ks = _parse_ks(k)
     main_fx = _fixtures(main, golden, required=True)
@@ -179,6 +186,9 @@ def gate(
     as_json: JsonOpt = False,
 ) -> None:
     """Compare a current report with the baseline; exit 1 when the gate fails."""
+    from rag_core.evaluation.gate import compare as gate_compare
+    from rag_core.evaluation.reports import load_report
+
     reports = []
     for path in (baseline, current):
         try:
@@ -210,6 +220,10 @@ def calibrate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document (result, previous, file)")] = False,
 ) -> None:
     """Pick the thresholds that best separate answered from unanswered cases; write the profile."""
+    from rag_core.evaluation.calibrate import calibrate, case_scores, model_of_fixtures
+    from rag_core.evaluation.cases import load_cases
+    from rag_core.evaluation.fixtures import load_fixtures
+
     if len(cases) != len(fixtures):
         raise typer.BadParameter("give one --fixtures directory per --cases file", param_hint="--fixtures")
     scores: list[CaseScore] = []

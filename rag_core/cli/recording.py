@@ -3,15 +3,19 @@ stack run per golden case), mounted on the ``rag eval`` app by ``rag_core.cli.co
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from rag_core.cli.common import settings_or_exit
-from rag_core.recording.record import STORE_NAMES, record_fixtures
-from rag_core.recording.suites import SuiteOutcome, run_suite
+from rag_core.text import escape_controls
+
+if TYPE_CHECKING:  # the recording stack (L0, stores, models) loads when a command runs, not for --help
+    from rag_core.recording.suites import SuiteOutcome
 
 __all__ = ["register_record", "register_suites"]
 
@@ -28,12 +32,14 @@ def register_record(eval_app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
     ) -> None:
         """Run the real lookup pipeline per case on one store and write JSON fixtures."""
+        from rag_core.recording.record import STORE_NAMES, record_fixtures
+
         if old_store is not None:
             typer.echo("warning: --path is deprecated, use --store", err=True)
             store = old_store
         if store not in STORE_NAMES:
             raise typer.BadParameter("must be milvus or pgvector", param_hint="--store")
-        manifest = record_fixtures(settings_or_exit(), store, cases, out)  # type: ignore[arg-type]
+        manifest = record_fixtures(settings_or_exit(), store, cases, out, progress=sys.stderr.isatty())  # type: ignore[arg-type]
         if as_json:
             typer.echo(manifest.model_dump_json(indent=2))
             return
@@ -43,23 +49,20 @@ def register_record(eval_app: typer.Typer) -> None:
         )
 
 
-def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
-    table = Table(title="Golden suites (main store = Milvus, sidecar = pgvector)")
-    for column in (
-        "suite",
-        "status",
-        "store",
-        "cases",
-        "strong/medium/miss",
-        "recall@5",
-        "MRR",
-        "filter hurt/rescued/helped/same",
-        "gate",
-    ):
-        table.add_column(column, overflow="fold")
+def _print_outcomes(outcomes: list[SuiteOutcome], console: Console) -> None:
+    """One row per suite and store in under 80 columns (no borders, short headers with a
+    legend below); a suite that did not run gets its status in the store column and its reason
+    on a line below the table."""
+    table = Table(title="Golden suites (main store = Milvus, sidecar = pgvector)", box=None, pad_edge=False)
+    table.add_column("suite", no_wrap=True)
+    table.add_column("store", no_wrap=True)
+    for column in ("cases", "s/m/miss", "R@5", "MRR", "filter", "gate"):
+        table.add_column(column, justify="right", no_wrap=True)
+    reasons = []
     for o in outcomes:
         if o.status != "ok":
-            table.add_row(o.suite, o.status, "", "", "", "", "", "", o.reason or "")
+            table.add_row(o.suite, o.status, "", "", "", "", "", "")
+            reasons.append(f"{o.suite}: {o.status}: {escape_controls(o.reason or '')}")
             continue
         for store, r in o.reports.items():
             s, cost = r.summary, r.filter_cost
@@ -67,10 +70,10 @@ def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
                 "/".join(str(cost.counts[e]) for e in ("hurt", "rescued", "helped", "no_difference")) if cost else ""
             )
             gate = "" if store != "milvus" or o.gate is None else ("pass" if o.gate.passed else "FAIL")
+            status = "" if r.store_status.status == "available" else f" ({r.store_status.status})"
             table.add_row(
                 o.suite,
-                r.store_status.status,
-                store,
+                store + status,
                 str(s.case_count),
                 f"{s.strong}/{s.medium}/{s.miss}",
                 _fmt(s.recall_at_k.get(5)),
@@ -78,7 +81,14 @@ def _print_outcomes(outcomes: list[SuiteOutcome]) -> None:
                 effects,
                 gate,
             )
-    Console(width=200).print(table)
+    console.print(table)
+    console.print(
+        "s/m/miss: strong/medium/miss cases; R@5: recall@5; filter: L0 category filter hurt/rescued/helped/same",
+        style="dim",
+        highlight=False,
+    )
+    for reason in reasons:
+        console.print(reason, highlight=False, markup=False, soft_wrap=True)
 
 
 def _fmt(value: float | None) -> str:
@@ -102,6 +112,7 @@ def register_suites(eval_app: typer.Typer) -> None:
         """
         from rag_core.components import make_embedder
         from rag_core.evaluation.suites import DEFAULT_SUITES_FILE, SuiteFileError, load_suites
+        from rag_core.recording.suites import run_suite
 
         settings = settings_or_exit()
         try:
@@ -115,15 +126,16 @@ def register_suites(eval_app: typer.Typer) -> None:
             raise typer.Exit(2)
         embedder = make_embedder(settings)
         out_dir = out or settings.data_dir / "reports" / "suites"
+        progress = sys.stderr.isatty() and not as_json  # bars on a terminal only, never in redirected output
         outcomes = [
-            run_suite(settings, s, embedder, out_dir, with_sidecar=sidecar, progress=not as_json)
+            run_suite(settings, s, embedder, out_dir, with_sidecar=sidecar, progress=progress)
             for s in chosen
             if not suite or s.name in suite
         ]
         if as_json:
             typer.echo("[" + ",".join(o.model_dump_json(exclude={"reports"}) for o in outcomes) + "]")
         else:
-            _print_outcomes(outcomes)
+            _print_outcomes(outcomes, Console())
             typer.echo(f"Reports: {out_dir}")
         if any(o.status == "failed" or (o.gate is not None and not o.gate.passed) for o in outcomes):
             raise typer.Exit(1)

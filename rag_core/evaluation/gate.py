@@ -1,7 +1,9 @@
 """Regression gate: compare a current evaluation against the stored baseline.
 
-The gate fails when, over the cases run in both reports, recall@5 or MRR drops by more than
-its (absolute) tolerance, when any case goes from strong to miss, when a case that ran in the
+The gate fails when, over the cases run in both reports, recall@5, MRR or the share of strong
+hits drops by more than its (absolute) tolerance (the strong share uses recall's: a night that
+loses answer sections while the documents still rank is a regression), when any case goes from
+strong to miss, when a case that ran in the
 baseline is not run now, or when no case ran in both. A paired randomization test on the
 per-case reciprocal ranks says how likely the MRR change is under "no difference"; it is
 reported, not gated on (16 cases rarely reach significance, and a blocking check should not
@@ -92,6 +94,8 @@ class GateResult(BaseModel):
     current_recall_at_5: float | None
     baseline_mrr: float | None
     current_mrr: float | None
+    baseline_strong_share: float | None = None
+    current_strong_share: float | None = None
     newly_missed: list[str] = Field(default_factory=list)
     newly_found: list[str] = Field(default_factory=list)
     strong_to_miss: list[str] = Field(default_factory=list)
@@ -120,6 +124,10 @@ def _recall(cases: Sequence[CaseResult], k: int) -> float | None:
     if not cases:
         return None
     return sum(c.first_hit_rank is not None and c.first_hit_rank <= k for c in cases) / len(cases)
+
+
+def _strong_share(cases: Sequence[CaseResult]) -> float | None:
+    return sum(c.hit_level == "strong" for c in cases) / len(cases) if cases else None
 
 
 def _mrr(cases: Sequence[CaseResult]) -> float | None:
@@ -232,6 +240,8 @@ def compare(
         current_recall_at_5=_recall(cur_cases, GATE_K),
         baseline_mrr=_mrr(base_cases),
         current_mrr=_mrr(cur_cases),
+        baseline_strong_share=_strong_share(base_cases),
+        current_strong_share=_strong_share(cur_cases),
         newly_missed=ids("newly_missed"),
         newly_found=ids("newly_found"),
         strong_to_miss=[ch.case_id for ch in changes if ch.baseline_level == "strong" and ch.current_level == "miss"],
@@ -264,6 +274,7 @@ def _reasons(result: GateResult, fail_on_not_run: bool) -> list[str]:
         result.recall_tolerance,
     )
     reasons += _drop("MRR", result.baseline_mrr, result.current_mrr, result.mrr_tolerance)
+    reasons += _drop("strong hits", result.baseline_strong_share, result.current_strong_share, result.recall_tolerance)
     if result.strong_to_miss:
         reasons.append(f"strong -> miss: {', '.join(result.strong_to_miss)}")
     if fail_on_not_run and result.newly_not_run:
@@ -290,13 +301,18 @@ def _render(result: GateResult) -> str:
             f"{_fmt(result.current_recall_at_5)} (allowed drop {result.recall_tolerance:.3f})"
         ),
         (f"- MRR: {_fmt(result.baseline_mrr)} -> {_fmt(result.current_mrr)} (allowed drop {result.mrr_tolerance:.3f})"),
+        (
+            f"- strong hits (share): {_fmt(result.baseline_strong_share)} -> "
+            f"{_fmt(result.current_strong_share)} (allowed drop {result.recall_tolerance:.3f})"
+        ),
     ]
     sig = result.significance
     if sig is not None:
         lines.append(
-            f"- Paired randomization test on per-case reciprocal rank: mean difference "
-            f"{sig.mean_difference:+.3f}, two-sided p = {sig.p_value:.4f} "
-            f"({sig.n_cases} cases, {sig.n_permutations:,} permutations, seed {sig.seed})"
+            f"- Is the MRR change noise? Paired randomization test on per-case reciprocal rank: mean "
+            f"difference {sig.mean_difference:+.3f}, two-sided p = {sig.p_value:.4f} "
+            f"({sig.n_cases} cases, {sig.n_permutations:,} permutations, seed {sig.seed}); "
+            "for information only, the verdict does not use it"
         )
     if result.reasons:
         lines += ["", "Failed because:", *(f"- {r}" for r in result.reasons)]

@@ -312,7 +312,7 @@ def _not_run_lines(report: EvaluationReport) -> list[str]:
     not_run = [c for c in report.cases if c.hit_level == "not_run"]
     if not not_run:
         return []
-    return ["", "## Not run", "", *(f"- `{c.case_id}`: {c.not_run_reason}" for c in not_run)]
+    return ["", "## Not run", "", *(f"- `{md_cell(c.case_id)}`: {md_cell(c.not_run_reason)}" for c in not_run)]
 
 
 def _filter_cost_lines(report: EvaluationReport) -> list[str]:
@@ -617,7 +617,7 @@ def _entry_cells(entry: SideBySideEntry | None, highlight: bool) -> list[str]:
 
 
 def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str]:
-    head = f"### `{case.case_id}` ({case.scenario}): main {_LEVEL_MARK[case.main_hit_level]}"
+    head = f"### `{md_cell(case.case_id)}` ({md_cell(case.scenario)}): main {_LEVEL_MARK[case.main_hit_level]}"
     if with_sidecar:
         side_level = _LEVEL_MARK[case.sidecar_hit_level or "not_run"]
         head += f", sidecar {side_level}"
@@ -626,7 +626,7 @@ def _case_comparison_lines(case: CaseComparison, with_sidecar: bool) -> list[str
     lines = [
         head,
         "",
-        f"Query: {case.query} · expected: {', '.join(f'`{d}`' for d in case.expected_docs)}"
+        f"Query: {md_cell(case.query)} · expected: {', '.join(f'`{md_cell(d)}`' for d in case.expected_docs)}"
         f" · first-hit rank main {case.main_first_hit_rank or '—'}"
         + (f", sidecar {case.sidecar_first_hit_rank or '—'}" if with_sidecar else ""),
         "",

@@ -3,7 +3,8 @@
 ``apply_plan`` first re-reads the store and refuses (``StalePlanError``) when it no longer holds
 what the plan was made against: another ingest wrote in between, and applying this diff could
 delete its chunks or leave them half-replaced. Then: upsert the planned chunks with their
-vectors, record the model, delete the planned chunk ids, flush. A store to recreate (a rebuild,
+vectors, record the model, delete the planned chunk ids, store the centroids of the documents
+that changed or had none (``rag_core.ingest.centroids``), flush. A store to recreate (a rebuild,
 another dimension) or to re-embed (a model change) is written whole into a new collection/table
 (``VectorStore.rebuild``) that replaces the served one atomically at the end (issue 26: a lookup
 in another process sees the old index or the new one, never a part); a failure leaves the old
@@ -14,11 +15,12 @@ Documents the embed stage skipped (a bad vector) keep their stored chunks (not a
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from types import TracebackType
 
 from rag_core.embedding.base import ModelIdentity
+from rag_core.ingest.centroids import stale_centroids, write_centroids
 from rag_core.ingest.embed import ChunkEmbeddings
 from rag_core.ingest.plan import IngestPlan, StoreChanges, StorePlan, StoreState, read_store_state
 from rag_core.models import Chunk
@@ -61,9 +63,9 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     if store_plan.drop or store_plan.rewrite:
         # Every chunk is written: into a new collection/table, swapped in whole when done.
         with store.rebuild() as fresh:
-            _write(fresh, plan, None, upsert, [], embeddings)
+            _write(fresh, plan, None, upsert, [], embeddings, {})
     else:
-        _write(store, plan, store_plan.recorded, upsert, delete, embeddings)
+        _write(store, plan, store_plan.recorded, upsert, delete, embeddings, store_plan.held)
     return _changes(store_plan, upsert, delete)
 
 
@@ -74,7 +76,10 @@ def _write(
     upsert: Sequence[Chunk],
     delete: Sequence[str],
     embeddings: ChunkEmbeddings,
+    held: Mapping[str, tuple[str, str]],
 ) -> None:
+    """``held``: the store's chunks before (``{}`` for a new store)."""
+    stale = stale_centroids(held, upsert, delete, store.centroid_doc_ids() if held else set())
     store.ensure_schema(plan.identity.dimension)
     if recorded != plan.identity:
         # A new store: until the last row is written it holds unrecorded vectors. The marker
@@ -84,6 +89,7 @@ def _write(
     _upsert_in_batches(store, upsert, embeddings)
     store.record_model(plan.identity)
     store.delete_chunks(delete)
+    write_centroids(store, stale, embeddings.cache, embeddings.identity)
     # Sealed rows are searched by the engine's index, not rebuilt per search (issue 14:
     # 100.7 ms unflushed vs 14.2 ms flushed at 454 chunks on Milvus Lite 3).
     store.flush()
@@ -145,6 +151,8 @@ class StoreWriter:
         self.recorded = recorded
         self.changes = StoreChanges()
         self._digest, self._planned_rows = state.digest(), len(state.held)
+        self._held = state.held
+        self._have: set[str] | None = None  # doc ids holding a centroid when the run started
         self._stack = ExitStack()
         self._target: VectorStore | None = None
         self._before_write = before_write
@@ -183,21 +191,30 @@ class StoreWriter:
         skipped = embeddings.skipped_documents
         upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
         delete = _deletions(store_plan, skipped)
-        if upsert or (delete and not self.fresh):
+        if self.fresh:
+            stale = stale_centroids({}, upsert, (), ())
+        else:
+            if self._have is None:
+                self._have = self.store.centroid_doc_ids()
+            stale = stale_centroids(store_plan.held, upsert, delete, self._have)
+        if upsert or (delete and not self.fresh) or stale:
             target = self._open()
             _upsert_in_batches(target, upsert, embeddings)
             if not self.fresh:
                 target.delete_chunks(delete)
+            write_centroids(target, stale, embeddings.cache, embeddings.identity)
         batch = _changes(store_plan, upsert, delete)
         self._add(batch)
         return batch
 
     def finish(self, removed: Sequence[str]) -> None:
-        """After the last batch: delete ``removed`` (chunks of documents no longer in the tree),
-        record the model and flush. The swap of a fresh store happens when the context exits."""
+        """After the last batch: delete ``removed`` (chunks of documents no longer in the tree)
+        and those documents' centroids, record the model and flush. The swap of a fresh store
+        happens when the context exits."""
         target = self._open()
         if not self.fresh:
             target.delete_chunks(removed)
+            target.delete_centroids(sorted({self._held[cid][0] for cid in removed if cid in self._held}))
         if not self.drop:
             self.changes.removed += len(removed)
         target.record_model(self.identity)

@@ -82,14 +82,17 @@ class RetrievalOutcome:
     fallback_reason: str | None = None
     error: str | None = None
     query_vector: np.ndarray | None = None  # the vector the attempts searched with
+    stage_error: str | None = None  # a later stage's store call that failed (a signal lost)
 
     @property
     def partial_error(self) -> str | None:
         """The errors of the channels or attempts that failed while others answered
-        (``"attempt N: ..."``, at most 500 characters), None when none failed or all did."""
+        (``"attempt N: ..."``) and ``stage_error``, at most 500 characters; None when none
+        failed or all did."""
         if self.error:
             return None
-        return "; ".join(f"attempt {a.attempt}: {a.error}" for a in self.attempts if a.error)[:500] or None
+        errors = [f"attempt {a.attempt}: {a.error}" for a in self.attempts if a.error]
+        return "; ".join([*errors, *filter(None, [self.stage_error])])[:500] or None
 
 
 Ranked = tuple[int, str, bool, list[StoreHit]]  # (attempt, channel, filtered, hits best first)

@@ -74,7 +74,8 @@ class LookupKnowledgeTool(LookupComponents):
     def lookup(self, query: str, session_id: str | None = None, *, transport: str = "python") -> LookupResult:
         """Evidence for ``query``. Never raises; see the module docstring. ``transport`` names
         the caller's channel in the trace row (``RetrievalDetails.transport``: ``python``,
-        or ``mcp-stdio`` / ``mcp-http`` / ``http`` from ``rag_core.serve``)."""
+        ``cli``, ``evaluation``, or ``mcp-stdio`` / ``mcp-http`` / ``http`` from
+        ``rag_core.serve``); it sets the row's ``origin``."""
         return self.lookup_with_candidates(query, session_id, transport=transport)[0]
 
     def lookup_with_candidates(
@@ -127,7 +128,8 @@ class LookupKnowledgeTool(LookupComponents):
         with timed(timings, "documents_ms"):
             # A store that failed a channel of this lookup is not asked again (it may be hanging).
             store = None if any(a.error for a in outcome.attempts) else self.store
-            candidates = self.documents.annotate(outcome, store)
+            candidates, documents_error = self.documents.annotate(outcome, store)
+            outcome = replace(outcome, stage_error=documents_error)
         with timed(timings, "ensemble_ms"):
             if self.ensemble is not None and candidates:
                 candidates = self.ensemble.annotate(tq, candidates)

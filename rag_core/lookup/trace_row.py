@@ -25,7 +25,7 @@ from rag_core.lookup.contracts import (
 from rag_core.lookup.query_transformer import QueryTransformSummary
 from rag_core.lookup.second_stage import SecondStageOutcome
 from rag_core.lookup.timing import StageTimings
-from rag_core.traces.rows import TraceRow
+from rag_core.traces.rows import TraceRow, origin_of
 
 if TYPE_CHECKING:
     from rag_core.lookup.query_transformer import TransformedQuery
@@ -54,7 +54,7 @@ class RetrievalDetails(BaseModel):
     summary (``TransformedQuery.summary()``; None when no lookup ran); ``stage_ms``: the stages'
     durations in milliseconds (:class:`~rag_core.lookup.timing.StageTimings`; JSON: stage name ->
     ms, of the stages that ran); ``transport``: the
-    caller's channel (``python``, ``mcp-stdio``, ``mcp-http``, ``http``); ``second_stage``: the
+    caller's channel (``python``, ``cli``, ``evaluation``, ``mcp-stdio``, ``mcp-http``, ``http``); ``second_stage``: the
     optional second-stage reranker's outcome (:mod:`rag_core.lookup.second_stage`; None when
     off, and then not in the JSON). Every field has a default so rows of older versions read back (:meth:`read`)."""
 
@@ -147,7 +147,8 @@ def build_trace_row(
     """The trace row of one lookup, cleaned (``TraceRow``: secrets scrubbed, details JSON-safe),
     with a fresh ``id`` and ``created_at`` = now (UTC). ``timings`` are stage durations in
     milliseconds (``RetrievalDetails.stage_ms``), ``latency_ms`` the whole call's;
-    ``transport`` the channel the call came by (``RetrievalDetails.transport``)."""
+    ``transport`` the channel the call came by (``RetrievalDetails.transport``), which also
+    gives the row's ``origin`` (``rag_core.traces.rows.origin_of``)."""
     rt = result.retrieval_trace
     details = build_details(result, tq, timings, transport, second_stage)
     return TraceRow(
@@ -160,4 +161,5 @@ def build_trace_row(
         status=result.status,
         error=rt.error,
         latency_ms=round(latency_ms, 3),
+        origin=origin_of(transport),
     )

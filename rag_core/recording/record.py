@@ -116,7 +116,7 @@ def record_fixtures(
     try:
         for case in tqdm(cases, desc=f"recording {store}", unit="case", disable=not progress):
             started = time.perf_counter()
-            result, candidates = tool.lookup_with_candidates(case.query, session_id=session)
+            result, candidates = tool.lookup_with_candidates(case.query, session_id=session, transport="evaluation")
             latency_ms = round((time.perf_counter() - started) * 1000, 2)
             write_fixture(
                 out_dir,
@@ -157,7 +157,9 @@ def _filter_probe(
     filtered = {a.attempt: a.filter for a in result.retrieval_trace.attempts if a.filter}
     if not filtered:
         return None
-    probe, probe_candidates = tool.lookup_with_candidates(query, session_id=session, use_l0_filter=False)
+    probe, probe_candidates = tool.lookup_with_candidates(
+        query, session_id=session, use_l0_filter=False, transport="evaluation"
+    )
     return {
         "category_filter": next(iter(filtered.values())),
         "filtered_docs": list(dict.fromkeys(c.hit.doc_id for c in candidates if c.attempts & filtered.keys())),

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from rag_core.evaluation.cases import load_cases
 from rag_core.evaluation.evaluator import EvaluationReport, evaluate
 from rag_core.evaluation.fixtures import FixtureSet, load_fixtures
+from rag_core.evaluation.gaps import write_gaps_report
 from rag_core.evaluation.gate import GateResult
 from rag_core.evaluation.gate import compare as gate_compare
 from rag_core.evaluation.reports import ReportFiles, load_report, write_baseline_report, write_comparison_report
@@ -34,8 +35,9 @@ class SuiteOutcome(BaseModel):
     (``reason`` has the error). ``reports`` maps store name -> its evaluation (the sidecar's
     says ``unavailable`` when it could not run); ``gate`` is the comparison with the stored
     baseline (None when there is none); ``report_dir`` holds ``current.{json,md}``
-    (``current_files``: the main store's report, the sidecar beside it in the Markdown) and
-    ``comparison.{json,md}`` (``comparison_files``).
+    (``current_files``: the main store's report, the sidecar beside it in the Markdown),
+    ``comparison.{json,md}`` (``comparison_files``) and ``knowledge-gaps.md`` (``gaps_file``:
+    ``rag_core.evaluation.gaps``).
     """
 
     suite: str
@@ -46,6 +48,7 @@ class SuiteOutcome(BaseModel):
     report_dir: str | None = None
     current_files: ReportFiles | None = None
     comparison_files: ReportFiles | None = None
+    gaps_file: str | None = None
     ingest: dict[str, Any] = {}
 
 
@@ -85,6 +88,7 @@ def run_suite(
         side.store_status if side else None,
         report_dir,
     )
+    gaps = write_gaps_report(suite.cases, reports, suite.knowledge_dir, report_dir / "knowledge-gaps.md")
     return SuiteOutcome(
         suite=suite.name,
         status="ok",
@@ -93,6 +97,7 @@ def run_suite(
         report_dir=str(report_dir),
         current_files=current.files,
         comparison_files=comparison.files,
+        gaps_file=str(gaps),
         ingest=ingest_report,
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import threading
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,18 +24,27 @@ from typing import Any
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_core.lookup.contracts import LookupResult
-from rag_core.serve.mcp_server import build_mcp_server
-from rag_core.serve.service import MAX_SESSION_ID_CHARS, LookupService
+from rag_core.serve.mcp_server import BATCH_ERROR, build_mcp_server, carriable_json, server_version
+from rag_core.serve.service import MAX_SESSION_ID_CHARS, LookupService, is_loopback
 
 log = logging.getLogger(__name__)
 
 PROTECTED_PREFIXES = ("/v1/", "/mcp")
+MCP_PATHS = ("/mcp", "/mcp/")
+#: RFC 6750's challenge with an error code: a client reads a token problem, not an invitation to
+#: start OAuth discovery (no ``resource_metadata``: this server has no authorization server).
+CHALLENGE = b'Bearer realm="rag", error="invalid_token", error_description="RAG_SERVE_TOKEN bearer token required"'
+#: Lone surrogates in a body: as a JSON escape (\udXXX, X in 800-fff) or as raw (CESU-8) bytes.
+SURROGATE_BYTES = re.compile(rb"\\[uU][dD][89a-fA-F][0-9a-fA-F]{2}|\xed[\xa0-\xbf]")
 
 
 class LookupRequest(BaseModel):
@@ -54,16 +63,18 @@ class ErrorBody(BaseModel):
     error: str
 
 
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and ``localhost``."""
-    import ipaddress
+class Readiness(BaseModel):
+    """``GET /readyz`` (200 ready, 503 not yet or the main store failing): ``LookupService.readiness``."""
 
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+    model_config = ConfigDict(extra="allow", alias_generator=to_camel)
+
+    ready: bool
+    loaded: bool = Field(description="model, L0 index and stores loaded")
+    main_store: str = Field(description="'up', 'not checked', or the main store's problems")
+    index_state: str
+    sidecar: str = Field(description="'disabled', 'up', 'down: <error>' or 'problem: <...>'")
+    trace_store: str = Field(description="'up', 'down: rows spooled for replay', 'disabled' or 'not started'")
+    in_flight: int
 
 
 def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
@@ -78,7 +89,7 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
     security = (
         None if is_loopback(settings.serve_host) else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     )
-    mcp_routes = mcp.streamable_http_app(
+    [mcp_route] = mcp.streamable_http_app(
         streamable_http_path="/mcp",
         # One JSON body per tool call instead of an SSE stream per POST (the spec allows either;
         # the answer is one message, and the SSE machinery cost more than the JSON encoding).
@@ -87,11 +98,14 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
         transport_security=security,
         max_request_body_size=settings.serve_max_request_bytes,
     ).routes
+    assert isinstance(mcp_route, Route)
+    # The same endpoint at /mcp/: Starlette would redirect it (307), which some clients refuse.
+    mcp_routes = [mcp_route, Route("/mcp/", endpoint=mcp_route.endpoint)]
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if start:
-            threading.Thread(target=service.start, name="rag-serve-warm-up", daemon=True).start()
+            service.start_in_background()
         try:
             async with mcp.session_manager.run():
                 yield
@@ -101,7 +115,7 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
     app = FastAPI(
         title="rag_core lookup_knowledge",
         description="Evidence from the team's knowledge base for agents (the lookup_knowledge tool over HTTP).",
-        version="1",
+        version=server_version(),
         lifespan=lifespan,
     )
     app.router.routes.extend(mcp_routes)
@@ -131,13 +145,30 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", summary="Model and stores loaded; Milvus, sidecar and trace store state")
+    @app.get(
+        "/readyz",
+        summary="Model and stores loaded; Milvus, sidecar and trace store state",
+        responses={200: {"model": Readiness}, 503: {"model": Readiness, "description": "Not ready (yet)"}},
+    )
     async def readyz() -> JSONResponse:
         state = service.readiness()
         return JSONResponse(state, status_code=200 if state["ready"] else 503)
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer", "description": "RAG_SERVE_TOKEN, when it is set"}
+            }
+            # Optional ({} = no token) on loopback without RAG_SERVE_TOKEN; required once it is set.
+            schema["paths"]["/v1/lookup"]["post"]["security"] = [{"bearer": []}, {}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
     token = settings.serve_token.get_secret_value() if settings.serve_token else ""
-    wrapped: Any = BodyLimit(app, settings.serve_max_request_bytes)
+    wrapped: Any = BodyLimit(McpFraming(app), settings.serve_max_request_bytes)
     if token:
         wrapped = BearerGuard(wrapped, token)
     app.state.asgi = wrapped  # what the server runs: the app behind its guards
@@ -198,9 +229,43 @@ class BearerGuard:
                     given = value[7:].strip()
             if not hmac.compare_digest(given, self._token):
                 error = "authorization: a valid 'Bearer <token>' header is required (RAG_SERVE_TOKEN)"
-                await _send_json(send, 401, {"error": error}, [(b"www-authenticate", b"Bearer")])
+                await _send_json(send, 401, {"error": error}, [(b"www-authenticate", CHALLENGE)])
                 return
         await self.app(scope, receive, send)
+
+
+class McpFraming:
+    """ASGI middleware on ``POST /mcp``: a JSON-RPC batch gets the JSON-RPC error -32600 (400)
+    instead of the SDK's validation dump, and a body whose strings hold lone surrogates (which
+    the SDK's JSON reader refuses) is passed on with them replaced by U+FFFD (``carriable``)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST" or scope.get("path") not in MCP_PATHS:
+            await self.app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message], receive), send)
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if body.lstrip()[:1] == b"[":
+            error = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": BATCH_ERROR}}
+            await _send_json(send, 400, error, [])
+            return
+        if SURROGATE_BYTES.search(body):
+            try:
+                body = json.dumps(carriable_json(json.loads(body))).encode()
+            except ValueError:
+                pass  # not JSON: the SDK answers its parse error
+            headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-length"]
+            scope = {**scope, "headers": [*headers, (b"content-length", str(len(body)).encode())]}
+        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
 
 
 class BodyLimit:

@@ -1,30 +1,115 @@
 """The MCP server (official ``mcp`` SDK, low-level ``Server``): one tool, ``lookup_knowledge``,
-and one resource per document (``knowledge://<docId>``).
+and one resource per document (``knowledge://<docId>``, also listed as the resource template
+``knowledge://{docId}``); ``serverInfo.version`` is the package version.
 
 The tool's input schema is ``service.served_input_schema()`` (``tool_definition()``'s plus an
 optional ``sessionId``); its output schema is ``LookupResult``'s JSON schema (camelCase). A call
 returns the ``LookupResult`` JSON as structured content plus one text part (the message and the
 packed context, for a model that reads only text); ``isError`` is set when the result's status
-is ``error`` (refused arguments included). Malformed requests are the SDK's JSON-RPC errors.
+is ``error`` (refused arguments included). Malformed requests are the SDK's JSON-RPC errors;
+over stdio (``run_stdio``) a line the SDK drops gets one: a non-JSON line -32700, a batch or
+another non-message -32600, and a message whose strings hold lone surrogates is read with them
+replaced by U+FFFD (``service.carriable``), as every door does.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Final
 from urllib.parse import quote, unquote
 
+import anyio
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from pydantic import ValidationError
 
 from rag_core.lookup.contracts import LookupResult
-from rag_core.lookup.tool import TOOL_DESCRIPTION, TOOL_NAME
-from rag_core.serve.service import LookupService, served_input_schema
+from rag_core.lookup.definition import TOOL_DESCRIPTION, TOOL_NAME
+from rag_core.serve.service import LookupService, carriable, served_input_schema
 
 RESOURCE_SCHEME: Final = "knowledge://"
+RESOURCE_TEMPLATE: Final = RESOURCE_SCHEME + "{docId}"
 SERVER_NAME: Final = "rag-knowledge"
+PACKAGE: Final = "rag-retrieval"
+BATCH_ERROR: Final = (
+    "Invalid Request: a JSON-RPC batch; MCP has none since protocol 2025-06-18, send one message at a time"
+)
+
+
+def server_version() -> str:
+    """The installed package's version (``serverInfo.version``); "0" when it is not installed."""
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:
+        return "0"
+
+
+def carriable_json(value: Any) -> Any:
+    """``value`` (parsed JSON) with ``carriable`` applied to every string, keys included."""
+    if isinstance(value, str):
+        return carriable(value)
+    if isinstance(value, list):
+        return [carriable_json(v) for v in value]
+    if isinstance(value, dict):
+        return {carriable(k): carriable_json(v) for k, v in value.items()}
+    return value
+
+
+def repair_line(exc: Exception) -> SessionMessage | types.JSONRPCError | None:
+    """What a stdio line the SDK could not read (``exc``, its ValidationError) becomes: the
+    message itself when Python's JSON reader takes the line (the SDK's refuses lone surrogates;
+    they become U+FFFD), else the JSON-RPC error to answer (-32700 not JSON, -32600 a batch or
+    no message); None for a blank line or another exception (ignored, as the SDK does)."""
+    errors = exc.errors() if isinstance(exc, ValidationError) else []
+    if not errors:
+        return None
+    value = errors[0].get("input")
+    if errors[0].get("type") == "json_invalid":
+        if not isinstance(value, str) or not value.strip():
+            return None
+        try:
+            value = carriable_json(json.loads(value))
+        except ValueError:
+            return _error(None, types.PARSE_ERROR, "Parse error: the line is not JSON")
+        try:
+            return SessionMessage(types.jsonrpc_message_adapter.validate_python(value, by_name=False))
+        except ValidationError:
+            pass
+    if isinstance(value, list):
+        return _error(None, types.INVALID_REQUEST, BATCH_ERROR)
+    given = value.get("id") if isinstance(value, dict) else None
+    request_id = given if isinstance(given, str | int) and not isinstance(given, bool) else None
+    return _error(request_id, types.INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request or notification")
+
+
+def _error(request_id: str | int | None, code: int, message: str) -> types.JSONRPCError:
+    return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message))
+
+
+async def run_stdio(server: Server[Any]) -> None:
+    """Serve ``server`` on stdin/stdout (the SDK's stdio transport) until stdin closes; lines the
+    SDK drops are answered or repaired by ``repair_line`` on their way to the server."""
+    async with stdio_server() as (read, write):
+        inbox_writer, inbox = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+
+        async def pump() -> None:
+            async with inbox_writer:
+                async for item in read:
+                    repaired = repair_line(item) if isinstance(item, Exception) else item
+                    if isinstance(repaired, types.JSONRPCError):
+                        await write.send(SessionMessage(repaired))
+                    elif repaired is not None:
+                        await inbox_writer.send(repaired)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(pump)
+            await server.run(inbox, write, server.create_initialization_options())
 
 
 def result_content(result: LookupResult) -> types.CallToolResult:
@@ -141,6 +226,11 @@ def build_mcp_server(service: LookupService, transport: str = "mcp-stdio") -> Se
             ]
         )
 
+    async def list_resource_templates(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(resource_templates=[template])
+
     async def read_resource(
         ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
@@ -149,6 +239,12 @@ def build_mcp_server(service: LookupService, transport: str = "mcp-stdio") -> Se
             contents=[types.TextResourceContents(uri=uri, mime_type="text/markdown", text=_document_text(service, uri))]
         )
 
+    template = types.ResourceTemplate(
+        name="knowledge document",
+        uri_template=RESOURCE_TEMPLATE,
+        mime_type="text/markdown",
+        description="A document of the knowledge base by its docId (the evidence blocks' docId, URL-encoded).",
+    )
     input_schema = tool_entry.input_schema
 
     def tool_input_schema(name: str) -> dict[str, Any] | None:
@@ -158,11 +254,13 @@ def build_mcp_server(service: LookupService, transport: str = "mcp-stdio") -> Se
 
     return Server(
         SERVER_NAME,
+        version=server_version(),
         instructions=TOOL_DESCRIPTION,
         get_tool_input_schema=tool_input_schema,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,
+        on_list_resource_templates=list_resource_templates,
         on_read_resource=read_resource,
     )
 

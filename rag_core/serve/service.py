@@ -6,7 +6,9 @@ No transport library is imported here (the MCP and HTTP modules are thin layers 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio.to_thread
 
-from rag_core.lookup.tool import tool_definition
+from rag_core.lookup.definition import tool_definition
 
 if TYPE_CHECKING:
     from rag_core.health import HealthReport
@@ -33,6 +35,32 @@ ARGUMENTS: Final = ("query", "sessionId")
 #: (seconds): a process killed after answering then loses no row. Past it (a trace store that
 #: hangs on connect) the answer goes out anyway; the row is still queued.
 TRACE_ACK_TIMEOUT_S: Final = 2.0
+#: Longest a call waits for the background warm-up (model, L0 index, stores) before it answers
+#: the structured "still starting" error (seconds; the cold start measured 3.7 s quiet, 8-14 s
+#: under load, issue 45).
+READY_WAIT_S: Final = 60.0
+#: What no UTF-8 text can carry (lone surrogates, from a JSON escape such as "\ud800" or raw
+#: bytes) or a C string ends at (NUL: the embedding engine reads up to it).
+UNCARRIABLE: Final = re.compile("[\x00\ud800-\udfff]")
+REPLACEMENT_NOTE: Final = (
+    "; characters the query could not carry (lone surrogates, NUL, undecodable bytes) were read as U+FFFD"
+)
+
+
+def carriable(text: str) -> str:
+    """``text`` with every lone surrogate and NUL replaced by U+FFFD: the one rule every door of
+    `rag serve` applies to client text at admission, so answers and trace rows always encode."""
+    return UNCARRIABLE.sub("\ufffd", text)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost`` (a bind no other machine reaches)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def served_input_schema() -> dict[str, Any]:
@@ -42,7 +70,9 @@ def served_input_schema() -> dict[str, Any]:
     schema: dict[str, Any] = dict(tool_definition()["function"]["parameters"])
     properties = dict(schema["properties"])
     properties["sessionId"] = {
-        "type": "string",
+        # Nullable: a strict-schema client (every property required) then passes null, not an
+        # invented id that would mix conversations.
+        "type": ["string", "null"],
         "maxLength": MAX_SESSION_ID_CHARS,
         "description": "Conversation id: retrievedDomainsThisSession and seen-earlier marks accumulate per id.",
     }
@@ -71,12 +101,14 @@ class Rejection:
 def check_arguments(arguments: object, max_query_chars: int) -> CallArguments | Rejection:
     """``arguments`` (the MCP tool-call arguments or the HTTP body: ``{"query": ..., "sessionId": ...}``)
     checked: a missing, non-string, blank or longer-than-``max_query_chars`` query, a bad
-    ``sessionId`` or an unknown argument gives a Rejection naming the argument."""
+    ``sessionId`` or an unknown argument gives a Rejection naming the argument. Both strings
+    are ``carriable`` (lone surrogates and NUL read as U+FFFD)."""
     if not isinstance(arguments, Mapping):
         return Rejection(f"arguments: expected an object with 'query' (got {type(arguments).__name__})", "", None)
     session = arguments.get("sessionId")
-    session_id = session if isinstance(session, str) and len(session) <= MAX_SESSION_ID_CHARS else None
+    session_id = carriable(session) if isinstance(session, str) and len(session) <= MAX_SESSION_ID_CHARS else None
     raw = arguments.get("query")
+    raw = carriable(raw) if isinstance(raw, str) else raw
     echo = raw[:max_query_chars] if isinstance(raw, str) else ("" if raw is None else f"<{type(raw).__name__}>")
 
     def reject(error: str) -> Rejection:
@@ -111,6 +143,7 @@ class LookupService:
         self.started_at: float | None = None
         self._inflight = 0
         self._idle = threading.Condition()
+        self._warmed: threading.Event | None = None
 
     def start(self) -> HealthReport:
         """Warm the tool up (model, L0 index, stores; ``LookupKnowledgeTool.warm_up``) and mark
@@ -119,6 +152,26 @@ class LookupService:
         self.ready, self.started_at = True, time.time()
         log.info("lookup_knowledge ready: %s", report.summary() or "no stores checked")
         return report
+
+    def start_in_background(self) -> None:
+        """``start()`` in a daemon thread, so a transport answers at once (MCP ``initialize``,
+        ``/healthz``); until it is done every call waits for it, at most ``READY_WAIT_S``."""
+        warmed = self._warmed = threading.Event()
+
+        def warm_up() -> None:
+            try:
+                self.start()
+            finally:
+                warmed.set()
+
+        threading.Thread(target=warm_up, name="rag-serve-warm-up", daemon=True).start()
+
+    async def _warm(self) -> bool:
+        """Wait for a background warm-up under way (at most ``READY_WAIT_S``); False past it."""
+        warmed = self._warmed
+        if warmed is None or warmed.is_set():
+            return True
+        return await anyio.to_thread.run_sync(warmed.wait, READY_WAIT_S)
 
     async def call(self, arguments: object, transport: str, default_session: str | None = None) -> LookupResult:
         """Check ``arguments`` and run the lookup in a worker thread (``anyio.to_thread``; N
@@ -137,10 +190,16 @@ class LookupService:
         """``call``, returning ``render(result)`` instead: the transport's encoding of the
         ``LookupResult`` (JSON bytes, the MCP tool result), made in the worker thread while the
         trace row is being written, so it costs the answer no time of its own and the event
-        loop none. An exception of ``render`` propagates (the transport's 500)."""
+        loop none. An exception of ``render`` propagates (the transport's 500). A query holding
+        U+FFFD (``carriable``) gets ``REPLACEMENT_NOTE`` appended to its result's message."""
         checked = check_arguments(arguments, self.settings.serve_max_query_chars)
         self._enter()
         try:
+            if not await self._warm():
+                error = f"service: still loading the model and stores after {READY_WAIT_S:.0f} s; call again shortly"
+                checked = Rejection(error, checked.query, checked.session_id)
+            elif isinstance(checked, CallArguments) and "\ufffd" in checked.query:
+                render = _noted(render)
             if isinstance(checked, Rejection):
                 session = checked.session_id or default_session
                 run = functools.partial(self.tool.rejected, checked.query, session, checked.error, transport=transport)
@@ -240,3 +299,10 @@ class LookupService:
 
 def _same(result: LookupResult) -> LookupResult:
     return result
+
+
+def _noted(render: Callable[[LookupResult], T]) -> Callable[[LookupResult], T]:
+    def noted(result: LookupResult) -> T:
+        return render(result.model_copy(update={"message": result.message + REPLACEMENT_NOTE}))
+
+    return noted

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
@@ -93,9 +93,20 @@ class VectorStore(Protocol):
     def fetch(self, chunk_ids: Sequence[str]) -> dict[str, StoredChunk]:
         """The stored rows of ``chunk_ids`` (ids not stored are absent), for health checks."""
 
-    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Doc id -> (n_chunks, dim) float32 vectors of every stored chunk of that document, in
-        chunk-id order (documents not stored are absent), for document-level similarity."""
+    def document_centroids(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> the document's stored centroid ((dim,) float32 unit vector, written at
+        ingest: ``rag_core.ingest.centroids``), one row read per document whatever its size;
+        documents without one are absent. MissingCentroidsError when the store holds chunks but
+        no centroid at all (an index built before centroids were stored)."""
+
+    def centroid_doc_ids(self) -> set[str]:
+        """The doc ids holding a stored centroid (empty when there are none)."""
+
+    def put_centroids(self, centroids: Mapping[str, np.ndarray]) -> None:
+        """Insert or replace the centroids of documents (doc id -> (dim,) float32 unit vector)."""
+
+    def delete_centroids(self, doc_ids: Sequence[str]) -> None:
+        """Remove the stored centroids of ``doc_ids`` (unknown ids are ignored)."""
 
     def search(self, vector: np.ndarray, top_k: int, category: str | None = None) -> list[StoreHit]:
         """Top-k chunks by cosine similarity, optionally only of one category; best first."""
@@ -127,6 +138,17 @@ class VectorStore(Protocol):
 
     def record_model(self, identity: ModelIdentity) -> None:
         """Record the embedding model the store's vectors come from (after a write)."""
+
+
+class MissingCentroidsError(StoreError):
+    """The index holds chunks but no document centroid: it was built before centroids were
+    stored with the index. ``rag ingest`` adds them (no re-embedding)."""
+
+    def __init__(self, where: str):
+        super().__init__(
+            f"{where} holds no document centroids (built before they were stored with the index): "
+            "run `rag ingest` to add them"
+        )
 
 
 class IndexModelMismatchError(StoreError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -21,12 +21,13 @@ from rag_core.models import Chunk, StoreHit
 from rag_core.stores.base import (
     BulkLoad,
     DimensionMismatchError,
+    MissingCentroidsError,
     StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 SCORE_LABEL = "memory_cosine_similarity[-1,1]"
@@ -43,6 +44,7 @@ class InMemoryStore:
     def __init__(self) -> None:
         self._chunks: dict[str, Chunk] = {}
         self._vectors: dict[str, np.ndarray] = {}
+        self._centroids: dict[str, np.ndarray] = {}  # doc id -> centroid
         self._lexical: dict[str, list[str]] = {}
         self._dim: int | None = None
         self._lock = threading.Lock()
@@ -106,12 +108,29 @@ class InMemoryStore:
             for c, v in found
         }
 
-    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Doc id -> (n_chunks, dim) vectors of its chunks, in chunk-id order (absent docs left out)."""
-        wanted = set(doc_ids)
+    def document_centroids(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> stored centroid (absent docs left out); MissingCentroidsError when chunks are
+        held but no centroid."""
         with self._lock:
-            rows = [(c.doc_id, cid, self._vectors[cid]) for cid, c in self._chunks.items() if c.doc_id in wanted]
-        return group_vectors(rows)
+            if self._chunks and not self._centroids:
+                raise MissingCentroidsError("the in-memory store")
+            return {d: self._centroids[d] for d in doc_ids if d in self._centroids}
+
+    def centroid_doc_ids(self) -> set[str]:
+        """Doc ids with a stored centroid."""
+        with self._lock:
+            return set(self._centroids)
+
+    def put_centroids(self, centroids: Mapping[str, np.ndarray]) -> None:
+        """Insert or replace document centroids."""
+        with self._lock:
+            self._centroids.update({d: np.asarray(v, dtype=np.float32) for d, v in centroids.items()})
+
+    def delete_centroids(self, doc_ids: Sequence[str]) -> None:
+        """Remove the centroids of ``doc_ids``."""
+        with self._lock:
+            for d in doc_ids:
+                self._centroids.pop(d, None)
 
     def count(self) -> int:
         """Number of chunks."""
@@ -166,6 +185,7 @@ class InMemoryStore:
         with self._lock:
             self._chunks.clear()
             self._vectors.clear()
+            self._centroids.clear()
             self._lexical.clear()
             self._dim = None
             self._invalidate()
@@ -178,6 +198,7 @@ class InMemoryStore:
         yield fresh
         with fresh._lock, self._lock:
             self._chunks, self._vectors, self._lexical = fresh._chunks, fresh._vectors, fresh._lexical
+            self._centroids = fresh._centroids
             self._dim, self._model = fresh._dim, fresh._model
             self._invalidate()
 

@@ -7,6 +7,12 @@ settings) and a BM25 sparse function over a pre-tokenised ``lexical`` column (se
 reached by URI like a production server; when it dies between two calls it is started again
 once and the call retried (calls are idempotent: upserts by id, deletes, reads).
 
+Document centroids (``rag_core.ingest.centroids``) live in a side collection of the serving
+collection, ``<collection>__centroids`` (doc id and vector), read by primary key: one row per
+candidate document, whatever the document's size. The key is a hash of the doc id: milvus-lite
+2.5.1 builds an unescaped filter from the primary keys of an upsert (a doc id holding ``"`` or a
+line break as the key fails it: "syntax error near ','"), and hex keys need no quoting.
+
 A rebuild (``MilvusStore.rebuild``) fills a new collection and switches to it atomically, so a
 lookup in another process sees the old index or the new one, whole. The switch is a row of a
 side collection (``<collection>__live``) naming the collection that serves: a collection
@@ -16,13 +22,14 @@ create_alias / alter_alias / describe_alias / list_aliases (checked on this mach
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -31,6 +38,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from rag_core.dependency_logs import route_dependency_logs
 from rag_core.embedding.base import ModelIdentity
 from rag_core.models import Chunk, StoreHit
 from rag_core.settings import RagSettings, redact_dsn
@@ -38,12 +46,13 @@ from rag_core.stores import milvus_server
 from rag_core.stores.base import (
     BulkLoad,
     DimensionMismatchError,
+    MissingCentroidsError,
     StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
 )
-from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string
 
 log = logging.getLogger(__name__)
@@ -56,9 +65,10 @@ _QUIET_LOGGERS = ("pymilvus.client.iterator.query_iterator",)
 
 
 def _quiet_pymilvus() -> None:
-    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels set before.
+    # Again after importing pymilvus: its logging set-up (dictConfig) resets levels and handlers.
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    route_dependency_logs()
 
 
 _quiet_pymilvus()
@@ -76,6 +86,7 @@ VARCHAR_LIMITS = {
     "lexical": 65535,
 }
 MODEL_SUFFIX = "__model"
+CENTROID_SUFFIX = "__centroids"
 #: Side collection naming the collection that serves the index (see ``MilvusStore.rebuild``).
 POINTER_SUFFIX = "__live"
 #: Collections built by ``MilvusStore.rebuild``: ``<collection>__build_<unix time>_<hex>``.
@@ -92,18 +103,34 @@ UPSERT_ROWS = 256
 
 
 def escape_filter_value(value: str) -> str:
-    """A Milvus filter string literal for ``value``: double-quoted, ``\\`` and ``"`` escaped.
+    """A Milvus filter string literal for ``value``: double-quoted, with ``\\``, ``"`` and line
+    breaks escaped by a backslash. ValueError when ``value`` holds a carriage return not
+    followed by a line feed, which no literal can hold.
 
-    Milvus' expression grammar reads backslash escapes inside double-quoted strings, so a value
-    holding quotes or backslashes matches only itself and cannot end the literal early.
+    What the embedded engine (milvus-lite 2.5.1) reads, checked on this machine: its grammar
+    (``Plan.g4``) refuses a raw line break inside a literal but accepts a backslash before a line
+    feed or a CR LF pair, and it takes ``\\`` and ``\\"`` as the character; escapes such as
+    ``\\n``, ``\\x0a`` or ``\\u000a`` stay as written (match nothing), while tabs, ESC, other
+    controls and any other code point match as they are. Expression templates
+    (``filter_params``) would need no quoting, but its server answers them "Unexpected error in
+    RPC handling"; a Milvus server's Go parser unquotes literals differently (``\\n``).
     """
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if "\r" in value.replace("\r\n", ""):
+        raise ValueError(f"{value!r} holds a carriage return without a line feed: Milvus filters cannot express it")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\\n").replace("\r\\\n", "\\\r\n")
+    return f'"{escaped}"'
 
 
 def check_chunk_fits(chunk: Chunk) -> None:
     """ValueError naming the chunk and field when a value (the lexical column included) exceeds
-    its Milvus VARCHAR limit in UTF-8 bytes."""
+    its Milvus VARCHAR limit in UTF-8 bytes, or when its doc id or category cannot be written in
+    a filter (``escape_filter_value``)."""
     varchar_row(chunk)
+    for field in ("doc_id", "category"):
+        try:
+            escape_filter_value(getattr(chunk, field))
+        except ValueError as exc:
+            raise ValueError(f"chunk {chunk.chunk_id}: field {field}: {exc}") from None
 
 
 def varchar_row(chunk: Chunk, lexical: str | None = None) -> dict[str, str]:
@@ -199,6 +226,7 @@ class MilvusStore:
         self._load_lock = threading.Lock()
         self._reconnect_lock = threading.Lock()
         self._loaded = False
+        self._centroids_loaded: str | None = None  # the collection whose centroids were loaded
         self._embedded_dir = Path(embedded_dir).resolve() if embedded_dir is not None else None
         self._idle_stop = idle_stop_seconds
         self._server_pid: int | None = None
@@ -354,6 +382,7 @@ class MilvusStore:
                 "the embedded Milvus (pid %s) was gone; reconnecting to pid %d at %s", used_pid, state.pid, state.uri
             )
             self._drop_client()
+            self._centroids_loaded = None  # a new server: loaded again on next use
             client = self._connect()
             try:
                 if self._loaded and client.has_collection(self._name):
@@ -395,6 +424,8 @@ class MilvusStore:
         else:
             self._call("create_collection", self._create, dim)
         self._ensure_loaded()
+        if not self._call("has_collection", partial(_has, self.centroid_collection)):
+            self._call("create_collection", self._create_centroids, dim)
 
     def dimension(self) -> int | None:
         """Dimension of the stored vector field, or None when the collection does not exist."""
@@ -438,6 +469,28 @@ class MilvusStore:
         index.add_index("doc_id", index_type="INVERTED")
         index.add_index("category", index_type="INVERTED")
         client.create_collection(self._name, schema=schema, index_params=index)
+
+    def _create_centroids(self, client: Any, dim: int) -> None:
+        from pymilvus import DataType
+
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("key", DataType.VARCHAR, is_primary=True, max_length=32)
+        schema.add_field("doc_id", DataType.VARCHAR, max_length=VARCHAR_LIMITS["doc_id"])
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=dim)
+        index = client.prepare_index_params()
+        index.add_index("vector", index_type="FLAT", metric_type="COSINE")  # never searched; Milvus needs one
+        client.create_collection(self.centroid_collection, schema=schema, index_params=index)
+
+    def _centroids_ready(self) -> bool:
+        """Load the centroid collection once per serving collection; False when it is missing."""
+        name = self.centroid_collection
+        if self._centroids_loaded == name:
+            return True
+        if not self._call("has_collection", partial(_has, name)):
+            return False
+        self._call("load_collection", lambda c: c.load_collection(name))
+        self._centroids_loaded = name
+        return True
 
     def _ensure_loaded(self) -> None:
         # A collection reopened from a Milvus Lite file is "released" until loaded.
@@ -511,6 +564,8 @@ class MilvusStore:
         """
         if self.exists():
             self._call("flush", lambda c: c.flush(self._name))
+            if self._call("has_collection", partial(_has, self.centroid_collection)):
+                self._call("flush", lambda c: c.flush(self.centroid_collection))
         self.pending_rows = 0
 
     def delete_documents(self, doc_ids: Sequence[str]) -> None:
@@ -538,7 +593,7 @@ class MilvusStore:
             self._drop_collection(self.pointer_collection)
         for name in sorted(n for n in names if self._owns(n)):
             self._drop_collection(name)
-        self._live, self._loaded = None, False
+        self._live, self._loaded, self._centroids_loaded = None, False, None
 
     def _set_aside_foreign(self) -> None:
         if self._embedded_dir is not None and self._client is None:
@@ -547,8 +602,8 @@ class MilvusStore:
             _set_aside_foreign_file(Path(self.uri))
 
     def _owns(self, name: str) -> bool:
-        """True for ``collection``, its builds and their model records."""
-        base = name.removesuffix(MODEL_SUFFIX)
+        """True for ``collection``, its builds and their model records and centroids."""
+        base = _base(name)
         build = re.escape(self.collection + BUILD_MARK) + r"\d+_[0-9a-f]+"
         return base == self.collection or re.fullmatch(build, base) is not None
 
@@ -568,7 +623,7 @@ class MilvusStore:
         self._set_aside_foreign()
         old = self._call("resolve", self._read_pointer)
         for name in self._call("list_collections", lambda c: c.list_collections()):
-            if self._owns(name) and name.removesuffix(MODEL_SUFFIX) != old:
+            if self._owns(name) and _base(name) != old:
                 log.warning("dropping %r, left by an interrupted rebuild of %r", name, self.collection)
                 self._drop_collection(name)
         build = self._sibling(f"{self.collection}{BUILD_MARK}{int(time.time())}_{secrets.token_hex(3)}")
@@ -582,7 +637,8 @@ class MilvusStore:
             build.close()
         self._live, self._live_at, self._loaded = build._name, time.monotonic(), False
         try:
-            replaced = [n for n in (old, f"{old}{MODEL_SUFFIX}") if self._call("has_collection", partial(_has, n))]
+            sides = (old, f"{old}{MODEL_SUFFIX}", f"{old}{CENTROID_SUFFIX}")
+            replaced = [n for n in sides if self._call("has_collection", partial(_has, n))]
             if replaced:
                 time.sleep(SWITCH_GRACE_S)
             for name in replaced:
@@ -609,7 +665,7 @@ class MilvusStore:
         try:
             if index._call("resolve", index._read_pointer) == self._name:
                 return
-            for name in (self._name, self.model_collection):
+            for name in (self._name, self.model_collection, self.centroid_collection):
                 if self._call("has_collection", lambda c, name=name: c.has_collection(name)):
                     self._drop_collection(name)
         except StoreError as exc:  # the next rebuild drops it
@@ -694,18 +750,62 @@ class MilvusStore:
             for r in rows
         }
 
-    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Doc id -> (n_chunks, dim) stored vectors, in chunk-id order (absent docs left out)."""
-        # Asked once per lookup: the existence round trip only until the collection is loaded.
+    @property
+    def centroid_collection(self) -> str:
+        """The side collection of the serving collection holding one centroid per document."""
+        return f"{self._name}{CENTROID_SUFFIX}"
+
+    def document_centroids(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> stored centroid, one row per document (absent docs left out); MissingCentroidsError
+        for a collection built before centroids were stored."""
+        # Asked once per lookup: the existence round trips only until the collections are loaded.
         if not doc_ids or (not self._loaded and not self.exists()):
             return {}
         self._ready()
-        expr = "doc_id in [" + ", ".join(escape_filter_value(d) for d in doc_ids) + "]"
+        if not self._centroids_ready():
+            raise MissingCentroidsError(f"Milvus collection {self.collection!r}")
+        keys = sorted({_centroid_key(d) for d in doc_ids})
         rows = self._call(
-            "query",
-            lambda c: c.query(self._name, filter=expr, output_fields=["chunk_id", "doc_id", "vector"]),
+            "get", lambda c: c.get(self.centroid_collection, ids=keys, output_fields=["doc_id", "vector"])
         )
-        return group_vectors((r["doc_id"], r["chunk_id"], r["vector"]) for r in rows)
+        return {r["doc_id"]: np.asarray(r["vector"], dtype=np.float32) for r in rows}
+
+    def centroid_doc_ids(self) -> set[str]:
+        """Doc ids with a stored centroid (empty without a collection or centroids)."""
+        if not self.exists() or not self._centroids_ready():
+            return set()
+
+        def scan(client: Any) -> set[str]:
+            out: set[str] = set()
+            it = client.query_iterator(
+                self.centroid_collection, batch_size=1000, filter='key != ""', output_fields=["doc_id"]
+            )
+            while batch := it.next():
+                out.update(row["doc_id"] for row in batch)
+            it.close()
+            return out
+
+        return self._call("query", scan)
+
+    def put_centroids(self, centroids: Mapping[str, np.ndarray]) -> None:
+        """Insert or replace document centroids (after ``ensure_schema``)."""
+        rows = [
+            {"key": _centroid_key(d), "doc_id": d, "vector": np.asarray(v, dtype=np.float32).tolist()}
+            for d, v in centroids.items()
+        ]
+        if not rows:
+            return
+        self._ready()
+        self._centroids_ready()
+        for i in range(0, len(rows), UPSERT_ROWS):
+            part = rows[i : i + UPSERT_ROWS]
+            self._call("upsert", lambda c, part=part: c.upsert(self.centroid_collection, part))
+
+    def delete_centroids(self, doc_ids: Sequence[str]) -> None:
+        """Remove the centroids of ``doc_ids``."""
+        if doc_ids and self.exists() and self._centroids_ready():
+            keys = [_centroid_key(d) for d in doc_ids]
+            self._call("delete", lambda c: c.delete(self.centroid_collection, ids=keys))
 
     def count(self) -> int:
         if not self.exists():
@@ -761,7 +861,7 @@ class MilvusStore:
 
     def close(self) -> None:
         self._drop_client()
-        self._loaded = False
+        self._loaded, self._centroids_loaded = False, None
 
     # --- the model the collection was built with (a one-row side collection) -------------
 
@@ -807,8 +907,18 @@ class MilvusStore:
         client.flush(self.model_collection)
 
 
+def _base(name: str) -> str:
+    """The collection a side collection belongs to (``name`` itself for a chunk collection)."""
+    return name.removesuffix(MODEL_SUFFIX).removesuffix(CENTROID_SUFFIX)
+
+
 def _has(name: str, client: Any) -> bool:
     return bool(client.has_collection(name))
+
+
+def _centroid_key(doc_id: str) -> str:
+    """The centroid row's primary key: 32 hex digits of ``doc_id``'s BLAKE2b hash."""
+    return hashlib.blake2b(doc_id.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def _category_filter(category: str | None) -> str:

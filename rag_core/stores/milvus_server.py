@@ -12,7 +12,9 @@ Files in the data dir:
 * ``milvus.db`` - the data (SQLite file of the engine; the file mode opens the same file);
 * ``milvus_server.json`` - pid, host, port, engine and version, start time of the live server;
 * ``milvus_server.lock`` - :class:`filelock.FileLock` serialising start, restart and stop;
-* ``milvus_server.log`` - the server's output.
+* ``milvus_server.log`` - the server's output, its log lines at ``RAG_MILVUS_LOG_LEVEL`` (default ERROR);
+* ``milvus_tmp/`` and ``.cache/milvus/`` - the server's temporary files and mmap cache (nothing goes
+  to the system temp dir or the home directory).
 
 Every process calls :func:`ensure_server`: under the lock it reuses the server of the state file
 when that pid is alive and is the engine on this data dir, else it starts one bound to
@@ -51,6 +53,8 @@ DB_NAME = "milvus.db"
 STATE_NAME = "milvus_server.json"
 LOCK_NAME = "milvus_server.lock"
 LOG_NAME = "milvus_server.log"
+TMP_NAME = "milvus_tmp"
+_GLOG_LEVELS = {"DEBUG": 0, "INFO": 0, "WARN": 1, "WARNING": 1, "ERROR": 2, "FATAL": 3}
 LOCK_TIMEOUT_S = 120.0
 READY_TIMEOUT_S = 60.0
 START_ATTEMPTS = 3
@@ -369,13 +373,24 @@ def _pick_port(host: str) -> int:
 
 
 def _spawn(binary: Path, db: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    level = os.environ.get("RAG_MILVUS_LOG_LEVEL", "ERROR")
+    tmp = db.parent / TMP_NAME
+    tmp.mkdir(exist_ok=True)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(binary.parent), env.get("LD_LIBRARY_PATH")) if p)
+    # glog writes one log file per start into the system temp dir unless told otherwise: send its
+    # lines to stderr (milvus_server.log) at the server's level. The engine's other temporary files
+    # go to <data dir>/milvus_tmp, its mmap cache ($HOME/.cache/milvus) under the data dir.
+    env |= {
+        "GLOG_logtostderr": "1",
+        "GLOG_minloglevel": str(_GLOG_LEVELS.get(level.upper(), _GLOG_LEVELS["ERROR"])),
+        "TMPDIR": str(tmp),
+        "HOME": str(db.parent),
+    }
     with log_path.open("ab") as log_file:
         log_file.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} start on {HOST}:{port}\n".encode())
         log_file.flush()
         # Own session: the server survives the starter and a Ctrl-C in the starter's terminal.
-        level = os.environ.get("RAG_MILVUS_LOG_LEVEL", "ERROR")
         return subprocess.Popen(
             [str(binary), str(db), f"{HOST}:{port}", level],
             cwd=str(db.parent),

@@ -35,11 +35,13 @@ from filelock import FileLock, Timeout
 from psycopg.rows import TupleRow
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
+from rag_core.dependency_logs import route_dependency_logs
 from rag_core.secrets import redacted, scrub_secrets
 from rag_core.settings import RagSettings
 from rag_core.stores.base import StoreError
 
 log = logging.getLogger(__name__)
+route_dependency_logs()  # psycopg / psycopg_pool records: at DEBUG, our StoreError is the message
 
 T = TypeVar("T")
 

@@ -16,19 +16,24 @@ Dense search plans (measured on 10,000 random 384-d unit vectors, see tests):
   if a filtered search still comes back short (``hnsw.max_scan_tuples`` reached) it is re-run
   exactly. Either way a filtered search returns min(top_k, matching rows).
 
-A rebuild (``PgVectorStore.rebuild``) fills ``<table>__rebuild`` and swaps it in under the
-table's name in one transaction, so a lookup in another process sees the old table or the new
-one, whole (a query waiting on the swap's lock resolves the name again and reads the new table).
+Document centroids (``rag_core.ingest.centroids``) live in ``<table>__centroids`` (doc id primary
+key, ``embedding vector(dim)``): one row read per candidate document, whatever its size.
+
+A rebuild (``PgVectorStore.rebuild``) fills ``<table>__rebuild`` (and its centroid table) and
+swaps them in under the table's names in one transaction, so a lookup in another process sees the
+old tables or the new ones, whole (a query waiting on the swap's lock resolves the name again and
+reads the new table).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -44,13 +49,14 @@ from rag_core.settings import RagSettings
 from rag_core.stores.base import (
     BulkLoad,
     DimensionMismatchError,
+    MissingCentroidsError,
     StoredChunk,
     StoreError,
     check_vectors,
     cosine_to_similarity,
 )
 from rag_core.stores.pgserver import PgPool, one_row, resolve_dsn, store_error
-from rag_core.stores.vectors import check_query_vector, finite_score, group_vectors
+from rag_core.stores.vectors import check_query_vector, finite_score
 from rag_core.text import lexical_string, lexical_terms
 
 log = logging.getLogger(__name__)
@@ -80,6 +86,7 @@ EXACT_SCAN_MAX_ROWS = 20_000
 EF_SEARCH = 200
 MAX_SCAN_TUPLES = 20_000
 REBUILD_SUFFIX = "__rebuild"
+CENTROID_SUFFIX = "__centroids"
 _INDEX_SUFFIXES = ("embedding_hnsw", "category", "doc_id", "lexical_tsv_gin")
 # The tsvector of ``lexical``, stored: BM25 ranks every matching row, and parsing each one's
 # text again per query cost 0.45 s at 17k rows (bench/kb_scale.py).
@@ -267,9 +274,22 @@ class PgVectorStore:
             i=self._index("embedding_hnsw"), t=self._ident
         )
 
+    @property
+    def centroid_table(self) -> str:
+        """The table of this table's document centroids (``<table>__centroids``, shortened with a
+        hash of the table name past PostgreSQL's 63-byte identifiers)."""
+        name = f"{self.table}{CENTROID_SUFFIX}"
+        if len(name) <= 63:
+            return name
+        digest = hashlib.blake2b(self.table.encode(), digest_size=4).hexdigest()
+        return f"{self.table[: 63 - len(CENTROID_SUFFIX) - 9]}_{digest}{CENTROID_SUFFIX}"
+
     def _ddl(self, dim: int) -> list[sql.Composed]:
         t = self._ident
         return [
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {c} (doc_id text PRIMARY KEY, embedding vector({dim}) NOT NULL)"
+            ).format(c=sql.Identifier(self.centroid_table), dim=sql.Literal(dim)),
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {t} (chunk_id text PRIMARY KEY, doc_id text NOT NULL, "
                 "title text NOT NULL, breadcrumb text NOT NULL, category text NOT NULL, "
@@ -288,8 +308,11 @@ class PgVectorStore:
         """Nothing to do: every write is committed (autocommit) and indexed when it returns."""
 
     def drop(self) -> None:
-        """Drop the table (and its indexes); a missing table is fine."""
-        self._run("drop", lambda conn: conn.execute(self._sql("DROP TABLE IF EXISTS {t}")))
+        """Drop the table (its indexes and centroid table); a missing table is fine."""
+        statement = sql.SQL("DROP TABLE IF EXISTS {t}, {c}").format(
+            t=self._ident, c=sql.Identifier(self.centroid_table)
+        )
+        self._run("drop", lambda conn: conn.execute(statement))
         self._dim = None
         self._forget_stats()
 
@@ -334,27 +357,22 @@ class PgVectorStore:
         self._forget_stats()
 
     def _swap_in(self, conn: psycopg.Connection, build: PgVectorStore) -> None:
-        """In one transaction: drop ``table``, rename ``build``'s table and indexes to it."""
+        """In one transaction: drop ``table`` and its centroid table, rename ``build``'s tables and
+        indexes to them."""
+        centroids, built = sql.Identifier(self.centroid_table), sql.Identifier(build.centroid_table)
         with conn.transaction():
             self._lock_table(conn)
-            conn.execute(self._sql("DROP TABLE IF EXISTS {t}"))
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {t}, {c}").format(t=self._ident, c=centroids))
             conn.execute(sql.SQL("ALTER TABLE {b} RENAME TO {t}").format(b=build._ident, t=self._ident))
+            conn.execute(sql.SQL("ALTER TABLE IF EXISTS {b} RENAME TO {c}").format(b=built, c=centroids))
+            _rename_pkey(conn, self.centroid_table, f"{self.centroid_table}_pkey"[:63])
             for suffix in _INDEX_SUFFIXES:
                 conn.execute(
                     sql.SQL("ALTER INDEX IF EXISTS {a} RENAME TO {b}").format(
                         a=build._index(suffix), b=self._index(suffix)
                     )
                 )
-            pkey = conn.execute(
-                "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) AND contype = 'p'",
-                (self._ident.as_string(conn),),
-            ).fetchone()
-            if pkey is not None:
-                conn.execute(
-                    sql.SQL("ALTER TABLE {t} RENAME CONSTRAINT {a} TO {b}").format(
-                        t=self._ident, a=sql.Identifier(pkey[0]), b=self._index("pkey")
-                    )
-                )
+            _rename_pkey(conn, self.table, f"{self.table}_pkey"[:63])
 
     # --- writes -----------------------------------------------------------------------------
 
@@ -502,17 +520,59 @@ class PgVectorStore:
             for r in rows
         }
 
-    def document_vectors(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        """Doc id -> (n_chunks, dim) stored vectors, in chunk-id order (absent docs left out)."""
+    def _centroid_rows(self, action: str, statement: sql.SQL, *params: Any) -> list[tuple[Any, ...]] | None:
+        """Rows of ``statement`` on the centroid table (``{c}``); None when that table is missing."""
+        name = self.centroid_table
+        query = statement.format(c=sql.Identifier(name))
+
+        def read(conn: psycopg.Connection) -> list[tuple[Any, ...]] | None:
+            if one_row(conn.execute("SELECT to_regclass(%s)", (sql.Identifier(name).as_string(conn),)))[0] is None:
+                return None
+            return conn.execute(query, params, binary=True).fetchall()
+
+        return self._run(action, read)
+
+    def document_centroids(self, doc_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Doc id -> stored centroid, one row per document (absent docs left out);
+        MissingCentroidsError for a table built before centroids were stored."""
         # Asked once per lookup: the schema read only until the table's dimension is known.
         if not doc_ids or (self._dim is None and not self.exists()):
             return {}
-        statement = self._sql("SELECT doc_id, chunk_id, embedding FROM {t} WHERE doc_id = ANY(%s)")
-        # Binary results: 200 vectors of 384 floats read in 2.4 ms, against 24 ms parsed from text.
-        rows = self._run(
-            "document vectors", lambda conn: conn.execute(statement, (list(doc_ids),), binary=True).fetchall()
-        )
-        return group_vectors((r[0], r[1], _as_array(r[2])) for r in rows)
+        statement = sql.SQL("SELECT doc_id, embedding FROM {c} WHERE doc_id = ANY(%s)")
+        rows = self._centroid_rows("document centroids", statement, list(doc_ids))
+        if rows is None:
+            raise MissingCentroidsError(f"pgvector table {self.table!r}")
+        return {r[0]: _as_array(r[1]) for r in rows}
+
+    def centroid_doc_ids(self) -> set[str]:
+        """Doc ids with a stored centroid (empty without a table or centroids)."""
+        rows = self._centroid_rows("read", sql.SQL("SELECT doc_id FROM {c}"))
+        return {r[0] for r in rows or ()}
+
+    def put_centroids(self, centroids: Mapping[str, np.ndarray]) -> None:
+        """Insert or replace document centroids in one transaction (after ``ensure_schema``)."""
+        if not centroids:
+            return
+        rows = [(d.replace("\x00", ""), np.asarray(v, dtype=np.float32)) for d, v in sorted(centroids.items())]
+        statement = sql.SQL(
+            "INSERT INTO {c} (doc_id, embedding) VALUES (%s, %s) "
+            "ON CONFLICT (doc_id) DO UPDATE SET embedding = EXCLUDED.embedding"
+        ).format(c=sql.Identifier(self.centroid_table))
+
+        def write(conn: psycopg.Connection) -> None:
+            with conn.transaction(), conn.cursor() as cur:
+                self._lock_table(conn)
+                for start in range(0, len(rows), _BATCH):
+                    cur.executemany(statement, rows[start : start + _BATCH])
+
+        self._run("put centroids", write)
+
+    def delete_centroids(self, doc_ids: Sequence[str]) -> None:
+        """Remove the centroids of ``doc_ids`` (unknown ids and a missing table are fine)."""
+        if doc_ids:
+            self._centroid_rows(
+                "delete centroids", sql.SQL("DELETE FROM {c} WHERE doc_id = ANY(%s) RETURNING doc_id"), list(doc_ids)
+            )
 
     def count(self) -> int:
         """Number of stored chunks; 0 when the table does not exist."""
@@ -770,6 +830,21 @@ def _row(chunk: Chunk, vector: np.ndarray, lexical: str | None = None) -> tuple[
     )
     # PostgreSQL text cannot hold NUL bytes; they carry no meaning in Markdown.
     return (*(v.replace("\x00", "") for v in values), vector)
+
+
+def _rename_pkey(conn: psycopg.Connection, table: str, name: str) -> None:
+    """Give ``table``'s primary key constraint the name ``name`` (a swapped-in table keeps its
+    build's, which the next build would collide with)."""
+    pkey = conn.execute(
+        "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) AND contype = 'p'",
+        (sql.Identifier(table).as_string(conn),),
+    ).fetchone()
+    if pkey is not None:
+        conn.execute(
+            sql.SQL("ALTER TABLE {t} RENAME CONSTRAINT {a} TO {b}").format(
+                t=sql.Identifier(table), a=sql.Identifier(pkey[0]), b=sql.Identifier(name)
+            )
+        )
 
 
 def _first_cut_lexemes(df: dict[str, int], budget: int) -> list[str]:

@@ -10,8 +10,7 @@ read back from a store are made finite here too, so results always serialise to 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -77,14 +76,3 @@ def cosine_to_similarity(cosine: float) -> float:
     """Normalised similarity in [0, 1] from a cosine similarity in [-1, 1] (negatives and
     non-finite values -> 0)."""
     return float(min(1.0, max(0.0, finite_score(cosine))))
-
-
-def group_vectors(rows: Iterable[tuple[str, str, Any]]) -> dict[str, np.ndarray]:
-    """``(doc_id, chunk_id, vector)`` rows -> doc id -> (n, dim) float32 stack in chunk-id order."""
-    grouped: dict[str, list[tuple[str, Any]]] = {}
-    for doc_id, chunk_id, vector in rows:
-        grouped.setdefault(doc_id, []).append((chunk_id, vector))
-    return {
-        doc_id: np.asarray([v for _, v in sorted(pairs, key=lambda p: p[0])], dtype=np.float32)
-        for doc_id, pairs in grouped.items()
-    }

@@ -39,6 +39,7 @@ TRACE_COLUMNS: dict[str, str] = {
     "error": "text",
     "latency_ms": "double precision",
     "created_at": "timestamptz NOT NULL DEFAULT now()",
+    "origin": "text",
 }
 _TABLE_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _BATCH = 500
@@ -96,14 +97,22 @@ class TraceStore:
         """Create the table and its indexes, adding columns an older table lacks.
 
         Idempotent and safe from several processes at once; existing rows are kept (a new
-        ``created_at`` column is filled with the migration time).
+        ``created_at`` column is filled with the migration time; a new ``origin`` column from
+        what older rows said: the evaluation's ``eval-`` session prefix, else the details'
+        ``transport``, ``python`` meaning ``library``).
         """
 
         def migrate(conn: psycopg.Connection) -> None:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"rag_core:traces:{self.table}",))
+                had_origin = conn.execute(
+                    "SELECT 1 FROM information_schema.columns WHERE table_name = %s AND column_name = 'origin'",
+                    (self.table,),
+                ).fetchone()
                 for statement in self._ddl():
                     conn.execute(statement)
+                if not had_origin:
+                    conn.execute(self._origin_backfill())
 
         self._run("ensure_schema", migrate)
 
@@ -124,6 +133,13 @@ class TraceStore:
                 )
             )
         return statements
+
+    def _origin_backfill(self) -> sql.Composed:
+        return sql.SQL(
+            "UPDATE {t} SET origin = CASE WHEN session_id LIKE 'eval-%' THEN 'evaluation' "
+            "WHEN retrieval_details->>'transport' IS NULL OR retrieval_details->>'transport' = 'python' "
+            "THEN 'library' ELSE retrieval_details->>'transport' END WHERE origin IS NULL"
+        ).format(t=self._ident)
 
     def insert_many(self, rows: Sequence[TraceRow]) -> None:
         """Insert ``rows`` in one transaction; a row whose ``id`` exists is skipped (so a

@@ -1,7 +1,7 @@
 // A client this project did not write (the MCP TypeScript SDK, pinned in package.json) against
 // `rag serve`: lists the tools, calls lookup_knowledge once per query and prints one JSON object
-// on stdout: {"sdk": "<version>", "tools": [names], "answers": {query: [docId, ...]},
-// "errors": {query: text}}. Used by tests/test_serve_js_client.py.
+// on stdout: {"sdk": "<version>", "server": serverInfo, "tools": [names], "templates": [uriTemplate],
+// "answers": {query: [docId, ...]}, "errors": {query: text}}. Used by tests/test_serve_integration.py.
 //
 //   node lookup_client.mjs --http http://127.0.0.1:PORT/mcp [--token T] QUERY...
 //   node lookup_client.mjs --stdio COMMAND [ARG...] -- QUERY...
@@ -48,6 +48,7 @@ async function main() {
   await client.connect(transport);
   try {
     const tools = (await client.listTools()).tools.map((t) => t.name);
+    const templates = (await client.listResourceTemplates()).resourceTemplates.map((t) => t.uriTemplate);
     const answers = {};
     const errors = {};
     for (const query of queries) {
@@ -56,7 +57,8 @@ async function main() {
       // The SDK validates structuredContent against the tool's outputSchema before returning it.
       answers[query] = (result.structuredContent?.evidenceBlocks ?? []).map((b) => b.docId);
     }
-    process.stdout.write(JSON.stringify({ sdk, tools, answers, errors }) + "\n");
+    const server = client.getServerVersion();
+    process.stdout.write(JSON.stringify({ sdk, server, tools, templates, answers, errors }) + "\n");
   } finally {
     await client.close();
   }
