@@ -118,6 +118,11 @@ class RagSettings(BaseSettings):
         ge=1,
         description="Documents per ingest batch (load, chunk, embed, write): bounds ingest memory, not the corpus",
     )
+    ingest_lock_wait: float = Field(
+        0.0,
+        ge=0.0,
+        description="Seconds an ingest waits for another ingest of the same data dir (its lock); 0 = refuse at once",
+    )
     max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")

@@ -269,6 +269,11 @@ class LookupService:
             sidecar = f"down: {breaker.last_error}" if breaker.is_open else "up"
             if health is not None and health.problems_of("pgvector"):
                 sidecar = "problem: " + "; ".join(health.problems_of("pgvector"))
+        elif health is not None and any(s.store == "pgvector" for s in health.stores):
+            # Written by the last ingest, not queried: its verdict all the same (issue 46).
+            problems = health.problems_of("pgvector")
+            verdict = "problem: " + "; ".join(problems) if problems else "up"
+            sidecar = f"not queried (RAG_SIDECAR_ENABLED=false); {verdict}"
         else:
             sidecar = "disabled"
         if not tool.settings.trace_enabled:
