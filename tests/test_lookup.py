@@ -279,7 +279,7 @@ def test_document_similarity_uses_the_stores_centroids_unless_the_store_failed_t
 def test_a_store_failure_in_the_document_stage_degrades_the_lookup_instead_of_a_silent_ok(make_tool, store):
     tool = make_tool(store_override=Faulty(store, "documents_down"))
     r = tool.lookup("the checkout page is slow and customers abandon their carts")
-    assert r.found and r.evidence_blocks and r.status == "degraded"
+    assert r.evidence_blocks and r.status == "degraded"  # found follows the confidence (issue 43)
     assert "document centroids skipped: StoreError: Milvus query failed" in r.message
     assert tool.recorded[-1]["status"] == "degraded"
 
