@@ -70,6 +70,9 @@ EXPECTED_LINEAGE: dict[str, list[str]] = {
     "golden_suite_runbooks_en_hard": [],
     "golden_suite_runbooks_zh": [],
     "golden_suite_production": [],
+    "golden_suite_sample_unanswerable": [],
+    "golden_suite_runbooks_en_unanswerable": [],
+    "golden_suite_runbooks_zh_unanswerable": [],
 }
 
 QUERY = "{ assetNodes { assetKey { path } dependencyKeys { path } groupName } }"
