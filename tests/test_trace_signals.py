@@ -1,4 +1,4 @@
-"""Production signals and mined candidate cases from trace rows (rag_core.traces.signals,
+"""Production signals and mined candidate cases from trace rows (rag_core.evaluation.signals,
 rag_core.evaluation.mining). Rows are built by hand with the fields the lookup writes."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from rag_core.evaluation.mining import mine_candidates
+from rag_core.evaluation.signals import day_signals, drift, flag_lookups
 from rag_core.traces.rows import TraceRow
-from rag_core.traces.signals import day_signals, drift, flag_lookups
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 

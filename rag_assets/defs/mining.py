@@ -9,7 +9,7 @@ from rag_assets.defs.traces import frame_rows
 from rag_assets.metadata import md_table
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
 from rag_core.evaluation.mining import mine_candidates, write_candidates
-from rag_core.traces.signals import flag_lookups
+from rag_core.evaluation.signals import flag_lookups
 
 _SHOWN = 20
 

@@ -20,10 +20,10 @@ from rag_assets.defs.resources import EvaluationConfigResource, RagSettingsResou
 from rag_assets.layout import AssetFiles
 from rag_assets.metadata import floats, md_table, table_schema
 from rag_assets.timing import DAILY_PARTITIONS, NIGHTLY_FRESHNESS
+from rag_core.evaluation.signals import SIGNALS, day_signals, drift, flag_lookups
 from rag_core.fileio import write_text_atomic
 from rag_core.lookup.trace_row import RetrievalDetails
 from rag_core.traces.rows import PRODUCTION_ORIGINS, TraceRow
-from rag_core.traces.signals import SIGNALS, day_signals, drift, flag_lookups
 
 # The table's columns come from TraceRow's fields (text unless listed), with the details JSON as
 # text last and the details the reports need flattened before it.
@@ -192,7 +192,7 @@ def production_signals(
     trace_tables: pl.DataFrame,
 ) -> dg.MaterializeResult:
     """How production lookups went on one UTC day, per origin (the nightly evaluation's own
-    lookups left out): lookups and the shares of each signal of ``rag_core.traces.signals``
+    lookups left out): lookups and the shares of each signal of ``rag_core.evaluation.signals``
     (weak, L0 fallback, degraded, retried, truncated, slow, re-asked, store disagreement), each
     beside its trend over the last nights and a drift flag against the trailing weeks.
 

@@ -1,6 +1,6 @@
 """Candidate golden cases mined from a day of production lookups.
 
-Weak, re-asked and store-disagreeing lookups (``rag_core.traces.signals``; a retry adds weight)
+Weak, re-asked and store-disagreeing lookups (``rag_core.evaluation.signals``; a retry adds weight)
 are grouped by their normalised, scrubbed query text, ranked by how often and how badly they
 occurred, and written in the golden case shape (without ``expected_docs``: a person decides
 those in ``rag eval review``) with their provenance and what the tool answered. Every text is scrubbed
@@ -19,10 +19,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field
 
+from rag_core.evaluation.signals import FlaggedLookup, normalise_query
 from rag_core.fileio import write_text_atomic
 from rag_core.secrets import scrub_pasted
 from rag_core.traces.rows import PRODUCTION_ORIGINS
-from rag_core.traces.signals import FlaggedLookup, normalise_query
 
 __all__ = ["MINED_SIGNALS", "CandidateCase", "load_candidates", "mine_candidates", "write_candidates"]
 
