@@ -42,6 +42,7 @@ bench: setup
 	$(PY) -m bench.kb_scale $(KB_SCALE_ARGS)
 	$(PY) -m bench.messy_kb
 	$(PY) -m bench.serving_latency
+	$(PY) -m bench.serving_load
 	$(PY) -m bench.dagster_embed
 
 # What CI checks before the tests (.ci/run): lint, format and types, on the tool versions pinned in

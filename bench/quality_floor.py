@@ -78,7 +78,9 @@ def case_sets(
 
     for suite in load_suites():
         if wanted(suite.name) and not suite.missing():
-            yield suite.name, suite.knowledge_dir, load_cases(suite.cases)
+            answerable = [c for c in load_cases(suite.cases) if not c.unanswerable]  # no rank to score
+            if answerable:
+                yield suite.name, suite.knowledge_dir, answerable
     if not (EN.is_dir() and ZH.is_dir()):
         return
     for name, source, heading, target in KNOWN_ITEM_SETS if crosslingual else ():

@@ -11,18 +11,32 @@ sample of chunk ids with their content hashes. ``check_health`` compares a store
   vector passes the shared vector check, and searching with it finds the chunk itself first
   (the vector index answers correctly); the sampled chunks' documents have a stored centroid.
 
+A store an ingest left part-written (``apply_pending.json``: a write fault, a kill) fails too.
+
+With ``documents=True`` (``rag doctor``) the document sets are cross-checked: each store's
+against the one the last ingest recorded (another writer changed it since?), against the L0
+index, and the stores against each other; documents the last ingest skipped may differ.
+
 Used by ``LookupKnowledgeTool.warm_up`` (its return value), ``rag doctor`` and the fault bench.
 A store that fails a check is an error in every lookup's trace, never "found nothing".
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rag_core.embedding.base import ModelIdentity
-from rag_core.ingest.index_state import StoreState, read_index_state
+from rag_core.ingest.index_state import (
+    StoreState,
+    describe_pending,
+    documents_digest,
+    pending_applies,
+    read_index_state,
+)
 from rag_core.models import content_hash
 from rag_core.settings import RagSettings
 from rag_core.stores.base import MissingCentroidsError, VectorStore
@@ -54,10 +68,11 @@ class HealthReport:
 
     stores: list[StoreHealth]
     state_problem: str | None = None
+    document_problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.state_problem is None and all(s.ok for s in self.stores)
+        return self.state_problem is None and not self.document_problems and all(s.ok for s in self.stores)
 
     def problems_of(self, store: str) -> list[str]:
         """Problems found in one store (a missing index state is not one: nothing to compare)."""
@@ -68,27 +83,82 @@ class HealthReport:
             return "; ".join(f"{s.store}: ok ({s.rows} rows, {s.checked_chunks} chunks verified)" for s in self.stores)
         parts = [self.state_problem] if self.state_problem else []
         parts += [f"{s.store}: {'; '.join(s.problems)}" for s in self.stores if s.problems]
-        return " | ".join(parts)
+        return " | ".join(parts + self.document_problems)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "state_problem": self.state_problem, "stores": [asdict(s) for s in self.stores]}
+        return {
+            "ok": self.ok,
+            "state_problem": self.state_problem,
+            "document_problems": self.document_problems,
+            "stores": [asdict(s) for s in self.stores],
+        }
+
+
+def written_stores(settings: RagSettings) -> list[str]:
+    """Names of the stores the ingests of ``settings.data_dir`` wrote (the index state's entries)."""
+    state, _ = read_index_state(settings)
+    return sorted(state or {})
 
 
 def check_health(
-    settings: RagSettings, stores: Sequence[VectorStore], active: ModelIdentity | None = None
+    settings: RagSettings, stores: Sequence[VectorStore], active: ModelIdentity | None = None, documents: bool = False
 ) -> HealthReport:
-    """Verify ``stores`` against the index state of ``settings.data_dir`` (module docstring).
+    """Verify ``stores`` against the index state of ``settings.data_dir`` (module docstring);
+    ``documents`` also cross-checks the document sets (reads every chunk id of each store).
     Never raises: an unreachable store is a problem in the report."""
     state, why = read_index_state(settings)
+    pending = pending_applies(settings)
     report = HealthReport(stores=[], state_problem=why)
+    held: dict[str, set[str]] = {}
     for store in stores:
         health = StoreHealth(store=store.name)
         report.stores.append(health)
+        if store.name in pending:
+            health.fail(
+                f"the ingest {describe_pending(pending[store.name])} stopped while writing it: it holds part of "
+                "that run's changes; run `rag ingest` (it rewrites this store whole)"
+            )
         try:
             _check_store(store, (state or {}).get(store.name), active, health, state is not None)
+            if documents:
+                held[store.name] = {doc_id for doc_id, _ in store.chunk_hashes().values()}
         except Exception as exc:  # any failure to read the store is what we report
             health.fail(f"cannot be read: {type(exc).__name__}: {exc}"[:400])
+    if documents and state is not None:
+        report.document_problems = _document_problems(settings.l0_index_path, held, state)
     return report
+
+
+def _document_problems(l0_path: Path, held: dict[str, set[str]], state: dict[str, StoreState]) -> list[str]:
+    """Where the stores' document sets (``held``), the L0 index and the index state disagree."""
+    problems = []
+    skipped = {doc_id for s in state.values() for doc_id in s.skipped}
+    for name, docs in held.items():
+        recorded = state.get(name)
+        if recorded and recorded.documents is not None and recorded.documents_digest != documents_digest(docs):
+            problems.append(
+                f"{name} holds {len(docs)} documents, not the {recorded.documents} the last ingest left "
+                "(written since by another writer?): run `rag ingest`"
+            )
+    try:
+        # The JSON list of L0 entries (``L0Index.save``); only the doc ids are needed here.
+        l0 = {entry["doc_id"] for entry in json.loads(l0_path.read_text())}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [*problems, f"the L0 index {l0_path} cannot be read ({exc}): run `rag ingest`"]
+    sets = [*held.items(), ("the L0 index", l0)]
+    for (name_a, a), (name_b, b) in zip(sets, sets[1:], strict=False):
+        only_a, only_b = sorted(a - b - skipped), sorted(b - a - skipped)
+        if only_a or only_b:
+            problems.append(
+                f"{name_a} and {name_b} hold different documents: {_some(only_a)} only in {name_a}, "
+                f"{_some(only_b)} only in {name_b}: run `rag ingest`"
+            )
+    return problems
+
+
+def _some(doc_ids: list[str]) -> str:
+    examples = ", ".join(repr(d) for d in doc_ids[:3])
+    return f"{len(doc_ids)} ({examples}{', ...' if len(doc_ids) > 3 else ''})" if doc_ids else "0"
 
 
 def _check_store(

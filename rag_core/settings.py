@@ -118,6 +118,11 @@ class RagSettings(BaseSettings):
         ge=1,
         description="Documents per ingest batch (load, chunk, embed, write): bounds ingest memory, not the corpus",
     )
+    ingest_lock_wait: float = Field(
+        0.0,
+        ge=0.0,
+        description="Seconds an ingest waits for another ingest of the same data dir (its lock); 0 = refuse at once",
+    )
     max_document_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Larger files are skipped and reported")
 
     pg_dsn: SecretStr | None = Field(None, description="PostgreSQL DSN; empty = embedded server under data_dir")
@@ -178,7 +183,19 @@ class RagSettings(BaseSettings):
     relevant_threshold: float = Field(0.35, ge=0.0, le=1.0, description="Similarity for RELEVANT")
     min_block_similarity: float = Field(0.15, ge=0.0, le=1.0, description="Evidence below this is dropped")
     context_char_budget: int = Field(4000, ge=200, le=200_000)
-    max_query_chars: int = Field(2000, ge=16, description="Longer queries are truncated for embedding")
+    max_query_chars: int = Field(
+        2000,
+        ge=16,
+        description="Longer queries are truncated; the embedded text is also cut to the embedding model's "
+        "token window (rag_core.lookup.admission), and the result says queryTruncated",
+    )
+    query_embed_wait_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=600.0,
+        description="Longest a lookup waits for the (shared) embedding model; past it the lookup answers "
+        "from L0 or with an error result, saying so, instead of waiting on",
+    )
     session_max: int = Field(10_000, ge=1)
     session_ttl_seconds: int = Field(3600, ge=1)
     trace_enabled: bool = True
@@ -208,6 +225,16 @@ class RagSettings(BaseSettings):
         le=1_000_000,
         description="Longest query `rag serve` accepts (longer: the tool's error result); "
         "RAG_MAX_QUERY_CHARS still truncates what is embedded",
+    )
+    serve_max_in_flight: int = Field(
+        0,
+        ge=0,
+        le=10_000,
+        description="Lookups `rag serve` runs or queues at once; past it HTTP answers 429 with Retry-After and "
+        "MCP a tool error (0 = 8 per CPU core: a bound on the queue behind the shared embedding model)",
+    )
+    serve_retry_after_s: int = Field(
+        1, ge=1, le=3600, description="Seconds a refused (over-limit) caller is told to wait (Retry-After)"
     )
     serve_shutdown_grace_s: float = Field(
         30.0, ge=0.0, le=600.0, description="On shutdown, how long in-flight lookups may take to finish"

@@ -1,12 +1,15 @@
 """Fakes shared by the tests: an embedder without a model (deterministic hash vectors) and a wrapper
 that counts the chunk passages a real embedder embeds, and a switchable TCP front for PostgreSQL
-(a trace-store outage without touching the server). Rows labelled ``title: `` (the document titles
-ingest embeds for the rerank) are counted apart from chunk passages."""
+(a trace-store outage without touching the server); store wrappers that hold the first write
+(two ingests at once) or fail a write mid-batch with ENOSPC (a full disk). Rows labelled
+``title: `` (the document titles ingest embeds for the rerank) are counted apart from chunk passages."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
+import os
 import socket
 import threading
 from collections.abc import Sequence
@@ -147,6 +150,51 @@ def shut_sockets(*socks: socket.socket) -> None:
     for s in socks:
         with contextlib.suppress(OSError):
             s.shutdown(socket.SHUT_RDWR)
+
+
+class HoldingStore:
+    """A real store whose first write (upsert or delete) waits (up to ``timeout`` s) until
+    ``release`` is set: the ingest that writes it is mid-apply while another one starts."""
+
+    def __init__(self, inner: Any, timeout: float = 120.0) -> None:
+        self.inner, self.timeout = inner, timeout
+        self.name, self.score_label = inner.name, inner.score_label
+        self.writing, self.release = threading.Event(), threading.Event()
+
+    def _hold(self) -> None:
+        self.writing.set()
+        self.release.wait(self.timeout)
+
+    def upsert(self, chunks: Any, vectors: np.ndarray) -> None:
+        self._hold()
+        self.inner.upsert(chunks, vectors)
+
+    def delete_chunks(self, chunk_ids: Sequence[str]) -> None:
+        self._hold()
+        self.inner.delete_chunks(chunk_ids)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
+class DiskFullAfter:
+    """A real store whose upsert call number ``ok + 1`` writes the first half of its chunks and
+    then raises OSError(ENOSPC), as a disk filling mid-batch does."""
+
+    def __init__(self, inner: Any, ok: int) -> None:
+        self.inner, self.ok = inner, ok
+        self.name, self.score_label = inner.name, inner.score_label
+
+    def upsert(self, chunks: Any, vectors: np.ndarray) -> None:
+        if self.ok == 0:
+            half = max(1, len(chunks) // 2)
+            self.inner.upsert(chunks[:half], vectors[:half])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/data/milvus.db/segment")
+        self.ok -= 1
+        self.inner.upsert(chunks, vectors)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
 
 
 #: Doc ids / categories with a character of every class a filter or a terminal treats specially:

@@ -15,6 +15,10 @@ faults are injected one at a time, in this order:
 * row 7  rows lost from the Milvus index under a live tool: warm_up / doctor, lookups, repair
 * row 8  `rag ingest --rebuild` (both stores) in another process under a live lookup loop
 * trace  the trace store goes down during 4-thread lookups, then comes back
+* row 9  two ingests at once on one data dir, of two different subsets (the second starts while
+  the first writes): one refused; the stores, the L0 index and the index state agree
+* row 10 a full disk (ENOSPC) mid-batch in the Milvus write of an ingest: the store is named
+  part-written, the rerun rewrites it, and it ranks as a clean build (dense and BM25 top 10)
 
 A lookup "fails" when it raises, returns non-strict JSON, or claims a normal answer (status ok
 with L1 evidence) while its store is known to be broken. Rows lost counts chunks the product
@@ -200,10 +204,11 @@ class FaultRun:
         stop_server(self.data)
         self.scratch.close()
 
-    def ingest(self, settings: RagSettings | None = None, embedder: Any = None, **kw: Any) -> Any:
+    def ingest(self, settings: RagSettings | None = None, embedder: Any = None, stores: Any = None, **kw: Any) -> Any:
         from rag_core.ingest.pipeline import ingest
 
-        return ingest(settings or self.settings, embedder or self.embedder, self.stores, progress=False, **kw)
+        stores = stores or self.stores
+        return ingest(settings or self.settings, embedder or self.embedder, stores, progress=False, **kw)
 
     def hashes(self) -> dict[str, dict[str, tuple[str, str]]]:
         return {s.name: s.chunk_hashes() for s in self.stores}
@@ -548,6 +553,139 @@ class FaultRun:
             stored == total,
         )
 
+    def row9_concurrent_ingests(self) -> str:
+        from fakes import HoldingStore
+
+        from rag_core.health import check_health
+        from rag_core.ingest.index_lock import IndexBusyError
+        from rag_core.l0 import L0Index
+
+        before = self.hashes()
+        folders = sorted(p.name for p in self.kb.iterdir() if p.is_dir())
+        subsets = []
+        for name, left_out in (("a", folders[0]), ("b", folders[1])):
+            root = self.scratch.root / f"subset-{name}"
+            shutil.rmtree(root, ignore_errors=True)
+            shutil.copytree(self.kb, root, ignore=lambda d, _names, x=left_out: [x] if Path(d) == self.kb else [])
+            subsets.append(root)
+        holding = HoldingStore(self.stores[0])
+        outcome: dict[str, Any] = {}
+
+        def first() -> None:
+            try:
+                outcome["a"] = self.ingest(knowledge_dir=subsets[0], stores=[holding, self.stores[1]])
+            except Exception as exc:
+                outcome["a"] = exc
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        try:
+            holding.writing.wait(600)
+            try:  # the second ingest starts while the first one writes
+                outcome["b"] = self.ingest(knowledge_dir=subsets[1])
+            except Exception as exc:
+                outcome["b"] = exc
+        finally:
+            holding.release.set()
+            thread.join()
+        expected = {p.relative_to(subsets[0]).as_posix() for p in subsets[0].rglob("*.md")}
+        held = [{d for d, _ in h.values()} for h in self.hashes().values()]
+        l0 = set(L0Index.load(self.settings.l0_index_path).entries)
+        agree = all(h == l0 for h in held) and l0 <= expected
+        health = check_health(self.settings, self.stores, self.embedder.identity(), documents=True)
+        refused = isinstance(outcome["b"], IndexBusyError)
+        self.ingest()  # back to the whole corpus for the next faults
+        lost = rows_lost(before, self.hashes())
+        tool = self.tool()
+        failed, _, _ = run_lookups(tool, self.qs)
+        tool.close()
+        first_did = type(outcome["a"]).__name__ if isinstance(outcome["a"], Exception) else "completed"
+        did = (
+            f"second {'refused: ' + str(outcome['b'])[:90] + '...' if refused else 'NOT refused'}; first {first_did}; "
+            f"stores, L0 and index state {'agree' if agree else 'DISAGREE'} ({len(l0)} documents); "
+            f"doctor {'ok' if health.ok else health.summary()[:100]}; then the whole corpus ingested again"
+        )
+        return self.emit(
+            "row 9",
+            f"two ingest() at once on one data dir: {folders[0]}/ left out by the first, {folders[1]}/ by the "
+            "second, started while the first writes (Milvus + pgvector)",
+            did,
+            lost,
+            failed,
+            refused and first_did == "completed" and agree and health.ok,
+        )
+
+    def row10_write_fault(self) -> str:
+        from fakes import DiskFullAfter
+
+        import rag_core.ingest.apply as apply_stage
+        from rag_core.ingest.index_state import pending_applies
+        from rag_core.stores.milvus import MilvusStore
+        from rag_core.stores.milvus_server import stop_server
+        from rag_core.text import lexical_tokens
+
+        before = self.hashes()
+        edited = sorted(self.kb.rglob("*.md"))[::6]
+        originals = {p: p.read_text() for p in edited}
+        for p in edited:
+            p.write_text(originals[p] + "\n\n## Escalation\n\nPage the owning team and open an incident.\n")
+        batch = apply_stage.UPSERT_BATCH
+        apply_stage.UPSERT_BATCH = 8
+        try:
+            self.ingest(stores=[DiskFullAfter(self.stores[0], ok=1), self.stores[1]])
+            raised = "nothing"
+        except OSError as exc:
+            raised = f"OSError({exc.strerror})"
+        finally:
+            apply_stage.UPSERT_BATCH = batch
+        named = "milvus" in pending_applies(self.settings)
+        tool = self.tool(self.settings.model_copy(update={"sidecar_enabled": False}))
+        health = tool.warm_up()
+        failed, _, _ = run_lookups(tool, self.qs, broken_store=True)
+        tool.close()
+        recovered = self.ingest()
+        clean_settings = self.settings.model_copy(
+            update={"data_dir": self.scratch.dir("clean"), "sidecar_enabled": False}
+        )
+        clean = MilvusStore.from_settings(clean_settings)
+        from rag_core.ingest.pipeline import ingest
+
+        ingest(clean_settings, self.embedder, [clean], progress=False)
+        queries = list(dict.fromkeys(self.qs))[:20]
+        differ = 0
+        for q in queries:
+            v = self.embedder.embed_query(q)
+            terms = sorted(set(lexical_tokens(q)))
+            for a, b in (
+                (self.stores[0].search(v, 10), clean.search(v, 10)),
+                (self.stores[0].search_lexical(terms, v, 10), clean.search_lexical(terms, v, 10)),
+            ):
+                key = [(h.chunk_id, round(h.raw_score, 4), round(h.lexical_score or 0.0, 4)) for h in a]
+                differ += key != [(h.chunk_id, round(h.raw_score, 4), round(h.lexical_score or 0.0, 4)) for h in b]
+        same_rows = self.stores[0].chunk_hashes() == clean.chunk_hashes()
+        clean.close()
+        stop_server(clean_settings.data_dir)
+        for p, text in originals.items():
+            p.write_text(text)
+        self.ingest()  # back to the corpus as it was
+        lost = rows_lost(before, self.hashes())
+        said = "stopped while writing it" in health.summary()
+        did = (
+            f"ingest raised {raised}; milvus {'recorded' if named else 'NOT recorded'} as part-written, "
+            f"warm_up {'names it' if said else 'does NOT name it'}; rerun: "
+            f"{recovered.rewritten.get('milvus', 'NOT rewritten')[:40]}...; vs a clean build: rows "
+            f"{'identical' if same_rows else 'DIFFER'}, {differ}/{2 * len(queries)} top-10 lists differ "
+            "(dense and BM25, chunk ids and scores)"
+        )
+        return self.emit(
+            "row 10",
+            f"ENOSPC mid-batch in the 2nd Milvus upsert of an ingest changing {len(edited)} documents",
+            did,
+            lost,
+            failed,
+            raised != "nothing" and named and said and same_rows and differ == 0,
+        )
+
     def filters_doc_ids(self) -> str:
         """Doc ids with a line feed, CR LF, tab, ESC, quotes and a backslash (issue 44.4): ingested,
         looked up (status ok, so no store call lost a signal) and deleted again through filters."""
@@ -582,6 +720,8 @@ FAULTS = (
     "row8_rebuild",
     "trace_outage",
     "filters_doc_ids",
+    "row9_concurrent_ingests",
+    "row10_write_fault",
 )
 
 

@@ -4,6 +4,7 @@ error in the lookup trace, never "found nothing"."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 
@@ -143,3 +144,90 @@ def test_rag_doctor_on_milvus(tmp_path, kb, embedder, monkeypatch):
     bad = runner.invoke(app, ["doctor"])
     assert bad.exit_code == 1
     assert f"holds {len(hashes) - 2} rows but the last ingest left {len(hashes)}" in bad.output.replace("\n", " ")
+
+
+# --- issue 44 item 2 / issue 46 item 4: document sets, and every store the last ingest wrote -------
+
+
+def _drop_from_l0(settings) -> str:
+    """Remove one document from the saved L0 index by hand; returns its doc id."""
+    entries = json.loads(settings.l0_index_path.read_text())
+    gone = entries.pop()["doc_id"]
+    settings.l0_index_path.write_text(json.dumps(entries))
+    return gone
+
+
+def test_stores_l0_index_and_index_state_must_hold_the_same_documents(ingested, embedder):
+    settings, store = ingested
+    report = check_health(settings, [store], embedder.identity(), documents=True)
+    assert report.ok and not report.document_problems, report.summary()
+
+    gone = _drop_from_l0(settings)
+    report = check_health(settings, [store], embedder.identity(), documents=True)
+    assert not report.ok
+    assert f"memory and the L0 index hold different documents: 1 ('{gone}') only in memory" in report.summary()
+
+    # A document written since the last ingest (another writer): the store no longer matches the state.
+    chunk = next(iter(store._chunks.values()))
+    store.upsert([replace(chunk, chunk_id="extra", doc_id="extra/Other.md")], store._vectors[chunk.chunk_id][None, :])
+    text = check_health(settings, [store], embedder.identity(), documents=True).summary()
+    assert "memory holds" in text and "documents, not the" in text and "'extra/Other.md'" in text
+
+
+def test_rag_doctor_exits_1_naming_the_document_the_l0_index_lacks(tmp_path, kb, embedder, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rag_core.cli import app
+    from rag_core.stores.milvus import MilvusStore
+
+    settings = make_settings(tmp_path / "data", kb, milvus_mode="file")
+    store = MilvusStore.from_settings(settings)
+    ingest(settings, embedder, [store], progress=False)
+    store.close()
+    monkeypatch.setenv("RAG_DATA_DIR", str(settings.data_dir))
+    monkeypatch.setenv("RAG_MILVUS_MODE", "file")
+    monkeypatch.setenv("RAG_SIDECAR_ENABLED", "false")
+    gone = _drop_from_l0(settings)
+    bad = CliRunner().invoke(app, ["doctor"])
+    assert bad.exit_code == 1, bad.output
+    assert f"milvus and the L0 index hold different documents: 1 ('{gone}') only in milvus" in bad.output.replace(
+        "\n", " "
+    )
+
+
+def test_doctor_and_readiness_check_the_sidecar_the_last_ingest_wrote(
+    tmp_path, kb, embedder, pg_dsn, pg_table, monkeypatch
+):
+    """The sidecar disabled for lookups (RAG_SIDECAR_ENABLED=false) but written by the last ingest,
+    as after `make run`: `rag doctor` and the serve readiness check it all the same."""
+    from typer.testing import CliRunner
+
+    from rag_core.cli import app
+    from rag_core.components import make_sidecar_store
+    from rag_core.serve.service import LookupService
+    from rag_core.stores.milvus import MilvusStore
+
+    settings = make_settings(tmp_path / "data", kb, milvus_mode="file", pg_dsn=pg_dsn, pg_table=pg_table)
+    milvus, sidecar = MilvusStore.from_settings(settings), make_sidecar_store(settings)
+    ingest(settings, embedder, [milvus, sidecar], progress=False)
+    milvus.close()
+    for name, value in (("DATA_DIR", settings.data_dir), ("MILVUS_MODE", "file"), ("PG_DSN", pg_dsn)):
+        monkeypatch.setenv(f"RAG_{name}", str(value))
+    monkeypatch.setenv("RAG_PG_TABLE", pg_table)
+    monkeypatch.setenv("RAG_SIDECAR_ENABLED", "false")
+    ok = CliRunner().invoke(app, ["doctor"])
+    assert ok.exit_code == 0, ok.output
+    assert "milvus: ok" in ok.output and "pgvector: ok" in ok.output
+
+    service = LookupService(LookupKnowledgeTool(settings, embedder=embedder))
+    try:
+        service.start()
+        assert service.readiness()["sidecar"] == "not queried (RAG_SIDECAR_ENABLED=false); up"
+        sidecar.delete_chunks(sorted(sidecar.chunk_hashes())[:1])
+        service.tool.check_health()
+        assert "problem: holds" in service.readiness()["sidecar"]
+    finally:
+        service.close()
+        sidecar.close()
+    bad = CliRunner().invoke(app, ["doctor"])
+    assert bad.exit_code == 1 and "pgvector: holds" in bad.output, bad.output

@@ -237,8 +237,11 @@ def test_rag_ingest_disk_full_is_one_line(tmp_path, kb, monkeypatch):
     res = _cli(tmp_path, kb, monkeypatch, FakeEmbedder(), DiskFullStore(ok=1))
     assert res.exit_code == 1, res.output
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    # The first batch was written into the served index before the disk filled: the line says so.
     assert lines == [
         f"ingest failed: cannot write /data/milvus/segment: No space left on device (RAG_DATA_DIR={tmp_path / 'data'})"
+        "; the served index of memory now holds part of this run's changes until the next `rag ingest`, "
+        "which rewrites it whole from the embedding cache"
     ]
 
 

@@ -14,6 +14,8 @@ The sidecar never fails the run: when PostgreSQL is unreachable ``pgvector_table
 ``status: unavailable`` and the reason.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
@@ -21,6 +23,7 @@ import psycopg
 
 from rag_assets.defs.ingest import ChunkTable, read_chunks
 from rag_assets.defs.resources import (
+    LOCK_TIMEOUT_S,
     EmbedderResource,
     MilvusStoreResource,
     PgVectorStoreResource,
@@ -66,6 +69,7 @@ def ingest_plan(
     RAG_INGEST_MAX_REMOVE_SHARE of a store's documents would go. An unreachable sidecar is
     recorded in the plan (``unavailable``), not an error.
     """
+    from rag_core.ingest.index_state import pending_applies
     from rag_core.ingest.plan import ChunkedDocuments, IngestRefusedError, plan_ingest, read_store_state
 
     settings = rag.get_settings()
@@ -73,16 +77,20 @@ def ingest_plan(
     chunked = ChunkedDocuments(
         tuple(d for d in knowledge_documents.documents if d.doc_id in keep), tuple(read_chunks(chunks)), chunks.issues
     )
-    with milvus.open(context.log) as store:
-        states = [read_store_state(store)]
     unavailable: dict[str, str] = {}
-    if settings.sidecar_enabled:
-        try:
-            with pgvector.open(context.log) as store:
-                states.append(read_store_state(store))
-        except SIDECAR_UNAVAILABLE as exc:
-            unavailable["pgvector"] = _sidecar_reason(exc)
-            context.log.warning("pgvector sidecar unavailable: %s", unavailable["pgvector"])
+    with _index_lock(context, settings, "ingest_plan"):
+        with milvus.open(context.log) as store:
+            states = [read_store_state(store)]
+        if settings.sidecar_enabled:
+            try:
+                with pgvector.open(context.log) as store:
+                    states.append(read_store_state(store))
+            except SIDECAR_UNAVAILABLE as exc:
+                unavailable["pgvector"] = _sidecar_reason(exc)
+                context.log.warning("pgvector sidecar unavailable: %s", unavailable["pgvector"])
+        rewrite = set(pending_applies(settings))
+    for name in sorted(rewrite & {s.name for s in states}):
+        context.log.warning("%s was left part-written by a faulted ingest: planned whole", name)
     try:
         plan = plan_ingest(
             knowledge_documents,
@@ -91,6 +99,7 @@ def ingest_plan(
             embedder.get().identity(),
             max_remove_share=settings.ingest_max_remove_share,
             unavailable=unavailable,
+            rewrite=rewrite,
         )
     except IngestRefusedError as exc:
         raise dg.Failure(description=str(exc), allow_retries=False) from None
@@ -122,13 +131,16 @@ def ingest_plan(
 
 
 @dg.asset(group_name="index", kinds={"json"})
-def l0_index(rag: RagSettingsResource, ingest_plan: IngestPlan) -> dg.MaterializeResult:
+def l0_index(
+    context: dg.AssetExecutionContext, rag: RagSettingsResource, ingest_plan: IngestPlan
+) -> dg.MaterializeResult:
     """The L0 keyword/frontmatter hint index of the plan's documents, saved as JSON in the data
     dir (``l0_index.json``). Written after the wipe guard passed, once per refresh."""
     from rag_core.ingest.pipeline import save_l0_index
 
     settings = rag.get_settings()
-    index = save_l0_index(ingest_plan, settings.l0_index_path)
+    with _index_lock(context, settings, "l0_index"):
+        index = save_l0_index(ingest_plan, settings.l0_index_path)
     domains = sorted(index.domains)
     return dg.MaterializeResult(
         metadata={
@@ -245,18 +257,40 @@ def store_metadata(changes: StoreChanges, embeddings: ChunkEmbeddings, stored: i
     }
 
 
+@contextmanager
+def _index_lock(context: Any, settings: RagSettings, step: str) -> Iterator[str]:
+    """The index lock of the data dir (``rag_core.ingest.index_lock``), as ``rag ingest`` holds
+    it; yields this step's writer description. Steps of one run wait for each other (at least
+    ``LOCK_TIMEOUT_S``); a writer holding it past that fails the step, naming the holder."""
+    from rag_core.ingest.index_lock import IndexBusyError, index_lock
+
+    command = f"dagster run {context.run_id} step {step}"
+    try:
+        with index_lock(settings, command, wait_s=max(settings.ingest_lock_wait, LOCK_TIMEOUT_S)):
+            yield command
+    except IndexBusyError as exc:
+        raise dg.Failure(description=str(exc)) from None
+
+
 def _apply(
-    settings: RagSettings, store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings
+    command: str, settings: RagSettings, store: Any, plan: IngestPlan, embeddings: ChunkEmbeddings
 ) -> tuple[StoreChanges, int]:
-    """Apply ``plan`` to ``store`` and record its index state, as ``rag ingest`` does."""
+    """Apply ``plan`` to ``store`` and record its index state, as ``rag ingest`` does. Called
+    under the index lock (the stale-plan check and the writes see no other writer); the apply
+    is recorded as pending until the state is written (a fault leaves it listed: the next plan
+    rewrites the store whole)."""
     from rag_core.ingest.apply import StalePlanError, apply_plan
+    from rag_core.ingest.index_state import mark_apply_done, mark_apply_started
     from rag_core.ingest.pipeline import record_index_state
 
+    mark_apply_started(settings, store.name, command)
     try:
         changes = apply_plan(store, plan, embeddings)
     except StalePlanError as exc:
+        mark_apply_done(settings, [store.name])  # refused before any write
         raise dg.Failure(description=str(exc)) from None
     record_index_state(settings, [store], plan, embeddings)
+    mark_apply_done(settings, [store.name])
     return changes, store.count()
 
 
@@ -275,8 +309,9 @@ def milvus_collection(
     and with a stale-plan failure when another writer changed the collection since planning.
     """
     settings = rag.get_settings()
-    with milvus.open(context.log) as store:
-        changes, stored = _apply(settings, store, ingest_plan, chunk_embeddings)
+    # The index lock before the store lock, in every asset (ingest_plan too): no lock-order deadlock.
+    with _index_lock(context, settings, "milvus_collection") as command, milvus.open(context.log) as store:
+        changes, stored = _apply(command, settings, store, ingest_plan, chunk_embeddings)
     return dg.MaterializeResult(
         metadata={
             **store_metadata(changes, chunk_embeddings, stored),
@@ -309,8 +344,8 @@ def pgvector_table(
         context.log.warning("pgvector sidecar unavailable: %s", reason)
         return dg.MaterializeResult(metadata={"status": "unavailable", "reason": reason})
     try:
-        with pgvector.open(context.log) as store:
-            changes, stored = _apply(settings, store, ingest_plan, chunk_embeddings)
+        with _index_lock(context, settings, "pgvector_table") as command, pgvector.open(context.log) as store:
+            changes, stored = _apply(command, settings, store, ingest_plan, chunk_embeddings)
     except SIDECAR_UNAVAILABLE as exc:
         reason = _sidecar_reason(exc)
         context.log.warning("pgvector sidecar unavailable: %s", reason)

@@ -43,6 +43,7 @@ def ingest(
     from rag_core.components import make_stores
     from rag_core.embedding import EmbedderLoadError
     from rag_core.embedding.openai_compat import EmbeddingEndpointError
+    from rag_core.ingest.index_lock import IndexBusyError
     from rag_core.ingest.pipeline import IngestRefusedError, StalePlanError
     from rag_core.ingest.pipeline import ingest as run_ingest
     from rag_core.ingest.plan import is_failure
@@ -60,14 +61,16 @@ def ingest(
         EmbedderLoadError,
         EmbeddingEndpointError,
         IngestRefusedError,
+        IndexBusyError,
         StalePlanError,
     ) as exc:
-        console.print(f"[red]ingest failed: {exc}[/red]", highlight=False, soft_wrap=True)
+        console.print(f"[red]ingest failed: {exc}{_left_behind(settings)}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except OSError as exc:  # a read-only or full data dir: one line naming the path, no traceback
         where = exc.filename or settings.data_dir
         console.print(
-            f"[red]ingest failed: cannot write {where}: {exc.strerror or exc} (RAG_DATA_DIR={settings.data_dir})[/red]",
+            f"[red]ingest failed: cannot write {where}: {exc.strerror or exc} (RAG_DATA_DIR={settings.data_dir})"
+            f"{_left_behind(settings)}[/red]",
             highlight=False,
             soft_wrap=True,
         )
@@ -96,6 +99,19 @@ def ingest(
             soft_wrap=True,
         )
         raise typer.Exit(3)
+
+
+def _left_behind(settings: RagSettings) -> str:
+    """The end of a failed ingest's line: which served index it changed (none: nothing visible)."""
+    from rag_core.ingest.index_state import part_written
+
+    stores = part_written(settings)
+    if not stores:
+        return ""
+    return (
+        f"; the served index of {', '.join(stores)} now holds part of this run's changes until the next "
+        "`rag ingest`, which rewrites it whole from the embedding cache"
+    )
 
 
 @app.command()
@@ -192,15 +208,20 @@ def compare(
 
 @app.command()
 def doctor(
-    sidecar: bool | None = typer.Option(None, help="Also check pgvector (default RAG_SIDECAR_ENABLED)"),
+    sidecar: bool | None = typer.Option(
+        None, help="Also check pgvector (default: when the last ingest wrote it, or RAG_SIDECAR_ENABLED)"
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
 ) -> None:
-    """Verify each store against the last ingest: row counts, model, a sample of chunks (content
-    hashes, vectors, self-search). Exit 0 when healthy, 1 when something is wrong."""
+    """Verify each store the last ingest wrote: row counts, model, a sample of chunks (content
+    hashes, vectors, self-search), and that the stores, the L0 index and the index state hold the
+    same documents. Exit 0 when healthy, 1 when something is wrong."""
     from rag_core.components import make_stores
-    from rag_core.health import check_health
+    from rag_core.health import check_health, written_stores
 
     settings = settings_or_exit()
+    if sidecar is None:
+        sidecar = settings.sidecar_enabled or "pgvector" in written_stores(settings)
     stores = make_stores(settings, sidecar)
     try:
         active = None
@@ -210,7 +231,7 @@ def doctor(
             console.print(
                 "[yellow]model not loaded: the stores' model records are checked against the index state only[/yellow]"
             )
-        report = check_health(settings, stores, active)
+        report = check_health(settings, stores, active, documents=True)
     finally:
         for s in stores:
             s.close()
@@ -224,6 +245,8 @@ def doctor(
                 console.print(f"{h.store}: ok ({h.rows} rows, {h.checked_chunks} sampled chunks verified)")
             for problem in h.problems:
                 console.print(f"[red]{h.store}: {problem}[/red]", highlight=False, soft_wrap=True)
+        for problem in report.document_problems:  # doc ids may hold "[": no markup
+            console.print(problem, style="red", markup=False, highlight=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
 

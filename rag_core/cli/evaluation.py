@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rag_core.model_profiles import PROFILES_PATH, model_profile, write_profile
+from rag_core.model_profiles import PROFILES_PATH, model_profile, profile_key, write_profile
 
 if TYPE_CHECKING:  # the evaluation modules load when a command runs, not for `rag --help`
     from rag_core.evaluation.calibrate import CaseScore
@@ -371,4 +371,82 @@ def cv_cmd(
     typer.echo(cv.markdown(result).split("\nMRR per fold")[0])  # plain: Markdown tables must not wrap
     console.print(
         f"Reports: {', '.join(str(p) for p in files)}" + (f"; ranker: {written}" if written else ""), highlight=False
+    )
+
+
+@eval_app.command("confidence")
+def confidence_cmd(
+    cache: Annotated[
+        Path | None,
+        typer.Option("--cache", help="Samples, embedding caches, held-out copies (default <data_dir>/cv)."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Report dir (default <data_dir>/reports/cv).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Known-item generator, hold-out and fold seed.")] = 25,
+    fit: Annotated[bool, typer.Option("--fit", help="Write the confidence model fitted on every sample.")] = False,
+    suites: Annotated[
+        bool, typer.Option("--suites/--no-suites", help="Also score the golden suites with the fitted model (check).")
+    ] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Fit and cross-validate the calibrated confidence (rag_core.lookup.confidence) on known items,
+    held-out documents and the unanswerable golden cases of the runbook corpora.
+
+    Writes confidence_cv.json / .md (before/after per query language: top-1 precision per level,
+    unanswerable labelled PRECISE/RELEVANT and found, ECE, reliability bins) and a reliability chart;
+    --fit writes rag_core/lookup/calibration/<profile>.json. The first run captures the samples
+    through the real pipeline (minutes); later runs read them from --cache. Exit 2 on unusable input.
+    """
+    from rag_core.cli.common import settings_or_exit
+
+    try:
+        import sklearn  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise _fail(f"rag eval confidence needs the cv extra: pip install 'rag-retrieval[cv]' ({exc})") from None
+    from rag_core.evaluation import confidence_cv as ccv
+    from rag_core.evaluation.cases import load_cases
+    from rag_core.evaluation.known_items import DEFAULT_SUITE_CORPORA, default_corpora, generate
+    from rag_core.evaluation.suites import load_suites
+    from rag_core.lookup.confidence import calibration_path
+
+    corpora = default_corpora()
+    if not corpora:
+        raise _fail("no corpus: the runbook suites' corpora in ../shared are missing")
+    settings = settings_or_exit()
+    root = cache or settings.data_dir / "cv"
+    items = ccv.subsample(generate(corpora, seed), seed=seed)
+    by_dir = {s.knowledge_dir.resolve(): s for s in load_suites() if s.name.endswith("-unanswerable")}
+    written = {
+        lang: [c for c in load_cases(by_dir[p.resolve()].cases) if c.unanswerable]
+        for lang, p in corpora.items()
+        if p.resolve() in by_dir
+    }
+    samples = ccv.capture_samples(items, written, corpora, settings, root)
+    confidence = ccv.cross_validate(samples, seed=seed)
+    rows = ccv.figures(samples, confidence)
+    meta = {
+        "profile": profile_key(settings.embedding_backend, settings.embedding_model),
+        "ensemble_backend": settings.ensemble_backend,
+        "fitted": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "by": "rag eval confidence --fit",
+        "data": f"{sum(s.answerable for s in samples)} answerable known items (seed {seed}), "
+        f"{sum(s.source == 'held-out' for s in samples)} held-out-document queries, "
+        f"{sum(s.source == 'written' for s in samples)} written unanswerable cases over "
+        f"{', '.join(DEFAULT_SUITE_CORPORA[lang] for lang in corpora)}",
+        "cv": {r["language"]: {"ece": round(r["ece"], 4), **r["after"]} for r in rows},
+    }
+    model = ccv.fit(samples, meta)
+    checks = ccv.suite_rows(ccv.suite_samples(corpora, settings, root), model) if suites else []
+    files = ccv.write_report(rows, checks, meta, out or settings.data_dir / "reports" / "cv")
+    path = None
+    if fit:
+        path = calibration_path(settings.embedding_backend, settings.embedding_model)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(model.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if as_json:
+        payload = {"figures": rows, "suites": checks, "files": [str(p) for p in files]}
+        _print_json({**payload, "model": str(path) if path else None})
+        return
+    typer.echo(ccv.markdown(rows, checks, meta))
+    console.print(
+        f"Reports: {', '.join(str(p) for p in files)}" + (f"; model: {path}" if path else ""), highlight=False
     )

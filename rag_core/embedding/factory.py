@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 
+from rag_core.embedding._common import BaseEmbedder
 from rag_core.embedding.base import Embedder, EmbedderLoadError
 from rag_core.settings import RagSettings
 
@@ -29,6 +30,7 @@ def _key(settings: RagSettings) -> tuple[object, ...]:
         settings.embedding_query_prefix,
         settings.embedding_passage_prefix,
         settings.embedding_timeout_s,
+        settings.query_embed_wait_s,
         hashlib.sha256(secret.encode()).hexdigest(),
     )
 
@@ -40,12 +42,16 @@ def make_embedder(settings: RagSettings, threads: int | None = None) -> Embedder
     passage workers come from ``RAG_EMBEDDING_THREADS`` (its query side keeps the engine's
     OpenMP threads, read from OMP_NUM_THREADS once per process). Raises
     EmbedderLoadError (one line naming the setting and the reason) when the backend's package
-    is missing, the CPU is unsupported or the model cannot be found.
+    is missing, the CPU is unsupported or the model cannot be found. In-process backends
+    give up a query that waited ``RAG_QUERY_EMBED_WAIT_S`` for the model (EmbedDeadlineError).
     """
     key = (*_key(settings), threads)
     with _cache_lock:
         if key not in _cache:
-            _cache[key] = _build(settings, threads)
+            embedder = _build(settings, threads)
+            if isinstance(embedder, BaseEmbedder):
+                embedder.query_wait_s = settings.query_embed_wait_s
+            _cache[key] = embedder
         return _cache[key]
 
 

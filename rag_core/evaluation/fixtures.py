@@ -140,7 +140,8 @@ class CaseFixture(VersionedFile):
     ``candidates`` and ``evidence_blocks`` are sorted on load by (rank, doc id);
     ``context_pack_doc_ids`` are the doc ids the context pack kept. ``status="error"`` means
     the lookup failed for this case (``error`` says why); the case is still evaluated on
-    whatever was recorded (usually nothing, so a miss).
+    whatever was recorded (usually nothing, so a miss). ``relevance_level``, ``confidence`` and
+    ``found`` are the result's own (``rag_core.evaluation.abstention`` scores them).
     """
 
     V1_NAMES = {"path": "store", "context_pack_sources": "context_pack_doc_ids"}
@@ -157,6 +158,9 @@ class CaseFixture(VersionedFile):
     context_pack_doc_ids: list[str] = Field(default_factory=list)
     filter_probe: FilterProbe | None = None
     relevance_level: str | None = None
+    #: ``LookupResult.confidence`` and ``found`` (None in fixtures recorded before them).
+    confidence: float | None = None
+    found: bool | None = None
     #: Wall time of the recorded lookup in milliseconds (None in fixtures recorded before it).
     latency_ms: float | None = None
 

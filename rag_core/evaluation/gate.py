@@ -1,10 +1,12 @@
 """Regression gate: compare a current evaluation against the stored baseline.
 
-The gate fails when, over the cases run in both reports, recall@5, MRR or the share of strong
-hits drops by more than its (absolute) tolerance (the strong share uses recall's: a night that
-loses answer sections while the documents still rank is a regression), when any case goes from
-strong to miss, when a case that ran in the
-baseline is not run now, or when no case ran in both. A paired randomization test on the
+The gate fails when, over the answerable cases run in both reports, recall@5, MRR or the share
+of strong hits drops by more than its (absolute) tolerance (the strong share uses recall's: a night
+that loses answer sections while the documents still rank is a regression), when any case goes
+from strong to miss, when an unanswerable case that abstained in the baseline now claims support
+(``newly_claimed``), when the share of answerable cases labelled PRECISE/RELEVANT drops by more
+than ``claimed_tolerance``, when a case that ran in the baseline is not run now, or when no case
+ran in both. A paired randomization test on the
 per-case reciprocal ranks says how likely the MRR change is under "no difference"; it is
 reported, not gated on (16 cases rarely reach significance, and a blocking check should not
 depend on a p-value threshold).
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from rag_core.evaluation.abstention import CLAIMS
 from rag_core.evaluation.evaluator import CaseResult, EvaluationReport, HitLevel
 from rag_core.markdown import md_table_lines
 
@@ -41,8 +44,11 @@ SEED = 20_021_129
 _BATCH = 1_000
 # Float noise in means over identical inputs must not count as a drop.
 _EPS = 1e-9
+NOTHING_COMPARED = "no case ran in both the baseline and the current evaluation"
 
-ChangeKind = Literal["newly_missed", "newly_found", "level_changed", "rank_changed", "newly_not_run", "newly_run"]
+ChangeKind = Literal[
+    "newly_missed", "newly_found", "level_changed", "rank_changed", "newly_not_run", "newly_run", "newly_claimed"
+]
 
 
 class CaseChange(BaseModel):
@@ -81,8 +87,9 @@ class PairedTest(BaseModel):
 class GateResult(BaseModel):
     """Outcome of ``compare``: pass/fail with reasons, metric deltas, per-case changes.
 
-    Metrics are over the ``compared_cases`` cases run in both reports (so adding or dropping
-    golden cases does not move them). ``str(result)`` / ``to_markdown()`` renders it.
+    Metrics are over the ``compared_cases`` answerable cases run in both reports (so adding or
+    dropping golden cases does not move them); ``*_claimed_share``: the share of them labelled
+    PRECISE/RELEVANT. ``str(result)`` / ``to_markdown()`` renders it.
     """
 
     passed: bool
@@ -100,6 +107,10 @@ class GateResult(BaseModel):
     newly_found: list[str] = Field(default_factory=list)
     strong_to_miss: list[str] = Field(default_factory=list)
     newly_not_run: list[str] = Field(default_factory=list)
+    newly_claimed: list[str] = Field(default_factory=list)
+    claimed_tolerance: float = 0.05
+    baseline_claimed_share: float | None = None
+    current_claimed_share: float | None = None
     changes: list[CaseChange] = Field(default_factory=list)
     significance: PairedTest | None = None
 
@@ -134,6 +145,11 @@ def _mrr(cases: Sequence[CaseResult]) -> float | None:
     return sum(c.reciprocal_rank or 0.0 for c in cases) / len(cases) if cases else None
 
 
+def _claimed_share(cases: Sequence[CaseResult]) -> float | None:
+    labelled = [c for c in cases if c.relevance_level is not None]
+    return sum(c.relevance_level in CLAIMS for c in labelled) / len(labelled) if labelled else None
+
+
 def _change(base: CaseResult, cur: CaseResult) -> CaseChange | None:
     kinds: list[ChangeKind] = []
     if _ran(base) and not _ran(cur):
@@ -141,7 +157,9 @@ def _change(base: CaseResult, cur: CaseResult) -> CaseChange | None:
     elif not _ran(base) and _ran(cur):
         kinds.append("newly_run")
     elif _ran(base):
-        if _found(base) and cur.hit_level == "miss":
+        if base.hit_level == "abstained" and cur.hit_level == "claimed":
+            kinds.append("newly_claimed")
+        elif _found(base) and cur.hit_level == "miss":
             kinds.append("newly_missed")
         elif base.hit_level == "miss" and _found(cur):
             kinds.append("newly_found")
@@ -213,16 +231,20 @@ def compare(
     mrr_tolerance: float = 0.02,
     *,
     fail_on_not_run: bool = True,
+    claimed_tolerance: float = 0.05,
 ) -> GateResult:
     """Gate ``current`` against ``baseline`` (see module docstring for the rules).
 
-    Tolerances are absolute drops in recall@5 / MRR (0.02 = two points). Cases are matched
+    Tolerances are absolute drops in recall@5 / MRR (0.02 = two points) and in the share of
+    answerable cases labelled PRECISE/RELEVANT (``claimed_tolerance``, 0.05 = the five points
+    issue 43 allows the calibrated levels to cost). Cases are matched
     by id; cases in only one report are ignored. ``fail_on_not_run=False`` lets a case that
     ran in the baseline be not run now without failing (it is still listed).
     """
     base_by_id = {c.case_id: c for c in baseline.cases}
     pairs = [(base_by_id[c.case_id], c) for c in current.cases if c.case_id in base_by_id]
-    both = [(b, c) for b, c in pairs if _ran(b) and _ran(c)]
+    ran_both = [(b, c) for b, c in pairs if _ran(b) and _ran(c)]
+    both = [(b, c) for b, c in ran_both if not c.unanswerable]
     changes = [ch for b, c in pairs if (ch := _change(b, c)) is not None]
 
     def ids(kind: ChangeKind) -> list[str]:
@@ -246,6 +268,10 @@ def compare(
         newly_found=ids("newly_found"),
         strong_to_miss=[ch.case_id for ch in changes if ch.baseline_level == "strong" and ch.current_level == "miss"],
         newly_not_run=ids("newly_not_run"),
+        newly_claimed=ids("newly_claimed"),
+        claimed_tolerance=claimed_tolerance,
+        baseline_claimed_share=_claimed_share(base_cases),
+        current_claimed_share=_claimed_share(cur_cases),
         changes=changes,
     )
     if both:
@@ -253,7 +279,7 @@ def compare(
             [b.reciprocal_rank or 0.0 for b in base_cases],
             [c.reciprocal_rank or 0.0 for c in cur_cases],
         )
-    result.reasons = _reasons(result, fail_on_not_run)
+    result.reasons = _reasons(result, fail_on_not_run) if ran_both else [NOTHING_COMPARED]
     result.passed = not result.reasons
     return result
 
@@ -265,8 +291,6 @@ def _drop(name: str, before: float | None, after: float | None, tolerance: float
 
 
 def _reasons(result: GateResult, fail_on_not_run: bool) -> list[str]:
-    if result.compared_cases == 0:
-        return ["no case ran in both the baseline and the current evaluation"]
     reasons = _drop(
         f"recall@{GATE_K}",
         result.baseline_recall_at_5,
@@ -275,6 +299,14 @@ def _reasons(result: GateResult, fail_on_not_run: bool) -> list[str]:
     )
     reasons += _drop("MRR", result.baseline_mrr, result.current_mrr, result.mrr_tolerance)
     reasons += _drop("strong hits", result.baseline_strong_share, result.current_strong_share, result.recall_tolerance)
+    reasons += _drop(
+        "share of answerable cases labelled PRECISE/RELEVANT",
+        result.baseline_claimed_share,
+        result.current_claimed_share,
+        result.claimed_tolerance,
+    )
+    if result.newly_claimed:
+        reasons.append(f"unanswerable, now labelled PRECISE/RELEVANT: {', '.join(result.newly_claimed)}")
     if result.strong_to_miss:
         reasons.append(f"strong -> miss: {', '.join(result.strong_to_miss)}")
     if fail_on_not_run and result.newly_not_run:
@@ -304,6 +336,10 @@ def _render(result: GateResult) -> str:
         (
             f"- strong hits (share): {_fmt(result.baseline_strong_share)} -> "
             f"{_fmt(result.current_strong_share)} (allowed drop {result.recall_tolerance:.3f})"
+        ),
+        (
+            f"- answerable labelled PRECISE/RELEVANT: {_fmt(result.baseline_claimed_share)} -> "
+            f"{_fmt(result.current_claimed_share)} (allowed drop {result.claimed_tolerance:.3f})"
         ),
     ]
     sig = result.significance

@@ -51,7 +51,14 @@ __all__ = [
 
 OVERLAP_KS: tuple[int, ...] = (5, 10)
 SIDE_BY_SIDE_DEPTH = 5
-_LEVEL_MARK = {"strong": "strong", "medium": "medium", "miss": "**MISS**", "not_run": "_not run_"}
+_LEVEL_MARK = {
+    "strong": "strong",
+    "medium": "medium",
+    "miss": "**MISS**",
+    "not_run": "_not run_",
+    "abstained": "abstained",
+    "claimed": "**CLAIMED**",
+}
 
 
 # --------------------------------------------------------------------------- models
@@ -395,6 +402,7 @@ def render_baseline_markdown(
     lines += _summary_table(columns, report.ks, k)
     if chart_file:
         lines += ["", f"![recall@K per store]({chart_file})"]
+    lines += abstention_lines([report, *other_stores])
 
     lines += ["", "## By scenario", ""]
     headers = ["scenario", "cases", "strong", "medium", "miss", "not run"]
@@ -425,6 +433,44 @@ def render_baseline_markdown(
     lines += _not_run_lines(report)
     lines += _warning_lines(report.warnings)
     return "\n".join(lines) + "\n"
+
+
+def _share_of(part: int | None, whole: int) -> str:
+    return "n/a" if part is None or not whole else f"{part}/{whole} ({part / whole:.2f})"
+
+
+def abstention_lines(reports: Sequence[EvaluationReport]) -> list[str]:
+    """The "Abstention" section: per store, unanswerable cases answered honestly (not labelled
+    PRECISE/RELEVANT) and with ``found`` true, answerable cases claimed, top-1 precision per
+    relevance band, and the expected calibration error of ``confidence``
+    (:mod:`rag_core.evaluation.abstention`); [] when no report has the figures."""
+    figures = [(r.store or "?", r.abstention) for r in reports if r.abstention is not None]
+    if not figures:
+        return []
+    levels = [b.level for b in figures[0][1].bands]
+    rows = [
+        ["unanswerable honest", *(_share_of(f.unanswerable_honest, f.unanswerable) for _, f in figures)],
+        ["unanswerable found", *(_share_of(f.unanswerable_found, f.unanswerable) for _, f in figures)],
+        ["answerable claimed", *(_share_of(f.answerable_claimed, f.answerable) for _, f in figures)],
+        *(
+            [
+                f"{level} top-1 precision (n)",
+                *(f"{_num(b.precision)} ({b.n})" for _, f in figures for b in f.bands if b.level == level),
+            ]
+            for level in levels
+        ),
+        ["ECE of confidence (n)", *(f"{_num(f.ece)} ({f.calibrated_n})" for _, f in figures)],
+    ]
+    return [
+        "",
+        "## Abstention",
+        "",
+        "Honest: an unanswerable case not labelled PRECISE/RELEVANT; claimed: an answerable case labelled "
+        "PRECISE/RELEVANT; top-1 precision: answerable cases of the band whose first evidence block is "
+        "expected; ECE: expected calibration error of `confidence` against that (10 bins).",
+        "",
+        *md_table_lines(["figure", *(f"`{name}`" for name, _ in figures)], rows),
+    ]
 
 
 def write_recall_chart(reports: Sequence[EvaluationReport], png_path: str | Path) -> Path:

@@ -15,7 +15,7 @@ Documents the embed stage skipped (a bad vector) keep their stored chunks (not a
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from types import TracebackType
 
@@ -60,7 +60,7 @@ def apply_plan(store: VectorStore, plan: IngestPlan, embeddings: ChunkEmbeddings
     skipped = embeddings.skipped_documents
     upsert = [c for c in store_plan.upsert if c.doc_id not in skipped]
     delete = _deletions(store_plan, skipped)
-    if store_plan.drop or store_plan.model_changed:
+    if store_plan.drop or store_plan.rewrite:
         # Every chunk is written: into a new collection/table, swapped in whole when done.
         with store.rebuild() as fresh:
             _write(fresh, plan, None, upsert, [], embeddings, {})
@@ -130,13 +130,24 @@ class StoreWriter:
     left incomplete) is filled batch by batch inside one ``VectorStore.rebuild()``, swapped in when
     the context exits normally and discarded on an exception (Ctrl-C, a full disk): the previous
     index stays served. A new store carries the incomplete marker until ``finish``.
+    ``before_write(store name)`` runs once before the first write into a served (not fresh) index:
+    the caller records there that the apply is under way (``index_state.mark_apply_started``).
+    ``rewrite``: fresh although the model is the same (a store a faulted ingest left part-written).
     """
 
-    def __init__(self, store: VectorStore, state: StoreState, identity: ModelIdentity, rebuild: bool) -> None:
+    def __init__(
+        self,
+        store: VectorStore,
+        state: StoreState,
+        identity: ModelIdentity,
+        rebuild: bool,
+        before_write: Callable[[str], None] | None = None,
+        rewrite: bool = False,
+    ) -> None:
         recorded = state.recorded
         self.store, self.identity = store, identity
         self.drop = rebuild or (recorded is not None and recorded.dimension != identity.dimension)
-        self.fresh = self.drop or (recorded is not None and recorded != identity)
+        self.fresh = self.drop or rewrite or (recorded is not None and recorded != identity)
         self.recorded = recorded
         self.changes = StoreChanges()
         self._digest, self._planned_rows = state.digest(), len(state.held)
@@ -144,6 +155,7 @@ class StoreWriter:
         self._have: set[str] | None = None  # doc ids holding a centroid when the run started
         self._stack = ExitStack()
         self._target: VectorStore | None = None
+        self._before_write = before_write
 
     def __enter__(self) -> StoreWriter:
         return self
@@ -163,6 +175,8 @@ class StoreWriter:
                 f"planned against {self._planned_rows}; another ingest wrote in between): nothing written, "
                 "plan again"
             )
+        if not self.fresh and self._before_write is not None:
+            self._before_write(self.store.name)
         target = self._stack.enter_context(self.store.rebuild()) if self.fresh else self.store
         target.ensure_schema(self.identity.dimension)
         if self.fresh or self.recorded != self.identity:

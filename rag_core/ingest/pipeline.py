@@ -34,7 +34,15 @@ from rag_core.ingest.apply import StalePlanError, StoreWriter
 from rag_core.ingest.documents import list_doc_ids, load_documents
 from rag_core.ingest.embed import ChunkEmbeddings, embed_plan
 from rag_core.ingest.embed_cache import EmbeddingCache
-from rag_core.ingest.index_state import SAMPLE_SIZE, write_index_state
+from rag_core.ingest.index_lock import index_lock, writer_command
+from rag_core.ingest.index_state import (
+    SAMPLE_SIZE,
+    describe_pending,
+    mark_apply_done,
+    mark_apply_started,
+    pending_applies,
+    write_index_state,
+)
 from rag_core.ingest.plan import (
     IngestPlan,
     IngestRefusedError,
@@ -90,6 +98,7 @@ class IngestReport:
     stores: dict[str, StoreChanges] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     model_changed: dict[str, str] = field(default_factory=dict)
+    rewritten: dict[str, str] = field(default_factory=dict)
 
     @property
     def main(self) -> StoreChanges:
@@ -161,8 +170,17 @@ def ingest(
     progress: bool = True,
     prune: bool = False,
     batch_docs: int | None = None,
+    command: str | None = None,
 ) -> IngestReport:
     """Bring ``stores`` and the L0 index in step with the Markdown files under ``knowledge_dir``.
+
+    One writer per index: the whole run holds ``index_lock`` on the data dir (``command``
+    describes this run to a refused second writer; IndexBusyError when another holds it past
+    ``settings.ingest_lock_wait``). A store a faulted earlier run left part-written (listed in
+    ``apply_pending.json``) is rewritten whole, like a rebuild, so the run converges to what a
+    clean build gives (``report.rewritten`` says which and why); a fault after this run wrote
+    into a served index leaves that store listed there with this process's pid
+    (``index_state.part_written``).
 
     Streams: the tree is listed once, then documents are loaded, chunked, planned, embedded and
     written ``batch_docs`` (default ``settings.ingest_batch_docs``) at a time, so memory is
@@ -182,6 +200,22 @@ def ingest(
     and skipped; ``report.partial`` says whether any was.
     """
     text.keep_dictionary_in(settings.model_cache_dir)
+    command = writer_command(command)
+    with index_lock(settings, command):
+        return _ingest_locked(settings, embedder, stores, knowledge_dir, rebuild, progress, prune, batch_docs, command)
+
+
+def _ingest_locked(
+    settings: RagSettings,
+    embedder: Embedder,
+    stores: Sequence[VectorStore],
+    knowledge_dir: Path | None,
+    rebuild: bool,
+    progress: bool,
+    prune: bool,
+    batch_docs: int | None,
+    command: str,
+) -> IngestReport:
     root = Path(knowledge_dir or settings.knowledge_dir)
     report = IngestReport(knowledge_dir=str(root))
     with _stage(report, "scan"):
@@ -192,14 +226,25 @@ def ingest(
         states = [read_store_state(store) for store in stores]
         if not prune:
             refuse_wipe_listed(root, doc_ids, {s.name: s.held for s in states}, settings.ingest_max_remove_share)
-    run = _Run(settings, embedder, stores, states, root, rebuild, report)
+    pending = pending_applies(settings)
+    rewrite = frozenset(s.name for s in stores if s.name in pending)
+    for name in sorted(rewrite):
+        report.rewritten[name] = f"left part-written by {describe_pending(pending[name])}: rewritten whole"
+        log.warning("%s was %s from the embedding cache", name, report.rewritten[name])
+    run = _Run(settings, embedder, stores, states, root, rebuild, report, rewrite)
     step = batch_docs or settings.ingest_batch_docs
+
+    def before_write(store: str) -> None:
+        mark_apply_started(settings, store, command)
+
     try:
         with ExitStack() as stack:
             # Entered first, left last: the L0 index replaces the old one only after every store did.
             l0 = stack.enter_context(_L0Writer(settings.l0_index_path))
-            pairs = zip(stores, states, strict=True)
-            writers = [stack.enter_context(StoreWriter(st, s, run.identity, rebuild)) for st, s in pairs]
+            writers = [
+                stack.enter_context(StoreWriter(st, s, run.identity, rebuild, before_write, st.name in rewrite))
+                for st, s in zip(stores, states, strict=True)
+            ]
             bar = stack.enter_context(_Progress(len(doc_ids), progress))
             for i in range(0, len(doc_ids), step):
                 run.batch(doc_ids[i : i + step], writers, bar, l0)
@@ -215,7 +260,7 @@ def ingest(
         ) from None
     for writer, store in zip(writers, stores, strict=True):
         report.stores[store.name] = writer.changes
-        if writer.fresh and not writer.drop and writer.recorded is not None:
+        if writer.fresh and not writer.drop and writer.recorded is not None and writer.recorded != run.identity:
             log.warning(
                 "%s was built with %s; re-embedding every chunk with %s",
                 store.name,
@@ -223,7 +268,9 @@ def ingest(
                 run.identity.describe(),
             )
             report.model_changed[store.name] = f"{writer.recorded.describe()} -> {run.identity.describe()}"
-    write_index_state(settings, stores, run.sample.chunks(), run.identity)
+    failed = {i.path for i in report.skipped if is_failure(i)}
+    write_index_state(settings, stores, run.sample.chunks(), run.identity, skipped=failed)
+    mark_apply_done(settings, [s.name for s in stores])
     for warning in report.warnings:
         log.warning("%s", warning)
     log.info("ingested %s: %s", root, report.stores)
@@ -242,9 +289,10 @@ class _Run:
         root: Path,
         rebuild: bool,
         report: IngestReport,
+        rewrite: frozenset[str] = frozenset(),
     ) -> None:
         self.settings, self.embedder, self.stores, self.root = settings, embedder, stores, root
-        self.rebuild, self.report = rebuild, report
+        self.rebuild, self.report, self.rewrite = rebuild, report, rewrite
         self.identity = embedder.identity()
         self.cache = EmbeddingCache.under(settings.data_dir)
         self.max_tokens = chunk_token_limit(settings, embedder)
@@ -278,7 +326,9 @@ class _Run:
             for name, recorded, by_doc in zip(self.names, self.recorded, self.by_doc, strict=True):
                 held = {cid: h for doc in batch_ids for cid, h in by_doc.pop(doc, {}).items()}
                 state = StoreState(name, held, recorded)
-                plans[name] = plan_store(state, chunked.chunks, self.identity, protected, self.rebuild)
+                plans[name] = plan_store(
+                    state, chunked.chunks, self.identity, protected, self.rebuild, name in self.rewrite
+                )
             plan = IngestPlan(
                 str(self.root),
                 self.identity,
@@ -409,7 +459,8 @@ def record_index_state(
     """Write what ``rag doctor`` / ``warm_up`` verify ``stores`` against (``rag_core.health``)
     once ``plan`` is applied to them; the chunks of skipped documents were not written."""
     rejected = frozenset(c.chunk_id for c in plan.chunks if c.doc_id in embeddings.skipped_documents)
-    write_index_state(settings, stores, plan.chunks, plan.identity, rejected)
+    failed = {i.path for i in (*plan.skipped, *embeddings.skipped) if is_failure(i)}
+    write_index_state(settings, stores, plan.chunks, plan.identity, rejected, failed)
 
 
 def fill_report(

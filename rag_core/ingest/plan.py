@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -135,8 +135,10 @@ class StorePlan:
 
     ``drop``: recreate the store first (rebuild, or vectors of another dimension); then
     ``upsert`` holds every chunk. ``model_changed``: the store holds another model's vectors,
-    so every chunk is re-written. ``delete`` are chunk ids to remove. ``state_digest`` is
-    ``StoreState.digest()`` at planning time: the apply stage refuses the plan when it differs.
+    so every chunk is re-written. ``rewrite``: every chunk is re-written into a new
+    collection/table (a model change, or a store a faulted ingest left part-written).
+    ``delete`` are chunk ids to remove. ``state_digest`` is ``StoreState.digest()`` at planning
+    time: the apply stage refuses the plan when it differs.
     """
 
     store: str
@@ -148,6 +150,7 @@ class StorePlan:
     delete: tuple[str, ...]
     held: Mapping[str, tuple[str, str]]
     changes: StoreChanges = field(default_factory=StoreChanges)
+    rewrite: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,8 +191,10 @@ def plan_ingest(
     prune: bool = False,
     max_remove_share: float = 0.5,
     unavailable: Mapping[str, str] | None = None,
+    rewrite: Collection[str] = (),
 ) -> IngestPlan:
-    """The ``IngestPlan`` bringing each store of ``states`` in step with ``chunked``.
+    """The ``IngestPlan`` bringing each store of ``states`` in step with ``chunked``; a store
+    named in ``rewrite`` (left part-written by a fault) is planned whole, as in a rebuild.
 
     Raises IngestRefusedError when the scan found no document, or a store would lose more
     than ``max_remove_share`` of its documents, unless ``prune``. Documents that failed to load
@@ -206,7 +211,7 @@ def plan_ingest(
             max_remove_share,
         )
     protected = {i.path for i in skipped}
-    stores = {s.name: plan_store(s, chunked.chunks, identity, protected, rebuild) for s in states}
+    stores = {s.name: plan_store(s, chunked.chunks, identity, protected, rebuild, s.name in rewrite) for s in states}
     return IngestPlan(
         str(scan.root),
         identity,
@@ -221,16 +226,23 @@ def plan_ingest(
 
 
 def plan_store(
-    state: StoreState, chunks: Sequence[Chunk], identity: ModelIdentity, protected: set[str], rebuild: bool
+    state: StoreState,
+    chunks: Sequence[Chunk],
+    identity: ModelIdentity,
+    protected: set[str],
+    rebuild: bool,
+    rewrite: bool = False,
 ) -> StorePlan:
     """One store's diff: chunks whose id is new or whose content hash changed are written,
-    stored chunks no longer produced (and not of a ``protected`` document) are deleted."""
+    stored chunks no longer produced (and not of a ``protected`` document) are deleted.
+    ``rewrite``: every chunk is written (into a new collection/table), as after a model change."""
     recorded = state.recorded
     drop = rebuild or (recorded is not None and recorded.dimension != identity.dimension)
     model_changed = recorded is not None and recorded != identity
+    rewrite = rewrite or model_changed
     stored: Mapping[str, tuple[str, str]] = {} if drop else state.held
-    if model_changed and not drop:
-        # Vectors of another model are not comparable with this one's: re-embed everything.
+    if rewrite and not drop:
+        # Vectors of another model, or rows a fault left half-written: write every chunk again.
         stored = {cid: (doc, "") for cid, (doc, _) in stored.items()}
     changes, upsert = StoreChanges(), []
     for chunk in chunks:
@@ -247,7 +259,16 @@ def plan_store(
     delete = tuple(cid for cid, (doc_id, _) in stored.items() if cid not in current and doc_id not in protected)
     changes.removed = len(delete)
     return StorePlan(
-        state.name, state.digest(), recorded, drop, model_changed, tuple(upsert), delete, dict(state.held), changes
+        state.name,
+        state.digest(),
+        recorded,
+        drop,
+        model_changed,
+        tuple(upsert),
+        delete,
+        dict(state.held),
+        changes,
+        rewrite,
     )
 
 

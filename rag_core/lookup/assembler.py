@@ -8,6 +8,13 @@ below the minimum block similarity; otherwise ``none``. Status: ``ok`` unless re
 (``outcome.error``): then ``degraded`` with L0 evidence, ``error`` without any; ``degraded`` too
 when part of it failed (``outcome.partial_error``: a channel or attempt errored while the others
 answered, e.g. a lookup in flight across a store restart), with a message naming what failed.
+
+Relevance (:meth:`LookupResultAssembler.relevance`): with a calibrated confidence model for the
+embedding models in use (:mod:`rag_core.lookup.confidence`), L1 evidence gets a ``confidence``
+and the level is its band; ``found`` is false when that band is NONE (the knowledge base
+probably has no answer; the evidence is still listed). Without one, and for L0-only evidence,
+the similarity thresholds of :func:`assess_relevance` set the level and ``found`` says whether
+there is any evidence.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rag_core.l0 import L0Hints, L0Index
+from rag_core.lookup.confidence import band, language_pair, load_confidence_model, signals
 from rag_core.lookup.contracts import (
     ContextPack,
     EvidenceBlock,
@@ -63,6 +71,21 @@ def assess_relevance(blocks: list[EvidenceBlock], hints: L0Hints, layer: str, se
     return RelevanceLevel.WEAK
 
 
+def _default_message(count: int, rel: Relevance) -> str:
+    if not count:
+        return "no evidence found in the knowledge base for this query"
+    if not rel.found:
+        return (
+            f"the knowledge base probably has no answer (confidence {rel.confidence:.2f}); {count} "
+            "evidence block(s) listed for reference only: do not rely on them"
+        )
+    shown = "" if rel.confidence is None else f", confidence {rel.confidence:.2f}"
+    return (
+        f"{count} evidence block(s), relevance {rel.level.value}{shown}; use contextPack "
+        "for the answer and cite evidenceBlocks[].docId"
+    )
+
+
 def completeness_hint(blocks: list[EvidenceBlock], pack: ContextPack, layer: str) -> str:
     if not blocks:
         return "no evidence found"
@@ -88,11 +111,41 @@ def no_l1_evidence(outcome: RetrievalOutcome, settings: RagSettings) -> str:
     return f"no L1 candidate reached the minimum block similarity {settings.min_block_similarity}"
 
 
+@dataclass(frozen=True)
+class Relevance:
+    """The relevance assessment: ``level``, ``confidence`` (None: not calibrated), ``found``
+    and the rerank entries with the top one's ``confidence_signals`` set."""
+
+    level: RelevanceLevel
+    confidence: float | None
+    found: bool
+    rerank: list[RerankEntry]
+
+
 class LookupResultAssembler:
-    """Layer, trace, message and status rules (module docstring) and the ``LookupResult``."""
+    """Layer, trace, message, status and relevance rules (module docstring) and the ``LookupResult``."""
 
     def __init__(self, settings: RagSettings):
         self.settings = settings
+        self.confidence_model = load_confidence_model(
+            settings.embedding_backend, settings.embedding_model, settings.ensemble_backend
+        )
+
+    def relevance(
+        self, query: str, blocks: list[EvidenceBlock], rerank: list[RerankEntry], hints: L0Hints, layer: str
+    ) -> Relevance:
+        """The calibrated band of the top block's confidence when a confidence model applies
+        (L1 evidence), else :func:`assess_relevance` (module docstring)."""
+        model = self.confidence_model
+        if model is None or layer == "L0":
+            return Relevance(assess_relevance(blocks, hints, layer, self.settings), None, bool(blocks), rerank)
+        if not blocks:
+            return Relevance(RelevanceLevel.NONE, 0.0, False, rerank)
+        confidence, explained = model.explain(language_pair(query, blocks[0]), signals(blocks, rerank, hints))
+        level = band(confidence)
+        if rerank:
+            rerank = [rerank[0].model_copy(update={"confidence_signals": explained}), *rerank[1:]]
+        return Relevance(level, confidence, level is not RelevanceLevel.NONE, rerank)
 
     def evidence(
         self,
@@ -222,28 +275,23 @@ class LookupResultAssembler:
     ) -> LookupResult:
         """The ``LookupResult`` of these parts; ``message`` None: the default one (count and
         relevance, or "no evidence found")."""
-        level = assess_relevance(blocks, hints, trace.layer, self.settings)
+        rel = self.relevance(query, blocks, rerank, hints, trace.layer)
         if message is None:
-            message = (
-                (
-                    f"{len(blocks)} evidence block(s), relevance {level.value}; use contextPack "
-                    "for the answer and cite evidenceBlocks[].docId"
-                )
-                if blocks
-                else "no evidence found in the knowledge base for this query"
-            )
+            message = _default_message(len(blocks), rel)
         return LookupResult(
             query=query,
             session_id=session_id,
-            found=bool(blocks),
+            found=rel.found,
             evidence_blocks=blocks,
             context_pack=pack,
             retrieval_trace=trace,
-            rerank_trace=rerank,
-            relevance_level=level,
+            rerank_trace=rel.rerank,
+            relevance_level=rel.level,
+            confidence=rel.confidence,
             semantic_support=any(b.retrieval_layer != "L0" for b in blocks),
             completeness_hint=completeness_hint(blocks, pack, trace.layer),
             retrieved_domains_this_session=session_domains,
             message=message,
             status=status,
+            query_truncated=trace.query_truncated,
         )

@@ -115,10 +115,13 @@ class RerankEntry(CamelModel):
     final_score: float
     rank_before: int
     rank_after: int
+    #: Top block only, when the result has a ``confidence``: each signal's logit contribution to
+    #: it (rag_core.lookup.confidence; positive raised it), largest first.
+    confidence_signals: dict[str, float] | None = None
 
-    @field_serializer("contributions")
-    def _camel_contributions(self, contributions: dict[str, float]) -> dict[str, float]:
-        return {to_camel(name): value for name, value in contributions.items()}
+    @field_serializer("contributions", "confidence_signals")
+    def _camel_contributions(self, contributions: dict[str, float] | None) -> dict[str, float] | None:
+        return None if contributions is None else {to_camel(name): value for name, value in contributions.items()}
 
 
 class LookupResult(CamelModel):
@@ -132,11 +135,18 @@ class LookupResult(CamelModel):
     retrieval_trace: RetrievalTrace
     rerank_trace: list[RerankEntry]
     relevance_level: RelevanceLevel
+    #: Estimated probability in [0, 1] that the top evidence block answers the query, calibrated
+    #: per embedding model and language pair (rag_core.lookup.confidence, which also gives the
+    #: relevance bands); None when no calibration fits the models in use or the evidence is L0-only.
+    confidence: float | None = None
     semantic_support: bool
     completeness_hint: str
     retrieved_domains_this_session: list[str]
     message: str
     status: Status = "ok"
+    #: Part of the query was left out: past RAG_MAX_QUERY_CHARS, or past the embedding model's
+    #: query window in tokens (rag_core.lookup.admission); ``retrievalTrace.queryTruncated`` too.
+    query_truncated: bool = False
 
     @computed_field  # type: ignore[prop-decorator]
     @property

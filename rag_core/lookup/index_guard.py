@@ -66,14 +66,36 @@ class IndexGuard:
         naming it."""
         from rag_core.health import HealthReport, check_health
 
+        extra: list[VectorStore] = []
         try:
-            report = check_health(self.settings, stores(), embedder().identity())
+            given = stores()
+            extra = self._unqueried_sidecar(given)
+            report = check_health(self.settings, [*given, *extra], embedder().identity())
         except Exception as exc:
             report = HealthReport(stores=[], state_problem=f"health check failed: {type(exc).__name__}: {exc}")
+        finally:
+            for store in extra:
+                store.close()
         self.health = report
         if not report.ok:
             log.error("knowledge index check failed: %s (run `rag doctor`)", report.summary())
         return report
+
+    def _unqueried_sidecar(self, given: list[VectorStore]) -> list[VectorStore]:
+        """The pgvector store, opened for the check alone, when the last ingest wrote it but
+        lookups do not query it (sidecar disabled): every store written is verified (issue 46).
+        ``[]`` when not needed or when it cannot be opened (logged)."""
+        from rag_core.health import written_stores
+
+        if any(s.name == "pgvector" for s in given) or "pgvector" not in written_stores(self.settings):
+            return []
+        try:
+            from rag_core.components import make_sidecar_store
+
+            return [make_sidecar_store(self.settings, lookup=True)]
+        except Exception as exc:
+            log.warning("the pgvector sidecar written by the last ingest cannot be opened to check it: %s", exc)
+            return []
 
     def problem(self, outcome: RetrievalOutcome, store: VectorStore, data_dir_vanished: bool) -> str | None:
         """Why the L1 answer of ``store`` (the main store) cannot be trusted, or None: the last

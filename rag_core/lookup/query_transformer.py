@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from rag_core.l0 import L0Hints, L0Index
+from rag_core.lookup.admission import QueryWindow, first_terms
 from rag_core.lookup.pasted import PastedQuery, PastedSummary, analyze_pasted
 from rag_core.text import lexical_tokens, normalize, split_camel_words
 
@@ -57,7 +58,8 @@ class TransformedQuery:
     ``original``: the query as given (kept for the trace). ``rewritten``: the text embedded:
     for a pasted query the informative part (see ``pasted``), CamelCase names written out as
     words, names fuzzy-matched through a typo written correctly; for a plain question the
-    normalised query with CamelCase words written out; truncated to ``max_query_chars``.
+    normalised query with CamelCase words written out; truncated to ``max_query_chars`` and to
+    the embedding model's query window (tokens). ``truncated``: part of the query was left out.
     ``lexical_terms`` feed the stores' full-text channel: the rewritten text's tokens plus the
     pasted label values and lifted names. ``category_filter`` (None = unfiltered only) and
     ``filter_reason`` follow the module's policy; ``proposed_filter`` is what the policy chose
@@ -146,18 +148,24 @@ class KnowledgeQueryTransformer:
     """Runs pasted-query analysis and L0 on the query. ``l0`` may be None (no index yet): then
     there are no hints and no filter."""
 
-    def __init__(self, l0: L0Index | None, max_query_chars: int = 2000):
+    def __init__(self, l0: L0Index | None, max_query_chars: int = 2000, window: QueryWindow | None = None):
         self.l0 = l0
         self.max_query_chars = max_query_chars
+        self.window = window
 
     def transform(self, query: str, use_l0_filter: bool = True) -> TransformedQuery:
         """``query`` -> TransformedQuery. ``use_l0_filter=False`` never sets a category filter
-        (the policy's choice stays in ``proposed_filter``); hints are computed either way."""
-        text = " ".join(normalize(query).split())
-        truncated = len(text) > self.max_query_chars
+        (the policy's choice stays in ``proposed_filter``); hints are computed either way.
+        Admission (:mod:`rag_core.lookup.admission`): the text work sees at most ``2 *
+        max_query_chars`` characters, the embedded text (and so its views) at most ``window``'s
+        tokens; ``truncated`` says either cut something."""
+        # Normalising is per character: bound it before anything else (NFKC only expands).
+        head = query[: self.max_query_chars * 2]
+        text = " ".join(normalize(head).split())
+        truncated = len(text) > self.max_query_chars or len(head) < len(query)
         text = text[: self.max_query_chars]
         # The parsers need the line structure (events, "summary:" lines): normalise per line.
-        lines = "\n".join(" ".join(ln.split()) for ln in normalize(query).splitlines())
+        lines = "\n".join(" ".join(ln.split()) for ln in normalize(head).splitlines())
         pasted = analyze_pasted(lines[: self.max_query_chars * 2])
         informative = " ".join(pasted.text.split()) if pasted.pasted else text
         expansions: dict[str, str] = {}
@@ -173,6 +181,9 @@ class KnowledgeQueryTransformer:
             at = corrected.lower().find(span)
             corrected = corrected[:at] + name + corrected[at + len(span) :] if at >= 0 else f"{corrected} {name}"
         dense = split_camel_words(corrected)[: self.max_query_chars]
+        if self.window is not None:
+            dense, cut = self.window.fit(dense)
+            truncated = truncated or cut
         # Lexical terms from the unsplit text: the tokenizer keeps a CamelCase name's joined form.
         lexical_source = " ".join([corrected, *pasted.label_values, *pasted.alert_names])
         proposed, reason = choose_filter(hints)
@@ -181,7 +192,7 @@ class KnowledgeQueryTransformer:
             rewritten=dense,
             hints=hints,
             category_filter=proposed if use_l0_filter else None,
-            lexical_terms=sorted(set(lexical_tokens(lexical_source))),
+            lexical_terms=first_terms(lexical_tokens(lexical_source)),
             truncated=truncated,
             filter_reason=reason if use_l0_filter else "disabled",
             proposed_filter=proposed,

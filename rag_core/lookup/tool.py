@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rag_core.breaker import CircuitBreaker
+from rag_core.lookup.admission import QueryWindow
 from rag_core.lookup.assembler import LookupResultAssembler
 from rag_core.lookup.contracts import LookupResult, SidecarStatus, Status
 from rag_core.lookup.definition import TOOL_DESCRIPTION, TOOL_NAME, tool_definition
@@ -121,7 +122,7 @@ class LookupKnowledgeTool(LookupComponents):
             empty = self._empty_result(query, session_id, "the query is empty: ask with a question or alert text")
             return empty, None, [], None
         with timed(timings, "l0_ms"):
-            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars).transform(
+            tq = KnowledgeQueryTransformer(self.l0, self.settings.max_query_chars, self._query_window()).transform(
                 query, use_l0_filter=use_l0_filter
             )
         outcome, sidecar_status = self._retrieve(tq, timings)
@@ -158,6 +159,18 @@ class LookupKnowledgeTool(LookupComponents):
             query, session_id, tq, outcome, evidence, pack, sidecar_status, self.store_name, domains
         )
         return result, tq, outcome.candidates, second
+
+    def _query_window(self) -> QueryWindow | None:
+        """The embedding model's query window (admission by its tokens); None when L1 is off, or
+        the model does not load or tells no window (L0 still answers; the retrieval records a
+        load error)."""
+        if not self.settings.l1_enabled:
+            return None
+        try:
+            embedder = self.embedder
+            return QueryWindow(embedder.max_tokens, embedder.count_tokens)
+        except Exception:
+            return None
 
     def _retrieve(self, tq: TransformedQuery, timings: StageTimings) -> tuple[RetrievalOutcome, SidecarStatus]:
         """L1 on the main store (the sidecar beside it), guarded by :class:`IndexGuard`."""

@@ -71,6 +71,7 @@ class RetrievalDetails(BaseModel):
     candidate_count: int | None = None
     final_block_count: int | None = None
     relevance_level: RelevanceLevel | None = None
+    confidence: float | None = None  # LookupResult.confidence (why: rerank[0].confidence_signals)
     stage_ms: StageTimings = Field(default_factory=StageTimings)
     query_truncated: bool = False
     transport: str = "python"
@@ -87,7 +88,14 @@ class RetrievalDetails(BaseModel):
         try:
             return cls.model_validate(details or {})
         except ValidationError:
-            flat = {"fallback_reason", "candidate_count", "final_block_count", "relevance_level", "transport"}
+            flat = {
+                "fallback_reason",
+                "candidate_count",
+                "final_block_count",
+                "relevance_level",
+                "confidence",
+                "transport",
+            }
             try:
                 return cls.model_validate({k: v for k, v in (details or {}).items() if k in flat})
             except ValidationError:
@@ -128,6 +136,7 @@ def build_details(
         candidate_count=rt.candidate_count,
         final_block_count=len(result.evidence_blocks),
         relevance_level=result.relevance_level,
+        confidence=result.confidence,
         stage_ms=timings,
         query_truncated=rt.query_truncated,
         transport=transport,

@@ -132,6 +132,8 @@ def record_fixtures(
                     "context_pack_doc_ids": result.context_pack.included_doc_ids,
                     "filter_probe": _filter_probe(tool, case.query, f"{session}-nofilter", result, candidates),
                     "relevance_level": result.relevance_level.value,
+                    "confidence": result.confidence,
+                    "found": result.found,
                     "latency_ms": latency_ms,
                 },
             )

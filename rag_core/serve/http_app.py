@@ -4,7 +4,8 @@
 * ``POST /v1/lookup`` takes ``{"query": "...", "sessionId": "..."}`` and answers 200 with the
   ``LookupResult`` JSON whatever the lookup's ``status`` (an empty or oversized query is the
   tool's structured error result); a body that is not JSON, not an object, lacks ``query`` or has
-  a field of the wrong type is 422 ``{"error": "<argument>: <reason>"}``; too large a body 413.
+  a field of the wrong type is 422 ``{"error": "<argument>: <reason>"}``; too large a body 413;
+  past ``RAG_SERVE_MAX_IN_FLIGHT`` lookups in flight 429 with ``Retry-After``.
 * When ``RAG_SERVE_TOKEN`` is set, ``/v1/*`` and ``/mcp`` require ``Authorization: Bearer
   <token>`` (401 otherwise); health and readiness stay open (they carry no knowledge).
 * The model and stores load in the background at start: ``/readyz`` answers 503 until they have
@@ -34,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_core.lookup.contracts import LookupResult
 from rag_core.serve.mcp_server import BATCH_ERROR, build_mcp_server, carriable_json, server_version
-from rag_core.serve.service import MAX_SESSION_ID_CHARS, LookupService, is_loopback
+from rag_core.serve.service import MAX_SESSION_ID_CHARS, LookupService, Overloaded, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -132,13 +133,17 @@ def create_app(service: LookupService, *, start: bool = True) -> FastAPI:
             401: {"model": ErrorBody},
             413: {"model": ErrorBody},
             422: {"model": ErrorBody},
+            429: {"model": ErrorBody, "description": "Too many lookups in flight; retry after Retry-After seconds"},
         },
     )
     async def lookup(body: LookupRequest) -> Response:
         arguments = (
             {"query": body.query} if body.session_id is None else {"query": body.query, "sessionId": body.session_id}
         )
-        payload = await service.call_rendered(arguments, "http", result_json_bytes)
+        try:
+            payload = await service.call_rendered(arguments, "http", result_json_bytes)
+        except Overloaded as exc:
+            return JSONResponse({"error": str(exc)}, status_code=429, headers={"Retry-After": str(exc.retry_after_s)})
         return Response(payload, media_type="application/json")
 
     @app.get("/healthz", summary="The process serves")

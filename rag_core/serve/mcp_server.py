@@ -6,8 +6,9 @@ The tool's input schema is ``service.served_input_schema()`` (``tool_definition(
 optional ``sessionId``); its output schema is ``LookupResult``'s JSON schema (camelCase). A call
 returns the ``LookupResult`` JSON as structured content plus one text part (the message and the
 packed context, for a model that reads only text); ``isError`` is set when the result's status
-is ``error`` (refused arguments included). Malformed requests are the SDK's JSON-RPC errors;
-over stdio (``run_stdio``) a line the SDK drops gets one: a non-JSON line -32700, a batch or
+is ``error`` (refused arguments included), or when the call is refused because too many are in
+flight (text only: ``overloaded: ...; retry after N s``). Malformed requests are the SDK's JSON-RPC
+errors; over stdio (``run_stdio``) a line the SDK drops gets one: a non-JSON line -32700, a batch or
 another non-message -32600, and a message whose strings hold lone surrogates is read with them
 replaced by U+FFFD (``service.carriable``), as every door does.
 """
@@ -31,7 +32,7 @@ from pydantic import ValidationError
 
 from rag_core.lookup.contracts import LookupResult
 from rag_core.lookup.definition import TOOL_DESCRIPTION, TOOL_NAME
-from rag_core.serve.service import LookupService, carriable, served_input_schema
+from rag_core.serve.service import LookupService, Overloaded, carriable, served_input_schema
 
 RESOURCE_SCHEME: Final = "knowledge://"
 RESOURCE_TEMPLATE: Final = RESOURCE_SCHEME + "{docId}"
@@ -206,7 +207,10 @@ def build_mcp_server(service: LookupService, transport: str = "mcp-stdio") -> Se
             raise MCPError(types.INVALID_PARAMS, f"name: unknown tool {params.name!r} (this server has {TOOL_NAME})")
         channel = transport if ctx.request is None else "mcp-http"
         arguments = params.arguments if params.arguments is not None else {}
-        return await service.call_rendered(arguments, channel, result_content, _session_of(ctx, process_session))
+        try:
+            return await service.call_rendered(arguments, channel, result_content, _session_of(ctx, process_session))
+        except Overloaded as exc:  # a tool error the model can read and act on (HTTP says 429)
+            return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)
 
     async def list_resources(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None

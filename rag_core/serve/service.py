@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import logging
+import os
 import re
 import threading
 import time
@@ -130,17 +131,41 @@ def check_arguments(arguments: object, max_query_chars: int) -> CallArguments | 
     return CallArguments(raw, session_id)
 
 
+IN_FLIGHT_PER_CORE = 8
+
+
+class Overloaded(Exception):
+    """A call refused because ``limit`` lookups are already in flight (``RAG_SERVE_MAX_IN_FLIGHT``);
+    the caller should retry after ``retry_after_s`` seconds. Nothing was looked up or traced."""
+
+    def __init__(self, limit: int, retry_after_s: int) -> None:
+        super().__init__(
+            f"overloaded: {limit} lookups already in flight (RAG_SERVE_MAX_IN_FLIGHT); retry after {retry_after_s} s"
+        )
+        self.retry_after_s = retry_after_s
+
+
+def in_flight_limit(configured: int) -> int:
+    """``RAG_SERVE_MAX_IN_FLIGHT``, 0 meaning ``IN_FLIGHT_PER_CORE`` per CPU core. It bounds the
+    queue, not the parallelism (the embedder's gate runs one encode per core): a normal lookup
+    takes 50-100 ms of model time, so 8 queued per core wait under about a second, while one per
+    core refused the third of four concurrent agents on 2 cores."""
+    return configured or IN_FLIGHT_PER_CORE * (os.cpu_count() or 1)
+
+
 class LookupService:
     """``LookupService(tool)``: the served tool. ``await call(arguments, transport)`` returns the
-    tool's ``LookupResult`` (never raises); ``start()`` loads the model and stores (``ready``
+    tool's ``LookupResult`` (raises only :class:`Overloaded`); ``start()`` loads the model and stores (``ready``
     until then False); ``drain(timeout)`` waits for in-flight calls; ``close()`` closes the tool
-    (its recorder flushes the trace queue, spooling what the store cannot take)."""
+    (its recorder flushes the trace queue, spooling what the store cannot take). At most
+    ``max_in_flight`` calls run or queue at once: one more raises :class:`Overloaded`."""
 
     def __init__(self, tool: LookupKnowledgeTool) -> None:
         self.tool = tool
         self.settings = tool.settings
         self.ready = False
         self.started_at: float | None = None
+        self.max_in_flight = in_flight_limit(self.settings.serve_max_in_flight)
         self._inflight = 0
         self._idle = threading.Condition()
         self._warmed: threading.Event | None = None
@@ -191,7 +216,8 @@ class LookupService:
         ``LookupResult`` (JSON bytes, the MCP tool result), made in the worker thread while the
         trace row is being written, so it costs the answer no time of its own and the event
         loop none. An exception of ``render`` propagates (the transport's 500). A query holding
-        U+FFFD (``carriable``) gets ``REPLACEMENT_NOTE`` appended to its result's message."""
+        U+FFFD (``carriable``) gets ``REPLACEMENT_NOTE`` appended to its result's message. Raises
+        Overloaded, before any work, when ``max_in_flight`` calls are already in flight."""
         checked = check_arguments(arguments, self.settings.serve_max_query_chars)
         self._enter()
         try:
@@ -243,6 +269,11 @@ class LookupService:
             sidecar = f"down: {breaker.last_error}" if breaker.is_open else "up"
             if health is not None and health.problems_of("pgvector"):
                 sidecar = "problem: " + "; ".join(health.problems_of("pgvector"))
+        elif health is not None and any(s.store == "pgvector" for s in health.stores):
+            # Written by the last ingest, not queried: its verdict all the same (issue 46).
+            problems = health.problems_of("pgvector")
+            verdict = "problem: " + "; ".join(problems) if problems else "up"
+            sidecar = f"not queried (RAG_SIDECAR_ENABLED=false); {verdict}"
         else:
             sidecar = "disabled"
         if not tool.settings.trace_enabled:
@@ -264,6 +295,8 @@ class LookupService:
 
     def _enter(self) -> None:
         with self._idle:
+            if self._inflight >= self.max_in_flight:
+                raise Overloaded(self.max_in_flight, self.settings.serve_retry_after_s)
             self._inflight += 1
 
     def _leave(self) -> None:
