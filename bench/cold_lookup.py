@@ -78,11 +78,13 @@ def stdio_start_ms(env: dict[str, str], query: str) -> tuple[float, float]:
 
 def run(ctx: BenchContext) -> dict[str, Any]:
     """Fresh ``rag --help`` and lookups (3 each, 2 with --quick), then the warm latency (ms) of one
-    tool on the same queries after a warm-up pass."""
+    tool on the same queries after a warm-up pass. The first lookup of a data dir builds the
+    prepared model files (``<data_dir>/model_cache``): it is timed apart, before the others."""
     queries = ctx.queries[: 2 if ctx.quick else 3]
     env = rebuild_env(ctx.kb_settings) | {"RAG_TRACE_ENABLED": "false"}
-    log(f"cold start: {len(queries)} fresh `rag --help` and `rag lookup` processes each")
+    log(f"cold start: {len(queries)} fresh `rag --help` and 1 + {len(queries)} `rag lookup` processes")
     help_s = summarize([help_seconds(env) for _ in queries])
+    first_cold_s = round(cold_seconds(env, queries[0]), 3)
     cold_s = summarize([cold_seconds(env, q) for q in queries])
     log(f"stdio start: {len(queries)} fresh `rag serve --stdio` processes")
     initialize_ms, first_call_ms = zip(*(stdio_start_ms(env, q) for q in queries), strict=True)
@@ -91,7 +93,10 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         warm_s = call_ms(tool.lookup, queries, warmup=queries)
     finally:
         tool.close()
-    log(f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s) beside warm p50 {warm_s['p50']} ms")
+    log(
+        f"cold lookup p50 {cold_s['p50']} s (goal {COLD_GOAL_S} s; the data dir's first {first_cold_s} s) "
+        f"beside warm p50 {warm_s['p50']} ms"
+    )
     log(f"rag --help p50 {help_s['p50']} s (goal {HELP_GOAL_S} s)")
     stdio = {"stdio_initialize_ms": summarize(initialize_ms), "stdio_first_call_ms": summarize(first_call_ms)}
     log(
@@ -102,6 +107,7 @@ def run(ctx: BenchContext) -> dict[str, Any]:
         "queries": queries,
         "help_s": help_s,
         "help_goal_s": HELP_GOAL_S,
+        "first_cold_s": first_cold_s,
         "cold_s": cold_s,
         "warm_ms": warm_s,
         "cold_over_warm_p50": ratio(cold_s["p50"] * 1000 if cold_s["p50"] else None, warm_s["p50"], 1),

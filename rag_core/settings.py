@@ -294,6 +294,12 @@ class RagSettings(BaseSettings):
         return self.data_dir / "l0_index.json"
 
     @property
+    def model_cache_dir(self) -> Path:
+        """Prepared model files (USE, jieba's dictionary) a one-shot process reads instead of
+        rebuilding them (``rag_core.model_cache``); safe to delete."""
+        return self.data_dir / "model_cache"
+
+    @property
     def ingest_state_path(self) -> Path:
         return self.data_dir / "ingest_state.json"
 

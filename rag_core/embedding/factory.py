@@ -66,7 +66,7 @@ def _build(settings: RagSettings, threads: int | None) -> Embedder:
     if backend == "use":
         from rag_core.embedding.use import UseEmbedder
 
-        return UseEmbedder(model, batch, threads or 2)
+        return UseEmbedder(model, batch, threads or 2, settings.model_cache_dir)
     if backend == "sentence-transformers":
         from rag_core.embedding.sbert import SentenceTransformerEmbedder
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from rag_core import text
 from rag_core.components import chunk_checks
 from rag_core.embedding import Embedder, make_embedder
 from rag_core.fileio import temp_beside
@@ -139,6 +140,7 @@ def chunk_documents(
 ) -> tuple[list[KnowledgeDocument], list[Chunk]]:
     """Chunk every document with the active model's tokenizer and window (``embedder``, else the
     one the settings name); a document whose chunking fails is added to ``report.skipped``."""
+    text.keep_dictionary_in(settings.model_cache_dir)
     embedder = embedder or make_embedder(settings)
     chunked = chunk_scan(docs, embedder.count_tokens, chunk_token_limit(settings, embedder), chunk_checks(settings))
     report.skipped.extend(chunked.issues)
@@ -197,6 +199,7 @@ def ingest(
     (unloadable, unchunkable, or with a bad embedding vector) are reported in ``report.skipped``
     and skipped; ``report.partial`` says whether any was.
     """
+    text.keep_dictionary_in(settings.model_cache_dir)
     command = writer_command(command)
     with index_lock(settings, command):
         return _ingest_locked(settings, embedder, stores, knowledge_dir, rebuild, progress, prune, batch_docs, command)

@@ -53,6 +53,7 @@ class LookupComponents:
         reranker: Reranker | None = None,
     ) -> None:
         self.settings = settings or RagSettings()
+        text.keep_dictionary_in(self.settings.model_cache_dir)
         # Title vectors, written by ingest; read so a fresh process need not embed them.
         self.vector_cache = EmbeddingCache.under(self.settings.data_dir)
         self._embedder = embedder
