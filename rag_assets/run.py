@@ -195,12 +195,12 @@ def stage_progress(instance: Any, run_tag: str, out: TextIO | None = None) -> It
         watcher.join()
 
 
-def _launch(instance: Any, job_name: str, tags: dict[str, str], partition_key: str | None = None) -> Any:
+def _launch(instance: Any, job_name: str, tags: dict[str, str], out: TextIO, partition_key: str | None = None) -> Any:
     from rag_assets.launch import launch_job
 
     run_tag = uuid.uuid4().hex
-    print(f"\n{job_name}: running (a line per step)", flush=True)
-    with stage_progress(instance, run_tag):
+    print(f"\n{job_name}: running (a line per step)", file=out, flush=True)
+    with stage_progress(instance, run_tag, out):
         return launch_job(
             instance,
             job_name,
@@ -237,11 +237,14 @@ def main(argv: list[str] | None = None) -> int:
 
     instance = dg.DagsterInstance.get()
     tags = {**STORE_TAGS, "rag/trigger": "rag_assets.run"}
-    refresh = _launch(instance, "refresh_job", tags)
-    materialized = print_result("refresh_job", refresh)
-    traces = _launch(instance, "trace_export_job", tags, partition_key=day)
-    materialized.update(print_result(f"trace_export_job [{day}]", traces))
-    print_locations(materialized, home)
+    # Our stdout as the command began: an in-process step may swap sys.stdout while it runs
+    # (compute-log capture) and not give back a redirected one.
+    out = sys.stdout
+    refresh = _launch(instance, "refresh_job", tags, out)
+    materialized = print_result("refresh_job", refresh, out)
+    traces = _launch(instance, "trace_export_job", tags, out, partition_key=day)
+    materialized.update(print_result(f"trace_export_job [{day}]", traces, out))
+    print_locations(materialized, home, out)
     ok = refresh.success and traces.success
     if not ok:
         print("\nFAILED: see the failed steps and checks above (details: `make ui`, Runs).", file=sys.stderr)
