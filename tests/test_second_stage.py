@@ -18,6 +18,7 @@ import pytest
 from fakes import HashEmbedder
 from pydantic import SecretStr, ValidationError
 
+from rag_core.ingest.centroids import centroid
 from rag_core.lookup.rerankers import (
     CrossEncoderReranker,
     HttpReranker,
@@ -124,7 +125,11 @@ def _store() -> InMemoryStore:
         )
         for i in range(5)
     ]
-    store.upsert(chunks, np.stack([emb.embed_query(c.text) for c in chunks]))
+    vectors = np.stack([emb.embed_query(c.text) for c in chunks])
+    store.upsert(chunks, vectors)
+    store.put_centroids(
+        {c.doc_id: centroid(v[None, :]) for c, v in zip(chunks, vectors, strict=True)}
+    )  # as ingest does
     return store
 
 
@@ -203,7 +208,8 @@ def test_a_failing_reranker_leaves_the_first_stage_order_and_the_trace_says_why(
         reranker_timeout_s=timeout_s,
     )
     result = tool.lookup("redis memory text 1")
-    assert result.status == "ok" and _docs(result) == _docs(first_stage)
+    assert result.status == "ok", result.message
+    assert _docs(result) == _docs(first_stage)
     assert not any(HIT_REASON in b.hit_reasons for b in result.evidence_blocks)
     second = recorder.rows[-1]["retrieval_details"]["second_stage"]
     assert second["status"] == status and reason in second["reason"]
