@@ -221,3 +221,36 @@ HOSTILE_NAMES = [
     "中文文档.md",
     'ops ] ) || doc_id != "" && [x, y] {p} %_.md',
 ]
+
+
+def five_doc_store(dim: int) -> Any:
+    """An ``InMemoryStore`` holding five one-chunk documents ``d0.md``..``d4.md`` (text
+    ``redis memory text <i>``, ``HashEmbedder(dim)`` vectors) and their centroids, as an ingest
+    leaves them."""
+    from rag_core.ingest.centroids import centroid
+    from rag_core.models import Chunk
+    from rag_core.stores.memory import InMemoryStore
+
+    store = InMemoryStore()
+    store.ensure_schema(dim)
+    emb = HashEmbedder(dim)
+    chunks = [
+        Chunk(
+            chunk_id=f"c{i}",
+            doc_id=f"d{i}.md",
+            title=f"Doc {i}",
+            breadcrumb=f"Doc {i}",
+            category="ops",
+            text=f"redis memory text {i}",
+            start=0,
+            end=1,
+            ordinal=0,
+            content_hash=f"h{i}",
+        )
+        for i in range(5)
+    ]
+    vectors = np.stack([emb.embed_query(c.text) for c in chunks])
+    store.upsert(chunks, vectors)
+    # One chunk per document: its centroid is its vector.
+    store.put_centroids({c.doc_id: centroid(v[None, :]) for c, v in zip(chunks, vectors, strict=True)})
+    return store

@@ -13,12 +13,10 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import numpy as np
 import pytest
-from fakes import HashEmbedder
+from fakes import HashEmbedder, five_doc_store
 from pydantic import SecretStr, ValidationError
 
-from rag_core.ingest.centroids import centroid
 from rag_core.lookup.rerankers import (
     CrossEncoderReranker,
     HttpReranker,
@@ -29,7 +27,6 @@ from rag_core.lookup.rerankers import (
 )
 from rag_core.lookup.second_stage import HIT_REASON
 from rag_core.lookup.tool import LookupKnowledgeTool
-from rag_core.models import Chunk
 from rag_core.settings import RagSettings
 from rag_core.stores.memory import InMemoryStore
 
@@ -107,30 +104,7 @@ class Recorder:
 
 
 def _store() -> InMemoryStore:
-    store = InMemoryStore()
-    store.ensure_schema(DIM)
-    emb = HashEmbedder(DIM)
-    chunks = [
-        Chunk(
-            chunk_id=f"c{i}",
-            doc_id=f"d{i}.md",
-            title=f"Doc {i}",
-            breadcrumb=f"Doc {i}",
-            category="ops",
-            text=f"redis memory text {i}",
-            start=0,
-            end=1,
-            ordinal=0,
-            content_hash=f"h{i}",
-        )
-        for i in range(5)
-    ]
-    vectors = np.stack([emb.embed_query(c.text) for c in chunks])
-    store.upsert(chunks, vectors)
-    store.put_centroids(
-        {c.doc_id: centroid(v[None, :]) for c, v in zip(chunks, vectors, strict=True)}
-    )  # as ingest does
-    return store
+    return five_doc_store(DIM)
 
 
 def _tool(tmp_path: Any, **settings: Any) -> tuple[LookupKnowledgeTool, Recorder]:

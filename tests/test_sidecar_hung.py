@@ -8,13 +8,11 @@ import socket
 import threading
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
-from fakes import HashEmbedder
+from fakes import HashEmbedder, five_doc_store
 
 from rag_core.breaker import CircuitBreaker
 from rag_core.lookup.tool import LookupKnowledgeTool
-from rag_core.models import Chunk
 from rag_core.settings import RagSettings
 from rag_core.stores.memory import InMemoryStore
 from rag_core.traces.recorder import JsonlSpool, ToolInvocationRecorder
@@ -57,26 +55,7 @@ def hung() -> Iterator[HungServer]:
 
 
 def main_store() -> InMemoryStore:
-    store = InMemoryStore()
-    store.ensure_schema(DIM)
-    emb = HashEmbedder(DIM)
-    chunks = [
-        Chunk(
-            chunk_id=f"c{i}",
-            doc_id=f"d{i}.md",
-            title=f"Doc {i}",
-            breadcrumb=f"Doc {i}",
-            category="ops",
-            text=f"redis memory text {i}",
-            start=0,
-            end=1,
-            ordinal=0,
-            content_hash=f"h{i}",
-        )
-        for i in range(5)
-    ]
-    store.upsert(chunks, np.stack([emb.embed_query(c.text) for c in chunks]))
-    return store
+    return five_doc_store(DIM)
 
 
 def test_breaker_opens_on_failure_and_lets_one_probe_through():
