@@ -125,11 +125,12 @@ class Relevance:
 class LookupResultAssembler:
     """Layer, trace, message, status and relevance rules (module docstring) and the ``LookupResult``."""
 
-    def __init__(self, settings: RagSettings):
+    def __init__(self, settings: RagSettings, embedding_profile: tuple[str, str] | None = None):
+        """``embedding_profile``: ``(backend, model)`` of the embedder in use when it is not the
+        settings' own; the confidence model is that profile's (None when it has none)."""
         self.settings = settings
-        self.confidence_model = load_confidence_model(
-            settings.embedding_backend, settings.embedding_model, settings.ensemble_backend
-        )
+        backend, model = embedding_profile or (settings.embedding_backend, settings.embedding_model)
+        self.confidence_model = load_confidence_model(backend, model, settings.ensemble_backend)
 
     def relevance(
         self, query: str, blocks: list[EvidenceBlock], rerank: list[RerankEntry], hints: L0Hints, layer: str

@@ -56,7 +56,11 @@ class LookupKnowledgeTool(LookupComponents):
         super().__init__(*args, **kwargs)
         self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
-        self.assembler = LookupResultAssembler(self.settings)
+        # The confidence model belongs to the embedding model that answers: a given embedder's,
+        # else the settings' (the one make_embedder will build).
+        given = self._embedder
+        profile = (given.backend, given.model_id) if given is not None else None
+        self.assembler = LookupResultAssembler(self.settings, profile)
         self.guard = IndexGuard(self.settings)
         self.second_stage = SecondStageRerank(self.reranker, self.settings)
         self.sidecar_search = SidecarSearch(
