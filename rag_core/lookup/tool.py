@@ -57,9 +57,10 @@ class LookupKnowledgeTool(LookupComponents):
         self.sessions = SessionState(self.settings.session_max, self.settings.session_ttl_seconds)
         self.packer = KnowledgeContextPacker(self.settings.context_char_budget)
         # The confidence model belongs to the embedding model that answers: a given embedder's,
-        # else the settings' (the one make_embedder will build).
+        # else the settings' (the one make_embedder will build, or a stand-in that names none).
         given = self._embedder
-        profile = (given.backend, given.model_id) if given is not None else None
+        backend, model = getattr(given, "backend", None), getattr(given, "model_id", None)
+        profile = (backend, model) if isinstance(backend, str) and isinstance(model, str) else None
         self.assembler = LookupResultAssembler(self.settings, profile)
         self.guard = IndexGuard(self.settings)
         self.second_stage = SecondStageRerank(self.reranker, self.settings)
