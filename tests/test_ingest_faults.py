@@ -95,14 +95,7 @@ def test_a_write_fault_mid_ingest_is_named_and_the_rerun_ranks_like_a_clean_buil
     assert "rewritten whole" in recovered.rewritten["milvus"] and not pending_applies(settings)
     assert check_health(settings, [store], embedder.identity(), documents=True).ok
 
-    clean_settings = make_settings(tmp_path / "clean", kb_copy)
-    clean = MilvusStore.from_settings(clean_settings)
-    ingest(clean_settings, embedder, [clean], progress=False)
-    assert store.chunk_hashes() == clean.chunk_hashes()
-    assert ranking(store, embedder) == ranking(clean, embedder)
-    assert lookups(settings, store, embedder) == lookups(clean_settings, clean, embedder)
-    store.close()
-    clean.close()
+    assert_same_as_a_clean_build(tmp_path, kb_copy, settings, store, embedder)
 
 
 def test_rag_ingest_write_fault_says_which_store_holds_part_of_the_run(tmp_path, kb_copy, embedder, monkeypatch):
@@ -172,6 +165,12 @@ def test_a_full_disk_mid_ingest_then_freed_reruns_to_a_clean_build(small_disk, t
 
     recovered = ingest(settings, embedder, [store], progress=False)
     assert "rewritten whole" in recovered.rewritten["milvus"]
+    assert_same_as_a_clean_build(tmp_path, kb_copy, settings, store, embedder)
+
+
+def assert_same_as_a_clean_build(tmp_path, kb_copy, settings, store, embedder) -> None:
+    """``store`` (recovered after a fault) holds the chunks, rankings and lookups a clean build of
+    ``kb_copy`` gives; closes both stores."""
     clean_settings = make_settings(tmp_path / "clean", kb_copy)
     clean = MilvusStore.from_settings(clean_settings)
     ingest(clean_settings, embedder, [clean], progress=False)
